@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""PyTorch's side of `gradkit bench`: the same operations on the same tensor
+lists, timed the same way (median over repetitions, CUDA events on a GPU).
+
+Reads one case per line from --cases: "<op> <workload words...> <sizes...>"
+where the sizes are the trailing integers; prints "case <index> <ms>" lines.
+"""
+import argparse
+import statistics
+import sys
+import time
+
+
+def parse_cases(path):
+    cases = []
+    with open(path) as f:
+        for line in f:
+            words = line.split()
+            if not words:
+                continue
+            sizes = []
+            while words and words[-1].isdigit():
+                sizes.append(int(words.pop()))
+            sizes.reverse()
+            cases.append((words[0], sizes))
+    return cases
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--cases", required=True)
+    args = parser.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("torch not importable", file=sys.stderr)
+        return 3
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+
+    def median_ms(fn, warmup=3):
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(args.reps):
+            if cuda:
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                stop.record()
+                stop.synchronize()
+                times.append(start.elapsed_time(stop))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    for index, (op, sizes) in enumerate(parse_cases(args.cases)):
+        gen = torch.Generator(device=device).manual_seed(index)
+        bufs = [torch.rand(n, device=device, generator=gen) * 2 - 1 for n in sizes]
+        if op == "zero":
+            fn = (lambda: bufs[0].zero_()) if len(bufs) == 1 else (lambda: torch._foreach_zero_(bufs))
+        elif op == "accumulate":
+            vals = [torch.rand(n, device=device, generator=gen) * 2 - 1 for n in sizes]
+            fn = (lambda: bufs[0].add_(vals[0])) if len(bufs) == 1 else (lambda: torch._foreach_add_(bufs, vals))
+        else:
+            print(f"unknown op {op}", file=sys.stderr)
+            continue
+        print(f"case {index} {median_ms(fn):.6f}", flush=True)
+        del bufs
+        if cuda:
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+// A list of tensors planned once, launched many times at O(1) host cost.
+//
+// An operation over N parallel lists (say buffers and values) validates them
+// once here: equal list lengths, equal element counts tensor by tensor, one
+// dtype per list, one device for everything, no null data with a non-zero
+// count, no overlap between a written tensor and any other tensor (except the
+// identical tensor at the same index, for in-place use). It then cuts every
+// tensor into chunks of at most `chunk_elements` and, for CUDA, uploads the
+// chunk table and the pointer table to the device. A launch afterwards passes
+// one pointer to the kernel, whatever the number of tensors, and can be
+// captured in a CUDA graph. The plan keeps the data pointers it was made
+// from: the memory must stay where it is for as long as the plan is used.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "gradkit/core/tensor.h"
+
+namespace gradkit {
+
+struct PlanList {
+  std::string_view name;                // the argument name errors report
+  std::span<const TensorView> tensors;
+  bool written = false;                 // does the operation write this list?
+};
+
+// One chunk: elements [begin, begin + length) of tensor `tensor`.
+struct PlanChunk {
+  int64_t begin;
+  int32_t tensor;
+  int32_t length;
+};
+
+class MultiTensorPlan {
+ public:
+  // 64K elements: large enough that a chunk's fixed cost (reading its entry
+  // and its pointers) is negligible, small enough that a list of small
+  // tensors still yields thousands of independent blocks.
+  static constexpr int64_t kDefaultChunkElements = 65536;
+
+  MultiTensorPlan() = default;
+  // Validates as described above, naming `op` and the list names in errors.
+  MultiTensorPlan(std::string_view op, std::span<const PlanList> lists,
+                  int64_t chunk_elements = kDefaultChunkElements);
+
+  bool empty() const { return !impl_ || impl_->chunks.empty(); }
+  Device device() const { return impl_->device; }
+  int num_lists() const { return static_cast<int>(impl_->dtypes.size()); }
+  size_t num_tensors() const { return impl_->num_tensors; }
+  DType dtype(int list) const { return impl_->dtypes[list]; }
+  int64_t total_elements() const { return impl_->total_elements; }
+  int64_t chunk_elements() const { return impl_->chunk_elements; }
+
+  // Host copies of the tables: chunks in tensor order; pointers list-major
+  // (tensor t of list l at pointers()[l * num_tensors() + t]).
+  std::span<const PlanChunk> chunks() const { return impl_->chunks; }
+  std::span<void* const> pointers() const { return impl_->pointers; }
+  std::span<const int64_t> numels() const { return impl_->numels; }
+
+  // The device copy (chunks, then pointers) for CUDA plans; null for CPU.
+  const void* device_table() const { return impl_->device_table.get(); }
+
+ private:
+  struct Impl {
+    Device device = Device::cpu();
+    size_t num_tensors = 0;
+    int64_t total_elements = 0;
+    int64_t chunk_elements = kDefaultChunkElements;
+    std::vector<DType> dtypes;
+    std::vector<PlanChunk> chunks;
+    std::vector<void*> pointers;
+    std::vector<int64_t> numels;
+    std::shared_ptr<void> device_table;  // freed with the last copy of the plan
+  };
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace gradkit

@@ -1,0 +1,148 @@
+#include "gradkit/core/multi_tensor_plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda_runtime.h"
+#include "gradkit/core/error.h"
+
+namespace gradkit {
+namespace {
+
+std::string element_name(std::string_view list, size_t index) {
+  return std::string(list) + "[" + std::to_string(index) + "]";
+}
+
+// A tensor's byte range, for the overlap check.
+struct Extent {
+  uintptr_t begin, end;
+  int list;
+  size_t index;
+  bool written;
+};
+
+// A written tensor may share memory only with itself at the same index in
+// another list (in-place use, e.g. buffer += buffer); any other overlap would
+// make the result depend on the order in which blocks run.
+void check_overlaps(std::string_view op, std::span<const PlanList> lists) {
+  std::vector<Extent> extents;
+  for (int l = 0; l < static_cast<int>(lists.size()); ++l) {
+    for (size_t i = 0; i < lists[l].tensors.size(); ++i) {
+      const TensorView& t = lists[l].tensors[i];
+      if (t.numel == 0) continue;
+      const auto begin = reinterpret_cast<uintptr_t>(t.data);
+      extents.push_back({begin, begin + t.bytes(), l, i, lists[l].written});
+    }
+  }
+  std::sort(extents.begin(), extents.end(),
+            [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+  for (size_t a = 0; a < extents.size(); ++a) {
+    for (size_t b = a + 1; b < extents.size() && extents[b].begin < extents[a].end; ++b) {
+      const Extent& x = extents[a];
+      const Extent& y = extents[b];
+      if (!x.written && !y.written) continue;
+      const bool identical = x.begin == y.begin && x.end == y.end && x.index == y.index && x.list != y.list;
+      if (identical) continue;
+      const Extent& w = x.written ? x : y;
+      const Extent& o = x.written ? y : x;
+      throw_argument_error(ErrorCode::aliasing, op, element_name(lists[w.list].name, w.index),
+                           "overlaps '" + element_name(lists[o.list].name, o.index) + "'" +
+                               "; expected disjoint memory, or the identical tensor at the same index");
+    }
+  }
+}
+
+}  // namespace
+
+MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> lists,
+                                 int64_t chunk_elements) {
+  if (lists.empty()) {
+    throw Error(ErrorCode::invalid_argument, std::string(op) + ": no tensor lists given");
+  }
+  if (chunk_elements <= 0 || chunk_elements > (int64_t{1} << 30) || chunk_elements % 8 != 0) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "chunk_elements",
+                         "is " + std::to_string(chunk_elements) +
+                             ", expected a positive multiple of 8 up to 2^30");
+  }
+  const PlanList& first = lists[0];
+  const size_t n = first.tensors.size();
+  auto impl = std::make_shared<Impl>();
+  impl->num_tensors = n;
+  impl->chunk_elements = chunk_elements;
+  impl->device = n > 0 ? first.tensors[0].device : Device::cpu();
+
+  for (const PlanList& list : lists) {
+    if (list.tensors.size() != n) {
+      throw_argument_error(ErrorCode::size_mismatch, op, list.name,
+                           "has " + std::to_string(list.tensors.size()) + " tensors, expected " +
+                               std::to_string(n) + " (the length of '" + std::string(first.name) + "')");
+    }
+    impl->dtypes.push_back(n > 0 ? list.tensors[0].dtype : DType::f32);
+  }
+
+  impl->numels.resize(n);
+  impl->pointers.resize(n * lists.size());
+  for (size_t l = 0; l < lists.size(); ++l) {
+    const PlanList& list = lists[l];
+    for (size_t i = 0; i < n; ++i) {
+      const TensorView& t = list.tensors[i];
+      const int64_t expected = first.tensors[i].numel;
+      if (t.numel < 0) {
+        throw_argument_error(ErrorCode::invalid_argument, op, element_name(list.name, i),
+                             "has " + std::to_string(t.numel) + " elements, expected a count >= 0");
+      }
+      if (t.numel != expected) {
+        throw_argument_error(ErrorCode::size_mismatch, op, element_name(list.name, i),
+                             "has " + std::to_string(t.numel) + " elements, expected " +
+                                 std::to_string(expected) + " (the size of " +
+                                 element_name(first.name, i) + ")");
+      }
+      if (t.dtype != impl->dtypes[l]) {
+        throw_argument_error(ErrorCode::dtype_unsupported, op, element_name(list.name, i),
+                             "has dtype " + std::string(dtype_name(t.dtype)) + ", expected " +
+                                 std::string(dtype_name(impl->dtypes[l])) +
+                                 " (one dtype per list, that of " + element_name(list.name, 0) + ")");
+      }
+      if (t.device != impl->device) {
+        throw_argument_error(ErrorCode::device_mismatch, op, element_name(list.name, i),
+                             "is on " + to_string(t.device) + ", expected " + to_string(impl->device) +
+                                 " (the device of " + element_name(first.name, 0) + ")");
+      }
+      if (t.data == nullptr && t.numel > 0) {
+        throw_argument_error(ErrorCode::null_pointer, op, element_name(list.name, i),
+                             "is null with " + std::to_string(t.numel) +
+                                 " elements; expected a valid pointer");
+      }
+      if (t.numel > 0) backend::check_memory_location(op, list.name, i, t);
+      impl->pointers[l * n + i] = t.data;
+    }
+  }
+  check_overlaps(op, lists);
+
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t numel = first.tensors[i].numel;
+    impl->numels[i] = numel;
+    impl->total_elements += numel;
+    if (i > static_cast<size_t>(INT32_MAX)) {
+      throw_argument_error(ErrorCode::invalid_argument, op, first.name,
+                           "has more than 2^31 - 1 tensors; expected fewer");
+    }
+    for (int64_t begin = 0; begin < numel; begin += chunk_elements) {
+      impl->chunks.push_back(
+          {begin, static_cast<int32_t>(i), static_cast<int32_t>(std::min(chunk_elements, numel - begin))});
+    }
+  }
+
+  if (impl->device.is_cuda() && !impl->chunks.empty()) {
+    const size_t chunk_bytes = impl->chunks.size() * sizeof(PlanChunk);
+    const size_t pointer_bytes = impl->pointers.size() * sizeof(void*);
+    std::vector<unsigned char> table(chunk_bytes + pointer_bytes);
+    std::memcpy(table.data(), impl->chunks.data(), chunk_bytes);
+    std::memcpy(table.data() + chunk_bytes, impl->pointers.data(), pointer_bytes);
+    impl->device_table = backend::upload(impl->device, table.data(), table.size());
+  }
+  impl_ = std::move(impl);
+}
+
+}  // namespace gradkit

@@ -1,0 +1,112 @@
+// The one generic multi-tensor driver: a kernel that walks a plan's chunk
+// table and hands each chunk to a small functor, plus the vectorized loop
+// the functors share.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/check.h"
+#include "gradkit/core/multi_tensor_plan.h"
+
+namespace gradkit::cuda {
+
+// What a kernel needs of a plan: two device pointers and two counts.
+struct PlanArgs {
+  const PlanChunk* chunks;
+  void* const* pointers;  // list-major: tensor t of list l at pointers[l * num_tensors + t]
+  int64_t num_tensors;
+  int64_t num_chunks;
+
+  template <class T>
+  __device__ __forceinline__ T* tensor(int list, const PlanChunk& c) const {
+    return static_cast<T*>(pointers[list * num_tensors + c.tensor]) + c.begin;
+  }
+};
+
+inline PlanArgs plan_args(const MultiTensorPlan& plan) {
+  const auto* table = static_cast<const unsigned char*>(plan.device_table());
+  const auto num_chunks = static_cast<int64_t>(plan.chunks().size());
+  return PlanArgs{reinterpret_cast<const PlanChunk*>(table),
+                  reinterpret_cast<void* const*>(table + num_chunks * sizeof(PlanChunk)),
+                  static_cast<int64_t>(plan.num_tensors()), num_chunks};
+}
+
+inline constexpr int kBlockThreads = 512;
+
+// One block per chunk: a chunk is at most 64K elements, so a block of 512
+// threads makes a handful of passes over it, and small tensors still yield
+// many blocks for the scheduler to spread over the multiprocessors.
+template <class Op>
+__global__ void __launch_bounds__(kBlockThreads) multi_tensor_kernel(PlanArgs plan, Op op) {
+  const PlanChunk chunk = plan.chunks[blockIdx.x];
+  op(plan, chunk);
+}
+
+template <class Op>
+void launch_multi_tensor(const MultiTensorPlan& plan, const Op& op, Stream stream) {
+  if (plan.empty()) return;
+  DeviceGuard guard(plan.device().index);
+  const PlanArgs args = plan_args(plan);
+  // Grid x allows 2^31 - 1 blocks: a plan of 64K-element chunks reaches that
+  // only past 10^14 elements.
+  multi_tensor_kernel<<<static_cast<unsigned>(args.num_chunks), kBlockThreads, 0, native(stream)>>>(args, op);
+  GRADKIT_CUDA_CHECK_LAUNCH();
+}
+
+// Whether the N-element vectors starting at p (and every multiple of N
+// elements after it) are aligned for one N * sizeof(T)-byte access.
+template <int N, class T>
+__device__ __forceinline__ bool vector_aligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (N * sizeof(T)) == 0;
+}
+
+template <class T, int N>
+struct alignas(sizeof(T) * N) Vector {
+  T v[N];
+};
+
+template <int N, class T>
+__device__ __forceinline__ void load(T (&dst)[N], const T* src, bool vectorized) {
+  if (vectorized) {
+    const auto vec = *reinterpret_cast<const Vector<T, N>*>(src);
+#pragma unroll
+    for (int k = 0; k < N; ++k) dst[k] = vec.v[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) dst[k] = src[k];
+  }
+}
+
+template <int N, class T>
+__device__ __forceinline__ void store(T* dst, const T (&src)[N], bool vectorized) {
+  if (vectorized) {
+    Vector<T, N> vec;
+#pragma unroll
+    for (int k = 0; k < N; ++k) vec.v[k] = src[k];
+    *reinterpret_cast<Vector<T, N>*>(dst) = vec;
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) dst[k] = src[k];
+  }
+}
+
+// Runs body(i, vectorized) for i = 0, N, 2N, ... below the chunk's last full
+// N-element group, spread over the block, `kUnroll` groups per thread per
+// step so that several independent loads are in flight; then body_tail(i)
+// for each element past the last full group. `body` loads, computes and
+// stores one group; its loads for the kUnroll groups of a step are issued
+// before their stores because the body is inlined and the groups are
+// independent.
+template <int N, int kUnroll, class Body, class Tail>
+__device__ __forceinline__ void for_each_group(int length, bool vectorized, Body&& body, Tail&& body_tail) {
+  const int full = length - length % N;
+  const int stride = blockDim.x * N;
+  int i = threadIdx.x * N;
+  for (; i + (kUnroll - 1) * stride < full; i += kUnroll * stride) {
+    body.template operator()<kUnroll>(i, stride, vectorized);
+  }
+  for (; i < full; i += stride) body.template operator()<1>(i, stride, vectorized);
+  for (int j = full + threadIdx.x; j < length; j += blockDim.x) body_tail(j);
+}
+
+}  // namespace gradkit::cuda

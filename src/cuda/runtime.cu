@@ -1,0 +1,91 @@
+#include <string>
+
+#include "backend/cuda_runtime.h"
+#include "cuda/check.h"
+
+namespace gradkit {
+namespace cuda {
+
+DeviceGuard::DeviceGuard(int index) {
+  GRADKIT_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != index) GRADKIT_CUDA_CHECK(cudaSetDevice(index));
+}
+
+DeviceGuard::~DeviceGuard() {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
+}
+
+}  // namespace cuda
+
+namespace backend {
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for the caller
+    return 0;
+  }
+  return count;
+}
+
+void require_cuda_device(std::string_view op, int index) {
+  const int count = cuda_device_count();
+  if (index < 0 || index >= count) {
+    throw Error(ErrorCode::backend_unavailable,
+                std::string(op) + ": cannot use cuda:" + std::to_string(index) + ": " +
+                    std::to_string(count) + " CUDA device(s) visible");
+  }
+}
+
+void check_memory_location(std::string_view op, std::string_view arg, size_t index,
+                           const TensorView& view) {
+  const std::string name = std::string(arg) + "[" + std::to_string(index) + "]";
+  if (view.device.is_cuda()) require_cuda_device(op, view.device.index);
+  else if (cuda_device_count() == 0) return;  // only host memory exists
+
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, view.data) != cudaSuccess) {
+    cudaGetLastError();
+    attributes.type = cudaMemoryTypeUnregistered;
+  }
+  // Managed memory is reachable from both sides; pinned host memory is a host
+  // buffer for gradkit's purposes (the CPU backend works on it).
+  const bool on_device = attributes.type == cudaMemoryTypeDevice;
+  const bool managed = attributes.type == cudaMemoryTypeManaged;
+  if (view.device.is_cuda()) {
+    if (!on_device && !managed) {
+      throw_argument_error(ErrorCode::device_mismatch, op, name,
+                           "is host memory, expected memory on " + to_string(view.device));
+    }
+    if (on_device && attributes.device != view.device.index) {
+      throw_argument_error(ErrorCode::device_mismatch, op, name,
+                           "is memory on cuda:" + std::to_string(attributes.device) + ", expected " +
+                               to_string(view.device));
+    }
+  } else if (on_device) {
+    throw_argument_error(ErrorCode::device_mismatch, op, name,
+                         "is memory on cuda:" + std::to_string(attributes.device) +
+                             ", expected host memory (the tensor says cpu)");
+  }
+}
+
+std::shared_ptr<void> upload(Device device, const void* host, size_t bytes) {
+  require_cuda_device("upload", device.index);
+  cuda::DeviceGuard guard(device.index);
+  void* pointer = nullptr;
+  GRADKIT_CUDA_CHECK(cudaMalloc(&pointer, bytes));
+  // The deleter must not throw: it restores the device by hand.
+  std::shared_ptr<void> owned(pointer, [index = device.index](void* p) {
+    int previous = -1;
+    cudaGetDevice(&previous);
+    cudaSetDevice(index);
+    cudaFree(p);
+    if (previous >= 0) cudaSetDevice(previous);
+  });
+  GRADKIT_CUDA_CHECK(cudaMemcpy(pointer, host, bytes, cudaMemcpyHostToDevice));
+  return owned;
+}
+
+}  // namespace backend
+}  // namespace gradkit

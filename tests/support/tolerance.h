@@ -1,0 +1,37 @@
+// The one place that says how close a result must be to the float64
+// reference, per output dtype.
+//
+// An elementwise op here rounds at most twice (once in its f32 arithmetic,
+// once to the output type), so each bound is two units of roundoff of the
+// output type, relative to the reference, plus the spacing of the output
+// type's subnormals for results near zero.
+#pragma once
+
+#include <cmath>
+
+#include "gradkit/core/dtype.h"
+
+namespace gradkit::test {
+
+struct Tolerance {
+  double relative;
+  double absolute;
+};
+
+constexpr Tolerance elementwise_tolerance(DType output) {
+  switch (output) {
+    case DType::f32: return {0x1p-23, 0x1p-149};
+    case DType::f16: return {0x1p-10, 0x1p-24};
+    case DType::bf16: return {0x1p-7, 0x1p-133};
+    case DType::f64: return {0x1p-52, 0x1p-1074};
+  }
+  return {0, 0};
+}
+
+inline bool within(double got, double want, Tolerance t) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (std::isinf(want)) return got == want;
+  return std::abs(got - want) <= t.relative * std::abs(want) + t.absolute;
+}
+
+}  // namespace gradkit::test

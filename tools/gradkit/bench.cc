@@ -1,0 +1,234 @@
+// gradkit bench: one row per (operation, workload) with time, bytes moved,
+// GB/s and percent of the copy bandwidth measured in the same run, and
+// PyTorch's equivalent beside it when PyTorch is importable.
+#include "bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "bench_device.h"
+#include "gradkit/core/error.h"
+#include "gradkit/ops/gradient.h"
+#include "options.h"
+#include "workloads.h"
+
+#ifndef GRADKIT_TORCH_BENCH_SCRIPT
+#define GRADKIT_TORCH_BENCH_SCRIPT "bench/torch_bench.py"
+#endif
+
+namespace gradkit::tool {
+namespace {
+
+// A list of tensors carved out of one allocation at 256-byte boundaries, as a
+// caching allocator would place them: separate tensors, not one flat range.
+TensorList carve(BenchDevice& dev, const Workload& w, DType dtype, uint64_t seed) {
+  const size_t element = dtype_size(dtype);
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (int64_t n : w.sizes) {
+    offsets.push_back(total);
+    total += (static_cast<size_t>(n) * element + 255) / 256 * 256;
+  }
+  auto* base = static_cast<unsigned char*>(dev.allocate(total));
+  dev.fill_random(base, static_cast<int64_t>(total / element), dtype, seed);
+  TensorList list;
+  for (size_t i = 0; i < w.sizes.size(); ++i) list.push_back({base + offsets[i], w.sizes[i], dtype, dev.device()});
+  return list;
+}
+
+struct Row {
+  std::string op;
+  std::string workload;
+  size_t tensors;
+  int64_t elements;
+  double bytes;
+  double ms;
+  double torch_ms = -1;
+};
+
+struct Settings {
+  Device device;
+  std::vector<std::string> ops;
+  std::vector<std::string> workloads;
+  int64_t scale;
+  int reps;
+  std::string torch;  // auto | on | off
+  std::string csv;
+  std::string script;
+};
+
+Workload make_workload(const std::string& name, int64_t scale) {
+  Workload w;
+  if (name == "big") w = single_tensor(int64_t{256} << 20);
+  else if (name == "bert") w = bert_large();
+  else if (name == "small") w = small_tensors(10000);
+  else throw Error(ErrorCode::invalid_argument, "bench: argument '--workloads' has '" + name +
+                                                    "', expected big, bert or small");
+  return scale > 1 ? scaled(w, scale) : w;
+}
+
+// Runs PyTorch's equivalent of every row in one python3 process; returns
+// false (leaving the rows alone) when python3 or torch is missing.
+bool run_torch(const Settings& s, std::vector<Row>& rows, const std::map<std::string, Workload>& workloads) {
+  const std::string cases_path = "/tmp/gradkit_bench_cases_" + std::to_string(::getpid()) + ".txt";
+  {
+    std::ofstream cases(cases_path);
+    for (const Row& r : rows) {
+      cases << r.op << ' ' << r.workload;
+      for (int64_t n : workloads.at(r.workload).sizes) cases << ' ' << n;
+      cases << '\n';
+    }
+  }
+  const std::string command = "python3 '" + s.script + "' --device " + to_string(s.device) + " --reps " +
+                              std::to_string(s.reps) + " --cases '" + cases_path + "' 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return false;
+  std::string output;
+  char line[4096];
+  while (std::fgets(line, sizeof line, pipe) != nullptr) output += line;
+  const int status = ::pclose(pipe);
+  std::remove(cases_path.c_str());
+  std::istringstream in(output);
+  std::string word;
+  bool any = false;
+  for (std::string text; std::getline(in, text);) {
+    std::istringstream fields(text);
+    size_t index;
+    double ms;
+    if (fields >> word && word == "case" && fields >> index >> ms && index < rows.size()) {
+      rows[index].torch_ms = ms;
+      any = true;
+    }
+  }
+  if (!any && s.torch == "on") {
+    throw Error(ErrorCode::invalid_argument, "bench: --torch on, but PyTorch did not run (status " +
+                                                 std::to_string(status) + "):\n" + output);
+  }
+  return any;
+}
+
+void print_rows(const std::vector<Row>& rows, double copy_gbs, bool with_torch, const std::string& csv) {
+  std::printf("\n%-11s %-12s %7s %11s %9s %9s %8s %7s", "op", "workload", "tensors", "elements", "MB moved",
+              "ms", "GB/s", "%copy");
+  if (with_torch) std::printf(" %9s %8s %7s %8s", "torch ms", "GB/s", "%copy", "speedup");
+  std::printf("\n");
+  std::ofstream out;
+  if (!csv.empty()) {
+    out.open(csv);
+    out << "op,workload,tensors,elements,bytes,ms,gbs,pct_copy,torch_ms,torch_gbs,torch_pct_copy\n";
+  }
+  for (const Row& r : rows) {
+    const double gbs = r.bytes / (r.ms * 1e6);
+    std::printf("%-11s %-12s %7zu %11lld %9.1f %9.4f %8.1f %6.1f%%", r.op.c_str(), r.workload.c_str(), r.tensors,
+                static_cast<long long>(r.elements), r.bytes / 1e6, r.ms, gbs, 100 * gbs / copy_gbs);
+    double tgbs = 0;
+    if (with_torch && r.torch_ms > 0) {
+      tgbs = r.bytes / (r.torch_ms * 1e6);
+      std::printf(" %9.4f %8.1f %6.1f%% %7.2fx", r.torch_ms, tgbs, 100 * tgbs / copy_gbs, r.torch_ms / r.ms);
+    }
+    std::printf("\n");
+    if (out) {
+      out << r.op << ',' << r.workload << ',' << r.tensors << ',' << r.elements << ',' << r.bytes << ',' << r.ms
+          << ',' << gbs << ',' << 100 * gbs / copy_gbs << ',' << r.torch_ms << ',' << tgbs << ','
+          << 100 * tgbs / copy_gbs << '\n';
+    }
+  }
+}
+
+// Host time of one launch on a plan of `count` tensors, averaged over a
+// burst of launches that the GPU queues (it does not wait for them).
+double host_us_per_launch(BenchDevice& dev, int count) {
+  const Workload w{std::to_string(count), std::vector<int64_t>(count, 1024)};
+  const TensorList buffers = carve(dev, w, DType::f32, 11), values = carve(dev, w, DType::f32, 12);
+  const AccumulatePlan plan(buffers, values);
+  constexpr int kBurst = 200;
+  for (int i = 0; i < 20; ++i) plan.accumulate(Flag::none(), dev.stream());
+  dev.synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kBurst; ++i) plan.accumulate(Flag::none(), dev.stream());
+  const auto stop = std::chrono::steady_clock::now();
+  dev.synchronize();
+  return std::chrono::duration<double, std::micro>(stop - start).count() / kBurst;
+}
+
+}  // namespace
+
+int run_bench(const std::vector<std::string>& args) {
+  Options options("gradkit bench", "Time gradkit's operations against the copy bandwidth (and PyTorch).");
+  options.add("device", "cpu", "cpu or cuda[:N]");
+  options.add("ops", "zero,accumulate", "comma-separated: zero, accumulate");
+  options.add("workloads", "big,bert,small", "comma-separated: big (256M elements), bert (BERT-large, 389 "
+                                             "tensors), small (10,000 tensors of 1K-64K)");
+  options.add("scale", "auto", "divide every tensor size by this (auto: 1 on CUDA, 8 on the CPU)");
+  options.add("reps", "auto", "timed repetitions per row (median reported; auto: 20 on CUDA, 3 on the CPU)");
+  options.add("torch", "auto", "run PyTorch's equivalent: auto (if importable), on, off");
+  options.add("csv", "", "also write the rows to this CSV file");
+  options.add("torch-script", GRADKIT_TORCH_BENCH_SCRIPT, "the PyTorch side of the benchmark");
+  if (!options.parse(args)) return options.exit_code();
+
+  Settings s;
+  s.device = parse_device(options.get("device"), "--device");
+  s.ops = options.get_list("ops");
+  s.workloads = options.get_list("workloads");
+  s.scale = options.get("scale") == "auto" ? (s.device.is_cuda() ? 1 : 8) : options.get_int("scale", 1, 1 << 20);
+  s.reps = options.get("reps") == "auto" ? (s.device.is_cuda() ? 20 : 3) : options.get_int("reps", 1, 100000);
+  s.torch = options.get_choice("torch", {"auto", "on", "off"});
+  s.csv = options.get("csv");
+  s.script = options.get("torch-script");
+  for (const std::string& op : s.ops) {
+    if (op != "zero" && op != "accumulate") {
+      throw Error(ErrorCode::invalid_argument, "bench: argument '--ops' has '" + op + "', expected zero or accumulate");
+    }
+  }
+
+  std::unique_ptr<BenchDevice> dev =
+      s.device.is_cuda() ? make_cuda_bench_device(s.device.index) : make_cpu_bench_device();
+  const size_t copy_bytes = s.device.is_cuda() ? (size_t{1} << 30) : (size_t{256} << 20);
+  const double copy_gbs = dev->copy_bandwidth_gbs(copy_bytes, s.device.is_cuda() ? 20 : 3);
+  std::printf("gradkit bench on %s; copy bandwidth %.1f GB/s (read + write, %zu MiB buffers); median of %d; "
+              "tensor sizes divided by %lld\n",
+              dev->description().c_str(), copy_gbs, copy_bytes >> 20, s.reps, static_cast<long long>(s.scale));
+
+  std::vector<Row> rows;
+  std::map<std::string, Workload> workloads;
+  for (const std::string& name : s.workloads) {
+    const Workload w = make_workload(name, s.scale);
+    workloads[w.name] = w;
+    const TensorList buffers = carve(*dev, w, DType::f32, 1);
+    const TensorList values = carve(*dev, w, DType::f32, 2);
+    for (const std::string& op : s.ops) {
+      Row r{op, w.name, w.sizes.size(), w.total(), 0, 0};
+      std::fflush(stdout);
+      if (op == "zero") {
+        const ZeroPlan plan(buffers);
+        r.bytes = 4.0 * static_cast<double>(r.elements);
+        r.ms = dev->median_ms([&] { plan.run(dev->stream()); }, 3, s.reps);
+      } else {
+        const AccumulatePlan plan(buffers, values);
+        r.bytes = 12.0 * static_cast<double>(r.elements);
+        r.ms = dev->median_ms([&] { plan.accumulate(Flag::none(), dev->stream()); }, 3, s.reps);
+      }
+      rows.push_back(r);
+      std::fprintf(stderr, "  measured %s on %s\n", op.c_str(), w.name.c_str());
+    }
+  }
+
+  bool with_torch = false;
+  if (s.torch != "off") with_torch = run_torch(s, rows, workloads);
+  print_rows(rows, copy_gbs, with_torch, s.csv);
+  if (!with_torch) std::printf("(PyTorch not run: %s)\n", s.torch == "off" ? "--torch off" : "not importable");
+
+  if (s.device.is_cuda()) {
+    std::printf("\nhost time per accumulate launch (f32, 1024-element tensors): 100 tensors %.2f us, "
+                "10000 tensors %.2f us\n",
+                host_us_per_launch(*dev, 100), host_us_per_launch(*dev, 10000));
+  }
+  return 0;
+}
+
+}  // namespace gradkit::tool
