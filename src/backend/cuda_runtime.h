@@ -24,6 +24,13 @@ void check_memory_location(std::string_view op, std::string_view arg, size_t ind
 // (synchronously) and returns it; the allocation is freed with the last owner.
 std::shared_ptr<void> upload(Device device, const void* host, size_t bytes);
 
+// A zero-filled allocation of `bytes` on a CUDA device, freed with the last owner.
+std::shared_ptr<void> allocate(Device device, size_t bytes);
+// Synchronous copies between host memory and a CUDA device.
+void copy_to_host(void* host, const void* device_source, size_t bytes, Device device);
+void copy_from_host(void* device_destination, const void* host, size_t bytes, Device device);
+void synchronize(Device device);
+
 // Throws backend_unavailable naming `op` unless CUDA device `index` can be used.
 void require_cuda_device(std::string_view op, int index);
 

@@ -22,9 +22,10 @@ struct Extent {
   bool written;
 };
 
-// A written tensor may share memory only with itself at the same index in
-// another list (in-place use, e.g. buffer += buffer); any other overlap would
-// make the result depend on the order in which blocks run.
+// A written tensor may share memory only with the identical tensor at the
+// same index of a list that is only read (in-place use, e.g. buffer +=
+// buffer); any other overlap would make the result depend on the order in
+// which blocks run, or write two results to one place.
 void check_overlaps(std::string_view op, std::span<const PlanList> lists) {
   std::vector<Extent> extents;
   for (int l = 0; l < static_cast<int>(lists.size()); ++l) {
@@ -42,13 +43,14 @@ void check_overlaps(std::string_view op, std::span<const PlanList> lists) {
       const Extent& x = extents[a];
       const Extent& y = extents[b];
       if (!x.written && !y.written) continue;
-      const bool identical = x.begin == y.begin && x.end == y.end && x.index == y.index && x.list != y.list;
+      const bool identical = x.begin == y.begin && x.end == y.end && x.index == y.index && x.list != y.list &&
+                             !(x.written && y.written);
       if (identical) continue;
       const Extent& w = x.written ? x : y;
       const Extent& o = x.written ? y : x;
       throw_argument_error(ErrorCode::aliasing, op, element_name(lists[w.list].name, w.index),
                            "overlaps '" + element_name(lists[o.list].name, o.index) + "'" +
-                               "; expected disjoint memory, or the identical tensor at the same index");
+                               "; expected disjoint memory (or, for a list that is only read, the identical tensor at the same index)");
     }
   }
 }
@@ -56,7 +58,8 @@ void check_overlaps(std::string_view op, std::span<const PlanList> lists) {
 }  // namespace
 
 MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> lists,
-                                 int64_t chunk_elements) {
+                                 int64_t chunk_elements, std::span<const int32_t> groups,
+                                 int32_t num_groups) {
   if (lists.empty()) {
     throw Error(ErrorCode::invalid_argument, std::string(op) + ": no tensor lists given");
   }
@@ -120,6 +123,21 @@ MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> 
   }
   check_overlaps(op, lists);
 
+  if (!groups.empty() && groups.size() != n) {
+    throw_argument_error(ErrorCode::size_mismatch, op, "groups",
+                         "has " + std::to_string(groups.size()) + " entries, expected one per tensor (" +
+                             std::to_string(n) + ")");
+  }
+  impl->groups.assign(n, 0);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i] < 0 || groups[i] >= num_groups) {
+      throw_argument_error(ErrorCode::invalid_argument, op, "groups[" + std::to_string(i) + "]",
+                           "is " + std::to_string(groups[i]) + ", expected a group index in [0, " +
+                               std::to_string(num_groups) + ")");
+    }
+    impl->groups[i] = groups[i];
+  }
+
   for (size_t i = 0; i < n; ++i) {
     const int64_t numel = first.tensors[i].numel;
     impl->numels[i] = numel;
@@ -137,9 +155,11 @@ MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> 
   if (impl->device.is_cuda() && !impl->chunks.empty()) {
     const size_t chunk_bytes = impl->chunks.size() * sizeof(PlanChunk);
     const size_t pointer_bytes = impl->pointers.size() * sizeof(void*);
-    std::vector<unsigned char> table(chunk_bytes + pointer_bytes);
+    const size_t group_bytes = impl->groups.size() * sizeof(int32_t);
+    std::vector<unsigned char> table(chunk_bytes + pointer_bytes + group_bytes);
     std::memcpy(table.data(), impl->chunks.data(), chunk_bytes);
     std::memcpy(table.data() + chunk_bytes, impl->pointers.data(), pointer_bytes);
+    std::memcpy(table.data() + chunk_bytes + pointer_bytes, impl->groups.data(), group_bytes);
     impl->device_table = backend::upload(impl->device, table.data(), table.size());
   }
   impl_ = std::move(impl);

@@ -2,7 +2,10 @@
 // request for one is a clear error rather than a silent CPU fallback.
 #include <string>
 
+#include "backend/adam.h"
 #include "backend/cuda_runtime.h"
+#include "backend/gradient.h"
+#include "backend/step_counter.h"
 #include "gradkit/core/error.h"
 
 namespace gradkit::backend {
@@ -23,10 +26,23 @@ std::shared_ptr<void> upload(Device device, const void*, size_t) {
               "cannot use " + to_string(device) + ": gradkit was built without CUDA");
 }
 
+std::shared_ptr<void> allocate(Device device, size_t) { return upload(device, nullptr, 0); }
+void copy_to_host(void*, const void*, size_t, Device device) { upload(device, nullptr, 0); }
+void copy_from_host(void*, const void*, size_t, Device device) { upload(device, nullptr, 0); }
+void synchronize(Device device) { upload(device, nullptr, 0); }
+
 void require_cuda_device(std::string_view op, int index) {
   throw Error(ErrorCode::backend_unavailable, std::string(op) + ": cannot use cuda:" +
                                                   std::to_string(index) +
                                                   ": gradkit was built without CUDA");
 }
+
+// The kernels: never reached, since planning CUDA tensors already fails
+// above, but defined so that a build without CUDA links.
+void zero_cuda(const MultiTensorPlan&, Stream) { upload(Device::cuda(0), nullptr, 0); }
+void accumulate_cuda(const MultiTensorPlan&, const AccumulateArgs&, Stream) { upload(Device::cuda(0), nullptr, 0); }
+void set_device_flag_cuda(Device device, bool*, Stream) { upload(device, nullptr, 0); }
+void adam_cuda(const MultiTensorPlan&, const AdamLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
+void increment_counter_cuda(Device device, int64_t*, const bool*, Stream) { upload(device, nullptr, 0); }
 
 }  // namespace gradkit::backend

@@ -14,6 +14,7 @@ namespace gradkit::cuda {
 struct PlanArgs {
   const PlanChunk* chunks;
   void* const* pointers;  // list-major: tensor t of list l at pointers[l * num_tensors + t]
+  const int32_t* groups;  // parameter group of each tensor
   int64_t num_tensors;
   int64_t num_chunks;
 
@@ -26,9 +27,11 @@ struct PlanArgs {
 inline PlanArgs plan_args(const MultiTensorPlan& plan) {
   const auto* table = static_cast<const unsigned char*>(plan.device_table());
   const auto num_chunks = static_cast<int64_t>(plan.chunks().size());
-  return PlanArgs{reinterpret_cast<const PlanChunk*>(table),
-                  reinterpret_cast<void* const*>(table + num_chunks * sizeof(PlanChunk)),
-                  static_cast<int64_t>(plan.num_tensors()), num_chunks};
+  const size_t pointers_at = num_chunks * sizeof(PlanChunk);
+  const size_t groups_at = pointers_at + plan.pointers().size() * sizeof(void*);
+  return PlanArgs{reinterpret_cast<const PlanChunk*>(table), reinterpret_cast<void* const*>(table + pointers_at),
+                  reinterpret_cast<const int32_t*>(table + groups_at), static_cast<int64_t>(plan.num_tensors()),
+                  num_chunks};
 }
 
 inline constexpr int kBlockThreads = 512;

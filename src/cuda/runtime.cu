@@ -70,11 +70,11 @@ void check_memory_location(std::string_view op, std::string_view arg, size_t ind
   }
 }
 
-std::shared_ptr<void> upload(Device device, const void* host, size_t bytes) {
-  require_cuda_device("upload", device.index);
+std::shared_ptr<void> allocate(Device device, size_t bytes) {
+  require_cuda_device("allocate", device.index);
   cuda::DeviceGuard guard(device.index);
   void* pointer = nullptr;
-  GRADKIT_CUDA_CHECK(cudaMalloc(&pointer, bytes));
+  GRADKIT_CUDA_CHECK(cudaMalloc(&pointer, bytes == 0 ? 1 : bytes));
   // The deleter must not throw: it restores the device by hand.
   std::shared_ptr<void> owned(pointer, [index = device.index](void* p) {
     int previous = -1;
@@ -83,8 +83,31 @@ std::shared_ptr<void> upload(Device device, const void* host, size_t bytes) {
     cudaFree(p);
     if (previous >= 0) cudaSetDevice(previous);
   });
-  GRADKIT_CUDA_CHECK(cudaMemcpy(pointer, host, bytes, cudaMemcpyHostToDevice));
+  GRADKIT_CUDA_CHECK(cudaMemset(pointer, 0, bytes));
   return owned;
+}
+
+std::shared_ptr<void> upload(Device device, const void* host, size_t bytes) {
+  std::shared_ptr<void> owned = allocate(device, bytes);
+  copy_from_host(owned.get(), host, bytes, device);
+  return owned;
+}
+
+void copy_to_host(void* host, const void* device_source, size_t bytes, Device device) {
+  if (bytes == 0) return;
+  cuda::DeviceGuard guard(device.index);
+  GRADKIT_CUDA_CHECK(cudaMemcpy(host, device_source, bytes, cudaMemcpyDeviceToHost));
+}
+
+void copy_from_host(void* device_destination, const void* host, size_t bytes, Device device) {
+  if (bytes == 0) return;
+  cuda::DeviceGuard guard(device.index);
+  GRADKIT_CUDA_CHECK(cudaMemcpy(device_destination, host, bytes, cudaMemcpyHostToDevice));
+}
+
+void synchronize(Device device) {
+  cuda::DeviceGuard guard(device.index);
+  GRADKIT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace backend

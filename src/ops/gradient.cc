@@ -9,6 +9,7 @@
 #include "backend/cuda_runtime.h"
 #include "backend/gradient.h"
 #include "gradkit/core/error.h"
+#include "ops/device_scalar.h"
 
 namespace gradkit {
 namespace {
@@ -35,23 +36,13 @@ void check_accumulate_dtypes(std::string_view op, const MultiTensorPlan& plan) {
 // live on the plan's device (for the CPU backend: in host memory).
 const bool* flag_pointer(std::string_view op, std::string_view arg, const Flag& flag, Device device) {
   if (flag.where != Flag::Where::device) return nullptr;
-  if (flag.pointer == nullptr) {
-    throw_argument_error(ErrorCode::null_pointer, op, arg, "is a device flag with a null pointer");
-  }
-  backend::check_memory_location(op, arg, 0, TensorView{flag.pointer, 1, DType::f32, device});
+  ops::check_device_scalar(op, arg, flag.pointer, device, false);
   return flag.pointer;
 }
 
 void check_output_flag(std::string_view op, std::string_view arg, const Flag& flag, Device device) {
   if (flag.where == Flag::Where::none) return;
-  if (flag.pointer == nullptr) {
-    throw_argument_error(ErrorCode::null_pointer, op, arg, "is an output flag with a null pointer");
-  }
-  if (flag.where == Flag::Where::device) {
-    backend::check_memory_location(op, arg, 0, TensorView{flag.pointer, 1, DType::f32, device});
-  } else {
-    backend::check_memory_location(op, arg, 0, TensorView{flag.pointer, 1, DType::f32, Device::cpu()});
-  }
+  ops::check_device_scalar(op, arg, flag.pointer, flag.where == Flag::Where::device ? device : Device::cpu(), false);
 }
 
 MultiTensorPlan make_accumulate_plan(std::string_view op, std::span<const TensorView> buffers,

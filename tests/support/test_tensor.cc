@@ -1,60 +1,10 @@
 #include "support/test_tensor.h"
 
 #include <cstring>
-#include <stdexcept>
-#include <string>
-
-#ifdef GRADKIT_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace gradkit::test {
-namespace {
-
-#ifdef GRADKIT_WITH_CUDA
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-}
-#endif
-
-void* allocate(Device device, size_t bytes) {
-  if (bytes == 0) bytes = 1;
-  if (!device.is_cuda()) return ::operator new(bytes);
-#ifdef GRADKIT_WITH_CUDA
-  check(cudaSetDevice(device.index), "cudaSetDevice");
-  void* p = nullptr;
-  check(cudaMalloc(&p, bytes), "cudaMalloc");
-  return p;
-#else
-  throw std::runtime_error("test built without CUDA");
-#endif
-}
-
-void copy(void* dst, const void* src, size_t bytes, Device device, bool to_device) {
-  if (!device.is_cuda()) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#ifdef GRADKIT_WITH_CUDA
-  check(cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost), "cudaMemcpy");
-#else
-  (void)to_device;
-#endif
-}
-
-}  // namespace
 
 bool cuda_available() { return cuda_device_count() > 0; }
-
-void TestTensor::Free::operator()(void* p) const {
-  if (!device.is_cuda()) {
-    ::operator delete(p);
-    return;
-  }
-#ifdef GRADKIT_WITH_CUDA
-  cudaFree(p);
-#endif
-}
 
 std::vector<double> round_to(DType dtype, const std::vector<double>& values) {
   std::vector<double> out(values.size());
@@ -71,30 +21,22 @@ std::vector<double> round_to(DType dtype, const std::vector<double>& values) {
 }
 
 TestTensor::TestTensor(Device device, DType dtype, const std::vector<double>& values)
-    : numel_(static_cast<int64_t>(values.size())), dtype_(dtype), device_(device),
-      owner_(nullptr, Free{device}) {
-  const size_t bytes = values.size() * dtype_size(dtype);
-  std::vector<uint8_t> host(bytes);
-  for (size_t i = 0; i < values.size(); ++i) {
-    dispatch_dtype(dtype, [&]<class T>() {
-      const T v = T(static_cast<float>(values[i]));
-      if constexpr (std::is_same_v<T, double>) {
-        std::memcpy(host.data() + i * sizeof(T), &values[i], sizeof(T));
-      } else {
-        std::memcpy(host.data() + i * sizeof(T), &v, sizeof(T));
-      }
-    });
-  }
-  data_ = allocate(device, bytes);
-  owner_.reset(data_);
-  copy(data_, host.data(), bytes, device, true);
+    : buffer_(device, values.size() * dtype_size(dtype)), numel_(static_cast<int64_t>(values.size())), dtype_(dtype) {
+  std::vector<uint8_t> host(values.size() * dtype_size(dtype));
+  dispatch_dtype(dtype, [&]<class T>() {
+    for (size_t i = 0; i < values.size(); ++i) {
+      T v;
+      if constexpr (std::is_same_v<T, double>) v = values[i];
+      else v = T(static_cast<float>(values[i]));
+      std::memcpy(host.data() + i * sizeof(T), &v, sizeof(T));
+    }
+  });
+  copy_from_host(buffer_.data(), device, host.data(), host.size());
 }
-
-TestTensor::~TestTensor() = default;
 
 std::vector<uint8_t> TestTensor::bytes() const {
   std::vector<uint8_t> host(static_cast<size_t>(numel_) * dtype_size(dtype_));
-  copy(host.data(), data_, host.size(), device_, false);
+  copy_to_host(host.data(), buffer_.data(), host.size(), buffer_.device());
   return host;
 }
 
@@ -105,7 +47,8 @@ std::vector<double> TestTensor::read() const {
     for (size_t i = 0; i < out.size(); ++i) {
       T v;
       std::memcpy(&v, host.data() + i * sizeof(T), sizeof(T));
-      out[i] = static_cast<double>(static_cast<std::conditional_t<std::is_same_v<T, double>, double, float>>(v));
+      if constexpr (std::is_same_v<T, double>) out[i] = v;
+      else out[i] = static_cast<float>(v);
     }
   });
   return out;
@@ -121,25 +64,14 @@ std::vector<double> random_values(std::mt19937_64& rng, int64_t n, double scale)
   return out;
 }
 
-TestFlag::TestFlag(Device device, bool value) : device_(device) {
-  flag_ = static_cast<bool*>(allocate(device, 1));
-  copy(flag_, &value, 1, device, true);
+TestFlag::TestFlag(Device device, bool value) : buffer_(device, 1) {
+  copy_from_host(buffer_.data(), device, &value, 1);
 }
-
-TestFlag::~TestFlag() { TestTensor::Free{device_}(flag_); }
 
 bool TestFlag::read() const {
   bool v = false;
-  copy(&v, flag_, 1, device_, false);
+  copy_to_host(&v, buffer_.data(), 1, buffer_.device());
   return v;
-}
-
-void synchronize(Device device) {
-#ifdef GRADKIT_WITH_CUDA
-  if (device.is_cuda()) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-#else
-  (void)device;
-#endif
 }
 
 }  // namespace gradkit::test

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "gradkit/core/memory.h"
 #include "gradkit/core/tensor.h"
 
 namespace gradkit::test {
@@ -18,23 +19,16 @@ bool cuda_available();
 class TestTensor {
  public:
   TestTensor(Device device, DType dtype, const std::vector<double>& values);
-  TestTensor(TestTensor&&) noexcept = default;
-  TestTensor& operator=(TestTensor&&) noexcept = default;
-  ~TestTensor();
 
-  TensorView view() const { return TensorView{data_, numel_, dtype_, device_}; }
+  TensorView view() const { return buffer_.view(dtype_, 0, numel_); }
   std::vector<double> read() const;       // as float64 (exact for every dtype)
   std::vector<uint8_t> bytes() const;     // raw bits, for bitwise comparisons
   int64_t numel() const { return numel_; }
 
  private:
-  void* data_ = nullptr;
+  Buffer buffer_;
   int64_t numel_ = 0;
   DType dtype_ = DType::f32;
-  Device device_;
-  struct Free { Device device; void operator()(void* p) const; };
-  std::unique_ptr<void, Free> owner_;
-  friend class TestFlag;
 };
 
 // Rounds each value to `dtype` and back: what the tensor will hold.
@@ -47,18 +41,11 @@ std::vector<double> random_values(std::mt19937_64& rng, int64_t n, double scale 
 class TestFlag {
  public:
   TestFlag(Device device, bool value);
-  ~TestFlag();
-  TestFlag(const TestFlag&) = delete;
-  TestFlag& operator=(const TestFlag&) = delete;
-  bool* pointer() const { return flag_; }
+  bool* pointer() const { return static_cast<bool*>(buffer_.data()); }
   bool read() const;
 
  private:
-  Device device_;
-  bool* flag_ = nullptr;
+  Buffer buffer_;
 };
-
-// Waits for all work on the device (no-op for the CPU).
-void synchronize(Device device);
 
 }  // namespace gradkit::test

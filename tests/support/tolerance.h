@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cmath>
+#include <vector>
 
 #include "gradkit/core/dtype.h"
 
@@ -32,6 +33,35 @@ inline bool within(double got, double want, Tolerance t) {
   if (std::isnan(want)) return std::isnan(got);
   if (std::isinf(want)) return got == want;
   return std::abs(got - want) <= t.relative * std::abs(want) + t.absolute;
+}
+
+}  // namespace gradkit::test
+
+namespace gradkit::test {
+
+// For multi-step optimizer runs compared with the float64 reference: the
+// norm-wise relative error ||got - ref|| / ||ref|| allowed after `steps`
+// steps, for state stored in `storage`. Each step rounds a few times in the
+// compute type and once to storage; the errors add up roughly linearly in
+// the worst case.
+constexpr double optimizer_tolerance(DType storage, int steps) {
+  switch (storage) {
+    case DType::f32: return 8 * steps * 0x1p-24;
+    case DType::f16: return 4 * steps * 0x1p-11;
+    case DType::bf16: return 4 * steps * 0x1p-8;
+    case DType::f64: return 8 * steps * 0x1p-53;
+  }
+  return 0;
+}
+
+inline double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) != std::isnan(want[i])) return INFINITY;
+    diff += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
 }
 
 }  // namespace gradkit::test

@@ -4,7 +4,7 @@
 // once here: equal list lengths, equal element counts tensor by tensor, one
 // dtype per list, one device for everything, no null data with a non-zero
 // count, no overlap between a written tensor and any other tensor (except the
-// identical tensor at the same index, for in-place use). It then cuts every
+// identical tensor at the same index of a read-only list, for in-place use). It then cuts every
 // tensor into chunks of at most `chunk_elements` and, for CUDA, uploads the
 // chunk table and the pointer table to the device. A launch afterwards passes
 // one pointer to the kernel, whatever the number of tensors, and can be
@@ -44,8 +44,12 @@ class MultiTensorPlan {
 
   MultiTensorPlan() = default;
   // Validates as described above, naming `op` and the list names in errors.
+  // `groups`, if not empty, gives each tensor's parameter-group index (one per
+  // tensor, each in [0, num_groups)); kernels read it to find the group's
+  // hyperparameters, so that all groups run in one launch.
   MultiTensorPlan(std::string_view op, std::span<const PlanList> lists,
-                  int64_t chunk_elements = kDefaultChunkElements);
+                  int64_t chunk_elements = kDefaultChunkElements,
+                  std::span<const int32_t> groups = {}, int32_t num_groups = 1);
 
   bool empty() const { return !impl_ || impl_->chunks.empty(); }
   Device device() const { return impl_->device; }
@@ -60,8 +64,9 @@ class MultiTensorPlan {
   std::span<const PlanChunk> chunks() const { return impl_->chunks; }
   std::span<void* const> pointers() const { return impl_->pointers; }
   std::span<const int64_t> numels() const { return impl_->numels; }
+  std::span<const int32_t> groups() const { return impl_->groups; }  // one per tensor
 
-  // The device copy (chunks, then pointers) for CUDA plans; null for CPU.
+  // The device copy (chunks, then pointers, then groups) for CUDA plans; null for CPU.
   const void* device_table() const { return impl_->device_table.get(); }
 
  private:
@@ -74,6 +79,7 @@ class MultiTensorPlan {
     std::vector<PlanChunk> chunks;
     std::vector<void*> pointers;
     std::vector<int64_t> numels;
+    std::vector<int32_t> groups;
     std::shared_ptr<void> device_table;  // freed with the last copy of the plan
   };
   std::shared_ptr<const Impl> impl_;

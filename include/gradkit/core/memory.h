@@ -1,0 +1,38 @@
+// Owned memory on a device, for the owning layers (optimizers, arenas) and
+// for users who want gradkit to hold a buffer; ops themselves take views.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "gradkit/core/tensor.h"
+
+namespace gradkit {
+
+class Buffer {
+ public:
+  Buffer() = default;
+  // `bytes` of zero-filled memory on `device` (aligned to 256 bytes).
+  Buffer(Device device, size_t bytes);
+
+  void* data() const { return data_.get(); }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+  // A view of `numel` elements of `dtype` starting `byte_offset` bytes in.
+  TensorView view(DType dtype, size_t byte_offset, int64_t numel) const;
+
+ private:
+  std::shared_ptr<void> data_;
+  size_t bytes_ = 0;
+  Device device_ = Device::cpu();
+};
+
+// Synchronous copies between host memory and memory on `device` (a plain
+// memcpy when `device` is the CPU).
+void copy_to_host(void* host_destination, const void* source, size_t bytes, Device source_device);
+void copy_from_host(void* destination, Device destination_device, const void* host_source, size_t bytes);
+
+// Waits until all work queued on the device (every stream) has finished.
+void synchronize(Device device);
+
+}  // namespace gradkit

@@ -1,0 +1,69 @@
+// An owning Adam/AdamW optimizer over parameter groups: it holds the moments
+// (and amsgrad's running max), the step counter and each group's learning
+// rate in device memory, so a whole step can be captured in a CUDA graph,
+// and saves and loads its state bit-exactly.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gradkit/core/memory.h"
+#include "gradkit/ops/adam.h"
+
+namespace gradkit {
+
+struct AdamGroup {
+  std::vector<TensorView> params;      // f32 master weights (or f64)
+  std::vector<TensorView> grads;       // f32, f16 or bf16 (f64 with f64 params)
+  std::vector<TensorView> model_copy;  // optional f16/bf16 copy of params, written in the same pass
+  AdamHyperparameters hyperparameters;
+};
+
+struct AdamOptions {
+  DType moment_dtype = DType::f32;  // f32, or bf16 to halve the optimizer state
+};
+
+class Adam {
+ public:
+  // Validates everything; allocates zeroed moments on the parameters' device.
+  explicit Adam(std::vector<AdamGroup> groups, AdamOptions options = {});
+
+  // One update. The step counter is incremented on the device first (so a
+  // captured graph advances it on each replay) and the update uses the new
+  // count. If `found_inf` is given and true when the step runs, neither the
+  // counter nor any buffer changes. Gradients are divided by the gradient
+  // scale (a host value, or a float on the device).
+  void step(Stream stream = {}, const bool* found_inf = nullptr, const float* grad_scale_device = nullptr,
+            float grad_scale = 1.0f);
+
+  int64_t step_count() const;  // synchronous read of the device counter
+  int64_t* step_count_device() const { return static_cast<int64_t*>(counter_.data()); }
+  float lr(int group) const;  // synchronous read
+  void set_lr(int group, float lr);  // synchronous write
+  float* lr_device() const { return static_cast<float*>(lrs_.data()); }  // one float per group
+
+  size_t num_groups() const { return groups_.size(); }
+  const std::vector<TensorView>& exp_avg() const { return exp_avg_; }
+  const std::vector<TensorView>& exp_avg_sq() const { return exp_avg_sq_; }
+  const std::vector<TensorView>& max_exp_avg_sq() const { return max_exp_avg_sq_; }
+
+  // The moments, step count and hyperparameters (not the weights: they
+  // belong to the model). load() checks the whole file against this
+  // optimizer's groups, shapes and dtypes before it writes anything.
+  void save(const std::string& path) const;
+  void load(const std::string& path);
+
+ private:
+  void upload_lrs();
+
+  std::vector<AdamGroup> groups_;
+  AdamOptions options_;
+  Device device_;
+  Buffer state_;    // every moment tensor, back to back at 256-byte boundaries
+  Buffer counter_;  // int64 step count
+  Buffer lrs_;      // float per group
+  std::vector<TensorView> exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
+  AdamPlan plan_;
+};
+
+}  // namespace gradkit

@@ -1,0 +1,71 @@
+// The versioned file format every owning optimizer saves its state in
+// (docs/state-format.md): named sections of bytes behind a magic number and
+// a version, closed by a checksum of everything before it.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace gradkit {
+
+class StateFile {
+ public:
+  static constexpr uint32_t kVersion = 1;
+
+  void add(std::string name, std::vector<uint8_t> bytes);
+  // The section's bytes; throws Error(io_error) naming the file and section if absent.
+  const std::vector<uint8_t>& get(std::string_view name) const;
+  bool has(std::string_view name) const;
+
+  // Writes atomically: to a temporary file beside `path`, flushed to disk,
+  // then renamed over `path`, so a crash mid-write leaves the old file whole.
+  void write(const std::string& path) const;
+  // Reads and checks magic, version and checksum; throws Error(io_error)
+  // saying what is wrong (missing, truncated, corrupt, newer version).
+  static StateFile read(const std::string& path);
+
+ private:
+  std::string source_;  // the path it was read from, for messages
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> sections_;
+};
+
+// Little-endian packing of plain values into a section and back; reading
+// past the end is an io_error naming the section.
+class SectionWriter {
+ public:
+  template <class T>
+  SectionWriter& put(const T& value) {
+    const size_t at = bytes_.size();
+    bytes_.resize(at + sizeof(T));
+    std::memcpy(bytes_.data() + at, &value, sizeof(T));
+    return *this;
+  }
+  std::vector<uint8_t> take() { return std::move(bytes_); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+class SectionReader {
+ public:
+  SectionReader(const std::vector<uint8_t>& bytes, std::string name) : bytes_(bytes), name_(std::move(name)) {}
+  template <class T>
+  T get() {
+    T value;
+    read(&value, sizeof(T));
+    return value;
+  }
+  bool done() const { return at_ == bytes_.size(); }
+
+ private:
+  void read(void* out, size_t n);
+  const std::vector<uint8_t>& bytes_;
+  std::string name_;
+  size_t at_ = 0;
+};
+
+}  // namespace gradkit

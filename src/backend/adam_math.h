@@ -1,0 +1,75 @@
+// The Adam update of one element, written once and compiled for both
+// backends (host and device), so that the CPU and CUDA backends compute the
+// same formula in the same order.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "gradkit/ops/adam.h"
+
+#if defined(__CUDACC__)
+#define GRADKIT_HD __host__ __device__ __forceinline__
+#else
+#define GRADKIT_HD inline
+#endif
+
+namespace gradkit::backend {
+
+// A group's constants for one step, in the compute type C (f32, or f64 for
+// f64 data). Bias corrections are computed in f64 from the step count.
+template <class C>
+struct AdamCoefficients {
+  C beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay;
+  C step_size;        // lr / (1 - beta1^t); Hugging Face: lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+  C bias2_sqrt;       // sqrt(1 - beta2^t)
+  C decay_factor;     // decoupled: 1 - lr * weight_decay
+  C decay_after;      // Hugging Face: lr * weight_decay
+  int32_t decay;
+  bool amsgrad, maximize;
+};
+
+template <class C>
+GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, double lr, int64_t step) {
+  const double t = static_cast<double>(step);
+  const double bias1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), t) : 1.0;
+  const double bias2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), t) : 1.0;
+  const double wd = h.weight_decay;
+  AdamCoefficients<C> c;
+  c.beta1 = static_cast<C>(h.beta1);
+  c.beta2 = static_cast<C>(h.beta2);
+  c.one_minus_beta1 = static_cast<C>(1.0 - static_cast<double>(h.beta1));
+  c.one_minus_beta2 = static_cast<C>(1.0 - static_cast<double>(h.beta2));
+  c.eps = static_cast<C>(h.eps);
+  c.weight_decay = static_cast<C>(wd);
+  c.decay = static_cast<int32_t>(h.decay);
+  c.bias2_sqrt = static_cast<C>(std::sqrt(bias2));
+  c.step_size = static_cast<C>(h.decay == WeightDecay::hugging_face ? lr * std::sqrt(bias2) / bias1 : lr / bias1);
+  c.decay_factor = static_cast<C>(1.0 - lr * wd);
+  c.decay_after = static_cast<C>(lr * wd);
+  c.amsgrad = h.amsgrad;
+  c.maximize = h.maximize;
+  return c;
+}
+
+// One element: w, m, v (and vmax for amsgrad) updated in place from the
+// unscaled gradient g (already divided by the gradient scale).
+template <class C>
+GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c) {
+  if (c.maximize) g = -g;
+  if (c.decay == static_cast<int32_t>(WeightDecay::l2)) g = g + c.weight_decay * w;
+  if (c.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = w * c.decay_factor;
+  m = c.beta1 * m + c.one_minus_beta1 * g;
+  v = c.beta2 * v + c.one_minus_beta2 * g * g;
+  C second = v;
+  if (c.amsgrad) {
+    vmax = vmax > v ? vmax : v;
+    second = vmax;
+  }
+  const C denom = c.decay == static_cast<int32_t>(WeightDecay::hugging_face) ? std::sqrt(second) + c.eps
+                                                                            : std::sqrt(second) / c.bias2_sqrt + c.eps;
+  w = w - c.step_size * m / denom;
+  if (c.decay == static_cast<int32_t>(WeightDecay::hugging_face)) w = w - c.decay_after * w;
+}
+
+}  // namespace gradkit::backend

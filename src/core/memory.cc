@@ -1,0 +1,47 @@
+#include "gradkit/core/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda_runtime.h"
+#include "gradkit/core/error.h"
+
+namespace gradkit {
+
+Buffer::Buffer(Device device, size_t bytes) : bytes_(bytes), device_(device) {
+  if (device.is_cuda()) {
+    data_ = backend::allocate(device, bytes);
+    return;
+  }
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
+  if (p == nullptr) throw Error(ErrorCode::invalid_argument, "Buffer: cannot allocate " + std::to_string(bytes) + " bytes");
+  std::memset(p, 0, rounded);
+  data_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+
+TensorView Buffer::view(DType dtype, size_t byte_offset, int64_t numel) const {
+  if (numel < 0 || byte_offset + static_cast<size_t>(numel) * dtype_size(dtype) > bytes_) {
+    throw_argument_error(ErrorCode::invalid_argument, "Buffer::view", "numel",
+                         "is " + std::to_string(numel) + " at byte offset " + std::to_string(byte_offset) +
+                             ", expected the view to fit in the buffer's " + std::to_string(bytes_) + " bytes");
+  }
+  return TensorView{static_cast<unsigned char*>(data_.get()) + byte_offset, numel, dtype, device_};
+}
+
+void copy_to_host(void* host_destination, const void* source, size_t bytes, Device source_device) {
+  if (source_device.is_cuda()) backend::copy_to_host(host_destination, source, bytes, source_device);
+  else if (bytes > 0) std::memcpy(host_destination, source, bytes);
+}
+
+void copy_from_host(void* destination, Device destination_device, const void* host_source, size_t bytes) {
+  if (destination_device.is_cuda()) backend::copy_from_host(destination, host_source, bytes, destination_device);
+  else if (bytes > 0) std::memcpy(destination, host_source, bytes);
+}
+
+void synchronize(Device device) {
+  if (device.is_cuda()) backend::synchronize(device);
+}
+
+}  // namespace gradkit

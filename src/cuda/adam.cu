@@ -1,0 +1,138 @@
+// The Adam update as a functor of the multi-tensor driver: one pass, reading
+// w, g, m, v (and vmax) and writing w, m, v (vmax, and the model copy).
+#include <type_traits>
+
+#include "backend/adam.h"
+#include "backend/adam_math.h"
+#include "cuda/multi_tensor.cuh"
+#include "cuda/types.cuh"
+
+namespace gradkit::backend {
+namespace {
+
+using cuda::load;
+using cuda::native_t;
+using cuda::PlanArgs;
+using cuda::store;
+
+struct NoCopy {};
+
+template <class W, class G, class M, class Copy>
+struct AdamOp {
+  using C = cuda::compute_t<W>;
+  static constexpr bool kCopy = !std::is_same_v<Copy, NoCopy>;
+  static constexpr int N = 16 / sizeof(W);
+  static constexpr int kUnroll = 2;
+  AdamLaunch launch;
+
+  __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
+    const AdamStepInputs& in = launch.inputs;
+    if (in.found_inf != nullptr && *in.found_inf) return;
+
+    // The group's constants for this step, computed once per block.
+    __shared__ AdamCoefficients<C> shared;
+    if (threadIdx.x == 0) {
+      const int group = plan.groups[chunk.tensor];
+      const AdamHyperparameters& h = launch.groups[group];
+      const double lr = in.lr_device != nullptr ? in.lr_device[group] : h.lr;
+      const int64_t step = in.step_device != nullptr ? *in.step_device : in.step;
+      shared = adam_coefficients<C>(h, lr, step);
+    }
+    __syncthreads();
+    const AdamCoefficients<C> c = shared;
+    const C scale = static_cast<C>(in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale);
+    const bool scaled = scale != C(1);
+
+    W* w = plan.tensor<W>(0, chunk);
+    const G* g = plan.tensor<G>(1, chunk);
+    M* m = plan.tensor<M>(2, chunk);
+    M* v = plan.tensor<M>(3, chunk);
+    M* vmax = c.amsgrad ? plan.tensor<M>(launch.max_list, chunk) : nullptr;
+    Copy* copy = nullptr;
+    if constexpr (kCopy) copy = plan.tensor<Copy>(launch.copy_list, chunk);
+
+    const bool vectorized = cuda::vector_aligned<N>(w) && cuda::vector_aligned<N>(g) && cuda::vector_aligned<N>(m) &&
+                            cuda::vector_aligned<N>(v) && (vmax == nullptr || cuda::vector_aligned<N>(vmax)) &&
+                            (!kCopy || cuda::vector_aligned<N>(copy));
+
+    auto update = [&](W& wi, G gi, M& mi, M& vi, M* vmaxi, Copy* copyi) {
+      C wc = cuda::to_compute<C>(wi);
+      C gc = cuda::to_compute<C>(gi);
+      if (scaled) gc = gc / scale;
+      C mc = cuda::to_compute<C>(mi), vc = cuda::to_compute<C>(vi);
+      C vmaxc = vmaxi != nullptr ? cuda::to_compute<C>(*vmaxi) : C(0);
+      adam_element(wc, gc, mc, vc, vmaxc, c);
+      wi = cuda::from_compute<W>(wc);
+      mi = cuda::from_compute<M>(mc);
+      vi = cuda::from_compute<M>(vc);
+      if (vmaxi != nullptr) *vmaxi = cuda::from_compute<M>(vmaxc);
+      if constexpr (kCopy) *copyi = cuda::from_compute<Copy>(wc);
+    };
+
+    cuda::for_each_group<N, kUnroll>(
+        chunk.length, vectorized,
+        [&]<int U>(int i, int stride, bool vec) {
+          W wr[U][N];
+          G gr[U][N];
+          M mr[U][N], vr[U][N], xr[U][N];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const int at = i + u * stride;
+            load<N>(wr[u], w + at, vec);
+            load<N>(gr[u], g + at, vec);
+            load<N>(mr[u], m + at, vec);
+            load<N>(vr[u], v + at, vec);
+            if (vmax != nullptr) load<N>(xr[u], vmax + at, vec);
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const int at = i + u * stride;
+            [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[N];
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+              if constexpr (kCopy) update(wr[u][k], gr[u][k], mr[u][k], vr[u][k], vmax ? &xr[u][k] : nullptr, &cr[k]);
+              else update(wr[u][k], gr[u][k], mr[u][k], vr[u][k], vmax ? &xr[u][k] : nullptr, nullptr);
+            }
+            store<N>(w + at, wr[u], vec);
+            store<N>(m + at, mr[u], vec);
+            store<N>(v + at, vr[u], vec);
+            if (vmax != nullptr) store<N>(vmax + at, xr[u], vec);
+            if constexpr (kCopy) store<N>(copy + at, cr, vec);
+          }
+        },
+        [&](int j) {
+          if constexpr (kCopy) update(w[j], g[j], m[j], v[j], vmax ? vmax + j : nullptr, copy + j);
+          else update(w[j], g[j], m[j], v[j], vmax ? vmax + j : nullptr, nullptr);
+        });
+  }
+};
+
+template <class W, class G, class M, class Copy>
+void launch_adam(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream) {
+  cuda::launch_multi_tensor(plan, AdamOp<native_t<W>, native_t<G>, native_t<M>, Copy>{launch}, stream);
+}
+
+template <class W, class G, class M>
+void launch_with_copy(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream) {
+  if (launch.copy_list < 0) return launch_adam<W, G, M, NoCopy>(plan, launch, stream);
+  dispatch_dtype(plan.dtype(launch.copy_list), [&]<class Copy>() {
+    if constexpr (std::is_same_v<Copy, half> || std::is_same_v<Copy, bfloat16>) {
+      launch_adam<W, G, M, native_t<Copy>>(plan, launch, stream);
+    }
+  });
+}
+
+}  // namespace
+
+void adam_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream) {
+  if (plan.dtype(0) == DType::f64) return launch_adam<double, double, double, NoCopy>(plan, launch, stream);
+  dispatch_dtype(plan.dtype(1), [&]<class G>() {
+    dispatch_dtype(plan.dtype(2), [&]<class M>() {
+      if constexpr (!std::is_same_v<G, double> && (std::is_same_v<M, float> || std::is_same_v<M, bfloat16>)) {
+        launch_with_copy<float, G, M>(plan, launch, stream);
+      }
+    });
+  });
+}
+
+}  // namespace gradkit::backend

@@ -1,0 +1,155 @@
+// Public Adam entry points: validate every input, then dispatch the plan.
+#include "gradkit/ops/adam.h"
+
+#include <cmath>
+#include <string>
+
+#include "backend/adam.h"
+#include "backend/cuda_runtime.h"
+#include "gradkit/core/error.h"
+#include "ops/device_scalar.h"
+
+namespace gradkit {
+namespace {
+
+constexpr std::string_view kOp = "adam_step";
+
+void check_range(bool ok, const std::string& arg, const std::string& what, double value) {
+  if (!ok) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, arg, "is " + std::to_string(value) + ", expected " + what);
+  }
+}
+
+void check_dtypes(const MultiTensorPlan& plan, int max_list, int copy_list) {
+  if (plan.num_tensors() == 0) return;
+  const DType w = plan.dtype(0), g = plan.dtype(1), m = plan.dtype(2), v = plan.dtype(3);
+  auto fail = [](std::string_view arg, DType got, const std::string& expected) {
+    throw_argument_error(ErrorCode::dtype_unsupported, kOp, arg,
+                         "has dtype " + std::string(dtype_name(got)) + ", expected " + expected);
+  };
+  if (w == DType::f64) {
+    if (g != DType::f64) fail("grads", g, "f64 (the dtype of the weights)");
+    if (m != DType::f64) fail("exp_avg", m, "f64 (the dtype of the weights)");
+    if (v != DType::f64) fail("exp_avg_sq", v, "f64 (the dtype of the weights)");
+    if (max_list >= 0 && plan.dtype(max_list) != DType::f64) fail("max_exp_avg_sq", plan.dtype(max_list), "f64");
+    if (copy_list >= 0) fail("model_copy", plan.dtype(copy_list), "no model copy with f64 weights");
+    return;
+  }
+  if (w != DType::f32) fail("weights", w, "f32 (master weights) or f64");
+  if (g == DType::f64) fail("grads", g, "f32, f16 or bf16 with f32 weights");
+  if (m != DType::f32 && m != DType::bf16) fail("exp_avg", m, "f32 or bf16");
+  if (v != m) fail("exp_avg_sq", v, std::string(dtype_name(m)) + " (the dtype of exp_avg)");
+  if (max_list >= 0 && plan.dtype(max_list) != m) fail("max_exp_avg_sq", plan.dtype(max_list), std::string(dtype_name(m)));
+  if (copy_list >= 0 && plan.dtype(copy_list) != DType::f16 && plan.dtype(copy_list) != DType::bf16) {
+    fail("model_copy", plan.dtype(copy_list), "f16 or bf16");
+  }
+}
+
+}  // namespace
+
+void validate(const AdamHyperparameters& h, std::string_view op, const std::string& arg) {
+  (void)op;
+  check_range(std::isfinite(h.lr) && h.lr >= 0, arg + ".lr", "a finite value >= 0", h.lr);
+  check_range(h.beta1 >= 0 && h.beta1 < 1, arg + ".beta1", "a value in [0, 1)", h.beta1);
+  check_range(h.beta2 >= 0 && h.beta2 < 1, arg + ".beta2", "a value in [0, 1)", h.beta2);
+  check_range(std::isfinite(h.eps) && h.eps > 0, arg + ".eps", "a finite value > 0", h.eps);
+  check_range(std::isfinite(h.weight_decay) && h.weight_decay >= 0, arg + ".weight_decay", "a finite value >= 0",
+              h.weight_decay);
+  const auto decay = static_cast<int32_t>(h.decay);
+  check_range(decay >= 0 && decay <= 2, arg + ".decay", "l2, decoupled or hugging_face", decay);
+}
+
+AdamPlan::AdamPlan(const AdamTensors& t, std::span<const AdamHyperparameters> hyperparameters,
+                   std::span<const int32_t> groups) {
+  if (hyperparameters.empty()) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "hyperparameters", "is empty; expected one entry per group");
+  }
+  bool any_amsgrad = false;
+  for (size_t i = 0; i < hyperparameters.size(); ++i) {
+    validate(hyperparameters[i], kOp, "hyperparameters[" + std::to_string(i) + "]");
+    any_amsgrad = any_amsgrad || hyperparameters[i].amsgrad;
+  }
+  if (any_amsgrad && t.max_exp_avg_sq.size() != t.weights.size()) {
+    throw_argument_error(ErrorCode::size_mismatch, kOp, "max_exp_avg_sq",
+                         "has " + std::to_string(t.max_exp_avg_sq.size()) + " tensors, expected " +
+                             std::to_string(t.weights.size()) + " (a group uses amsgrad)");
+  }
+  std::vector<PlanList> lists = {{"weights", t.weights, true},
+                                 {"grads", t.grads, false},
+                                 {"exp_avg", t.exp_avg, true},
+                                 {"exp_avg_sq", t.exp_avg_sq, true}};
+  int max_list = -1, copy_list = -1;
+  if (any_amsgrad) {
+    max_list = static_cast<int>(lists.size());
+    lists.push_back({"max_exp_avg_sq", t.max_exp_avg_sq, true});
+  }
+  if (!t.model_copy.empty()) {
+    copy_list = static_cast<int>(lists.size());
+    lists.push_back({"model_copy", t.model_copy, true});
+  }
+  plan_ = MultiTensorPlan(kOp, lists, MultiTensorPlan::kDefaultChunkElements, groups,
+                          static_cast<int32_t>(hyperparameters.size()));
+  check_dtypes(plan_, max_list, copy_list);
+  has_max_ = max_list >= 0;
+  has_copy_ = copy_list >= 0;
+  set_hyperparameters(hyperparameters);
+}
+
+void AdamPlan::set_hyperparameters(std::span<const AdamHyperparameters> hyperparameters) {
+  if (!hyper_.empty() && hyperparameters.size() != hyper_.size()) {
+    throw_argument_error(ErrorCode::size_mismatch, kOp, "hyperparameters",
+                         "has " + std::to_string(hyperparameters.size()) + " groups, expected " +
+                             std::to_string(hyper_.size()));
+  }
+  for (size_t i = 0; i < hyperparameters.size(); ++i) {
+    validate(hyperparameters[i], kOp, "hyperparameters[" + std::to_string(i) + "]");
+    if (hyperparameters[i].amsgrad && !has_max_ && !hyper_.empty()) {
+      throw_argument_error(ErrorCode::invalid_argument, kOp, "hyperparameters[" + std::to_string(i) + "].amsgrad",
+                           "is true, but the plan was made without max_exp_avg_sq");
+    }
+  }
+  hyper_.assign(hyperparameters.begin(), hyperparameters.end());
+  if (plan_.device().is_cuda()) {
+    hyper_device_ = backend::upload(plan_.device(), hyper_.data(), hyper_.size() * sizeof(AdamHyperparameters));
+  }
+}
+
+void AdamPlan::validate_inputs(const AdamStepInputs& in) const {
+  const Device device = plan_.device();
+  if (in.step_device == nullptr && in.step < 1) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "step", "is " + std::to_string(in.step) + ", expected >= 1");
+  }
+  if (in.grad_scale_device == nullptr && !(std::isfinite(in.grad_scale) && in.grad_scale > 0)) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "grad_scale",
+                         "is " + std::to_string(in.grad_scale) + ", expected a finite value > 0");
+  }
+  ops::check_device_scalar(kOp, "step_device", in.step_device, device);
+  ops::check_device_scalar(kOp, "lr_device", in.lr_device, device);
+  ops::check_device_scalar(kOp, "grad_scale_device", in.grad_scale_device, device);
+  ops::check_device_scalar(kOp, "found_inf", in.found_inf, device);
+}
+
+void AdamPlan::step(const AdamStepInputs& in, Stream stream) const {
+  validate_inputs(in);
+  const Device device = plan_.device();
+  if (plan_.empty()) return;
+
+  backend::AdamLaunch launch;
+  launch.inputs = in;
+  launch.max_list = has_max_ ? 4 : -1;
+  launch.copy_list = has_copy_ ? (has_max_ ? 5 : 4) : -1;
+  if (device.is_cuda()) {
+    launch.groups = static_cast<const AdamHyperparameters*>(hyper_device_.get());
+    backend::adam_cuda(plan_, launch, stream);
+  } else {
+    launch.groups = hyper_.data();
+    backend::adam_cpu(plan_, launch);
+  }
+}
+
+void adam_step(const AdamTensors& tensors, const AdamHyperparameters& hyperparameters, const AdamStepInputs& inputs,
+               Stream stream) {
+  AdamPlan(tensors, std::span(&hyperparameters, 1)).step(inputs, stream);
+}
+
+}  // namespace gradkit

@@ -1,0 +1,145 @@
+#include "gradkit/optim/adam.h"
+
+#include <cstring>
+#include <string>
+
+#include "backend/step_counter.h"
+#include "gradkit/core/error.h"
+#include "gradkit/optim/state_file.h"
+#include "optim/hyperparameter_io.h"
+#include "optim/moment_storage.h"
+
+namespace gradkit {
+namespace {
+
+constexpr std::string_view kOp = "Adam";
+constexpr std::string_view kKind = "adam";
+
+}  // namespace
+
+Adam::Adam(std::vector<AdamGroup> groups, AdamOptions options)
+    : groups_(std::move(groups)), options_(options) {
+  if (groups_.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
+  if (options_.moment_dtype != DType::f32 && options_.moment_dtype != DType::bf16) {
+    throw_argument_error(ErrorCode::dtype_unsupported, kOp, "options.moment_dtype",
+                         "is " + std::string(dtype_name(options_.moment_dtype)) + ", expected f32 or bf16");
+  }
+  const ParameterLists lists = flatten_groups(kOp, groups_);
+  device_ = lists.device;
+  const DType moment = lists.params.empty() || lists.params[0].dtype != DType::f64 ? options_.moment_dtype : DType::f64;
+  bool amsgrad = false;
+  std::vector<AdamHyperparameters> hyper;
+  for (const AdamGroup& g : groups_) {
+    hyper.push_back(g.hyperparameters);
+    amsgrad = amsgrad || g.hyperparameters.amsgrad;
+  }
+  const int moments = amsgrad ? 3 : 2;
+  state_ = allocate_moments(device_, lists.params, moment, moments);
+  std::vector<std::vector<TensorView>*> views = {&exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_};
+  for (int k = 0; k < moments; ++k) *views[k] = moment_views(state_, lists.params, moment, moments, k);
+
+  counter_ = Buffer(device_, sizeof(int64_t));
+  lrs_ = Buffer(device_, sizeof(float) * groups_.size());
+  plan_ = AdamPlan(AdamTensors{lists.params, lists.grads, exp_avg_, exp_avg_sq_, max_exp_avg_sq_, lists.copies},
+                   hyper, lists.group_of_tensor);
+  upload_lrs();
+}
+
+void Adam::upload_lrs() {
+  std::vector<float> lrs;
+  for (const AdamGroup& g : groups_) lrs.push_back(g.hyperparameters.lr);
+  copy_from_host(lrs_.data(), device_, lrs.data(), lrs.size() * sizeof(float));
+}
+
+void Adam::step(Stream stream, const bool* found_inf, const float* grad_scale_device, float grad_scale) {
+  AdamStepInputs in;
+  in.step_device = step_count_device();
+  in.lr_device = lr_device();
+  in.grad_scale = grad_scale;
+  in.grad_scale_device = grad_scale_device;
+  in.found_inf = found_inf;
+  plan_.validate_inputs(in);
+  backend::increment_counter(device_, step_count_device(), found_inf, stream);
+  plan_.step(in, stream);
+}
+
+int64_t Adam::step_count() const {
+  int64_t step = 0;
+  copy_to_host(&step, counter_.data(), sizeof step, device_);
+  return step;
+}
+
+float Adam::lr(int group) const {
+  check_group_index(kOp, group, groups_.size());
+  float value = 0;
+  copy_to_host(&value, lr_device() + group, sizeof value, device_);
+  return value;
+}
+
+void Adam::set_lr(int group, float lr) {
+  check_group_index(kOp, group, groups_.size());
+  AdamHyperparameters h = groups_[group].hyperparameters;
+  h.lr = lr;
+  validate(h, kOp, "lr");
+  groups_[group].hyperparameters.lr = lr;
+  copy_from_host(lr_device() + group, device_, &lr, sizeof lr);
+}
+
+void Adam::save(const std::string& path) const {
+  synchronize(device_);
+  StateFile file;
+  file.add("kind", std::vector<uint8_t>(kKind.begin(), kKind.end()));
+  SectionWriter meta;
+  meta.put(step_count()).put(static_cast<uint32_t>(exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype));
+  file.add("meta", meta.take());
+  std::vector<AdamHyperparameters> hyper;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    hyper.push_back(groups_[g].hyperparameters);
+    hyper.back().lr = lr(static_cast<int>(g));
+  }
+  file.add("groups", write_groups(groups_, hyper));
+  file.add("exp_avg", download(exp_avg_));
+  file.add("exp_avg_sq", download(exp_avg_sq_));
+  file.add("max_exp_avg_sq", download(max_exp_avg_sq_));
+  file.write(path);
+}
+
+void Adam::load(const std::string& path) {
+  const StateFile file = StateFile::read(path);
+  const std::vector<uint8_t>& kind = file.get("kind");
+  if (std::string(kind.begin(), kind.end()) != kKind) {
+    throw Error(ErrorCode::io_error, "state file '" + path + "' holds '" + std::string(kind.begin(), kind.end()) +
+                                         "' state, expected 'adam'");
+  }
+  SectionReader meta(file.get("meta"), "meta");
+  const auto step = meta.get<int64_t>();
+  const auto moment = static_cast<DType>(meta.get<uint32_t>());
+  const DType expected_moment = exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype;
+  if (moment != expected_moment || step < 0) {
+    throw Error(ErrorCode::io_error, "state file '" + path + "' has moments of dtype " +
+                                         std::string(dtype_name(moment)) + ", expected " +
+                                         std::string(dtype_name(expected_moment)));
+  }
+  const std::vector<AdamHyperparameters> hyper = read_groups(path, file.get("groups"), groups_);
+  for (size_t g = 0; g < hyper.size(); ++g) {
+    validate(hyper[g], kOp, "state file groups[" + std::to_string(g) + "]");
+    if (hyper[g].amsgrad && max_exp_avg_sq_.empty()) {
+      throw Error(ErrorCode::io_error, "state file '" + path + "' uses amsgrad in group " + std::to_string(g) +
+                                           ", but this optimizer was made without it");
+    }
+  }
+  check_section_size(path, file, "exp_avg", exp_avg_);
+  check_section_size(path, file, "exp_avg_sq", exp_avg_sq_);
+  check_section_size(path, file, "max_exp_avg_sq", max_exp_avg_sq_);
+
+  // Everything checked: now write.
+  upload(file.get("exp_avg"), exp_avg_);
+  upload(file.get("exp_avg_sq"), exp_avg_sq_);
+  upload(file.get("max_exp_avg_sq"), max_exp_avg_sq_);
+  copy_from_host(counter_.data(), device_, &step, sizeof step);
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];
+  plan_.set_hyperparameters(hyper);
+  upload_lrs();
+}
+
+}  // namespace gradkit

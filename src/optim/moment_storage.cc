@@ -1,0 +1,75 @@
+#include "optim/moment_storage.h"
+
+namespace gradkit {
+namespace {
+
+size_t aligned_bytes(const TensorView& param, DType dtype) {
+  return (static_cast<size_t>(param.numel) * dtype_size(dtype) + 255) / 256 * 256;
+}
+
+size_t region_bytes(const std::vector<TensorView>& params, DType dtype) {
+  size_t total = 0;
+  for (const TensorView& p : params) total += aligned_bytes(p, dtype);
+  return total;
+}
+
+size_t total_bytes(const std::vector<TensorView>& tensors) {
+  size_t total = 0;
+  for (const TensorView& t : tensors) total += t.bytes();
+  return total;
+}
+
+}  // namespace
+
+Buffer allocate_moments(Device device, const std::vector<TensorView>& params, DType dtype, int count) {
+  return Buffer(device, region_bytes(params, dtype) * static_cast<size_t>(count));
+}
+
+std::vector<TensorView> moment_views(const Buffer& buffer, const std::vector<TensorView>& params, DType dtype,
+                                     int count, int k) {
+  std::vector<TensorView> views;
+  if (k >= count) return views;
+  size_t offset = region_bytes(params, dtype) * static_cast<size_t>(k);
+  for (const TensorView& p : params) {
+    views.push_back(buffer.view(dtype, offset, p.numel));
+    offset += aligned_bytes(p, dtype);
+  }
+  return views;
+}
+
+std::vector<uint8_t> download(const std::vector<TensorView>& tensors) {
+  std::vector<uint8_t> bytes(total_bytes(tensors));
+  size_t at = 0;
+  for (const TensorView& t : tensors) {
+    copy_to_host(bytes.data() + at, t.data, t.bytes(), t.device);
+    at += t.bytes();
+  }
+  return bytes;
+}
+
+void upload(const std::vector<uint8_t>& bytes, const std::vector<TensorView>& tensors) {
+  size_t at = 0;
+  for (const TensorView& t : tensors) {
+    copy_from_host(t.data, t.device, bytes.data() + at, t.bytes());
+    at += t.bytes();
+  }
+}
+
+void check_section_size(const std::string& path, const StateFile& file, std::string_view name,
+                        const std::vector<TensorView>& tensors) {
+  const size_t got = file.get(name).size(), want = total_bytes(tensors);
+  if (got != want) {
+    throw Error(ErrorCode::io_error, "state file '" + path + "' section '" + std::string(name) + "' has " +
+                                         std::to_string(got) + " bytes, expected " + std::to_string(want) +
+                                         " for this optimizer's tensors");
+  }
+}
+
+void check_group_index(std::string_view op, int group, size_t num_groups) {
+  if (group < 0 || static_cast<size_t>(group) >= num_groups) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "group",
+                         "is " + std::to_string(group) + ", expected an index in [0, " + std::to_string(num_groups) + ")");
+  }
+}
+
+}  // namespace gradkit

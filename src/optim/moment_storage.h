@@ -1,0 +1,71 @@
+// What every owning optimizer does with its parameter groups and its state:
+// flatten the groups into plan lists, allocate the moments, move them to and
+// from a state file.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gradkit/core/error.h"
+#include "gradkit/core/memory.h"
+#include "gradkit/optim/state_file.h"
+
+namespace gradkit {
+
+struct ParameterLists {
+  Device device = Device::cpu();
+  std::vector<TensorView> params, grads, copies;
+  std::vector<int32_t> group_of_tensor;
+};
+
+// Concatenates the groups' lists. Each group needs as many grads as params;
+// model copies are given for every group or for none.
+template <class Group>
+ParameterLists flatten_groups(std::string_view op, const std::vector<Group>& groups) {
+  ParameterLists out;
+  const bool copies = !groups[0].model_copy.empty();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const Group& group = groups[g];
+    const std::string name = "groups[" + std::to_string(g) + "]";
+    if (group.grads.size() != group.params.size()) {
+      throw_argument_error(ErrorCode::size_mismatch, op, name + ".grads",
+                           "has " + std::to_string(group.grads.size()) + " tensors, expected " +
+                               std::to_string(group.params.size()) + " (one per param)");
+    }
+    if (group.model_copy.empty() == copies && copies && group.model_copy.size() != group.params.size()) {
+      throw_argument_error(ErrorCode::size_mismatch, op, name + ".model_copy",
+                           "has " + std::to_string(group.model_copy.size()) + " tensors, expected " +
+                               std::to_string(group.params.size()) + " (one per param)");
+    }
+    if (group.model_copy.empty() == copies) {
+      throw_argument_error(ErrorCode::invalid_argument, op, name + ".model_copy",
+                           copies ? "is empty, expected a copy per param (groups[0] has copies)"
+                                  : "is given, expected none (groups[0] has no copies)");
+    }
+    out.params.insert(out.params.end(), group.params.begin(), group.params.end());
+    out.grads.insert(out.grads.end(), group.grads.begin(), group.grads.end());
+    out.copies.insert(out.copies.end(), group.model_copy.begin(), group.model_copy.end());
+    out.group_of_tensor.insert(out.group_of_tensor.end(), group.params.size(), static_cast<int32_t>(g));
+  }
+  if (!out.params.empty()) out.device = out.params[0].device;
+  return out;
+}
+
+// `count` moment tensors per param, each shaped like its param, with dtype
+// `dtype`, zero-filled, back to back at 256-byte boundaries in one buffer.
+Buffer allocate_moments(Device device, const std::vector<TensorView>& params, DType dtype, int count);
+// The views of moment k (0 <= k < count) into that buffer.
+std::vector<TensorView> moment_views(const Buffer& buffer, const std::vector<TensorView>& params, DType dtype,
+                                     int count, int k);
+
+// The bytes of a list of tensors, concatenated, and back.
+std::vector<uint8_t> download(const std::vector<TensorView>& tensors);
+void upload(const std::vector<uint8_t>& bytes, const std::vector<TensorView>& tensors);
+// Throws io_error unless section `name` holds exactly the bytes of `tensors`.
+void check_section_size(const std::string& path, const StateFile& file, std::string_view name,
+                        const std::vector<TensorView>& tensors);
+
+void check_group_index(std::string_view op, int group, size_t num_groups);
+
+}  // namespace gradkit
