@@ -7,12 +7,15 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <map>
 #include <sstream>
 #include <stdexcept>
 
 #include "bench_device.h"
 #include "gradkit/core/error.h"
+#include "gradkit/ops/adam.h"
 #include "gradkit/ops/gradient.h"
 #include "options.h"
 #include "workloads.h"
@@ -26,7 +29,7 @@ namespace {
 
 // A list of tensors carved out of one allocation at 256-byte boundaries, as a
 // caching allocator would place them: separate tensors, not one flat range.
-TensorList carve(BenchDevice& dev, const Workload& w, DType dtype, uint64_t seed) {
+TensorList carve(BenchDevice& dev, const Workload& w, DType dtype, uint64_t seed, bool positive = false) {
   const size_t element = dtype_size(dtype);
   std::vector<size_t> offsets;
   size_t total = 0;
@@ -35,10 +38,67 @@ TensorList carve(BenchDevice& dev, const Workload& w, DType dtype, uint64_t seed
     total += (static_cast<size_t>(n) * element + 255) / 256 * 256;
   }
   auto* base = static_cast<unsigned char*>(dev.allocate(total));
-  dev.fill_random(base, static_cast<int64_t>(total / element), dtype, seed);
+  dev.fill_random(base, static_cast<int64_t>(total / element), dtype, seed, positive);
   TensorList list;
   for (size_t i = 0; i < w.sizes.size(); ++i) list.push_back({base + offsets[i], w.sizes[i], dtype, dev.device()});
   return list;
+}
+
+// An operation the benchmark times: the bytes it must move per element, and
+// how to set it up on a workload (returning the closure that runs it once).
+struct BenchOp {
+  std::string name;
+  double bytes_per_element;
+  std::function<std::function<void()>(BenchDevice&, const Workload&)> prepare;
+};
+
+std::function<void()> prepare_adam(BenchDevice& dev, const Workload& w, DType grad, DType copy) {
+  auto lists = std::make_shared<std::vector<TensorList>>();
+  lists->push_back(carve(dev, w, DType::f32, 1));
+  lists->push_back(carve(dev, w, grad, 2));
+  lists->push_back(carve(dev, w, DType::f32, 3));
+  lists->push_back(carve(dev, w, DType::f32, 4, /*positive=*/true));  // second moments are >= 0
+  AdamTensors tensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}};
+  if (copy != DType::f32) {
+    lists->push_back(carve(dev, w, copy, 5));
+    tensors.model_copy = (*lists)[4];
+  }
+  AdamHyperparameters h;
+  h.weight_decay = 0.01f;
+  auto plan = std::make_shared<AdamPlan>(tensors, std::span(&h, 1));
+  auto step = std::make_shared<int64_t>(0);
+  return [&dev, lists, plan, step] { plan->step({.step = ++*step}, dev.stream()); };
+}
+
+const std::vector<BenchOp>& bench_ops() {
+  static const std::vector<BenchOp> ops = {
+      {"zero", 4,
+       [](BenchDevice& dev, const Workload& w) {
+         auto plan = std::make_shared<ZeroPlan>(carve(dev, w, DType::f32, 1));
+         return std::function<void()>([&dev, plan] { plan->run(dev.stream()); });
+       }},
+      {"accumulate", 12,
+       [](BenchDevice& dev, const Workload& w) {
+         auto plan = std::make_shared<AccumulatePlan>(carve(dev, w, DType::f32, 1), carve(dev, w, DType::f32, 2));
+         return std::function<void()>([&dev, plan] { plan->accumulate(Flag::none(), dev.stream()); });
+       }},
+      // f32 Adam: read w, g, m, v; write w, m, v.
+      {"adam", 28, [](BenchDevice& dev, const Workload& w) { return prepare_adam(dev, w, DType::f32, DType::f32); }},
+      // f32 master weights, bf16 gradients, bf16 model copy: read w 4, g 2,
+      // m 4, v 4; write w 4, m 4, v 4, copy 2.
+      {"adam-mixed", 28,
+       [](BenchDevice& dev, const Workload& w) { return prepare_adam(dev, w, DType::bf16, DType::bf16); }},
+  };
+  return ops;
+}
+
+const BenchOp& find_op(const std::string& name) {
+  std::string names;
+  for (const BenchOp& op : bench_ops()) {
+    if (op.name == name) return op;
+    names += (names.empty() ? "" : ", ") + op.name;
+  }
+  throw Error(ErrorCode::invalid_argument, "bench: argument '--ops' has '" + name + "', expected one of " + names);
 }
 
 struct Row {
@@ -140,17 +200,17 @@ void print_rows(const std::vector<Row>& rows, double copy_gbs, bool with_torch, 
   }
 }
 
-// Host time of one launch on a plan of `count` tensors, averaged over a
-// burst of launches that the GPU queues (it does not wait for them).
-double host_us_per_launch(BenchDevice& dev, int count) {
+// Host time of one launch of `op` on a plan of `count` tensors of 1024
+// elements, averaged over a burst of launches that the GPU queues (the host
+// does not wait for them).
+double host_us_per_launch(BenchDevice& dev, const BenchOp& op, int count) {
   const Workload w{std::to_string(count), std::vector<int64_t>(count, 1024)};
-  const TensorList buffers = carve(dev, w, DType::f32, 11), values = carve(dev, w, DType::f32, 12);
-  const AccumulatePlan plan(buffers, values);
+  const std::function<void()> run = op.prepare(dev, w);
   constexpr int kBurst = 200;
-  for (int i = 0; i < 20; ++i) plan.accumulate(Flag::none(), dev.stream());
+  for (int i = 0; i < 20; ++i) run();
   dev.synchronize();
   const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < kBurst; ++i) plan.accumulate(Flag::none(), dev.stream());
+  for (int i = 0; i < kBurst; ++i) run();
   const auto stop = std::chrono::steady_clock::now();
   dev.synchronize();
   return std::chrono::duration<double, std::micro>(stop - start).count() / kBurst;
@@ -161,7 +221,7 @@ double host_us_per_launch(BenchDevice& dev, int count) {
 int run_bench(const std::vector<std::string>& args) {
   Options options("gradkit bench", "Time gradkit's operations against the copy bandwidth (and PyTorch).");
   options.add("device", "cpu", "cpu or cuda[:N]");
-  options.add("ops", "zero,accumulate", "comma-separated: zero, accumulate");
+  options.add("ops", "zero,accumulate,adam,adam-mixed", "comma-separated: zero, accumulate, adam, adam-mixed");
   options.add("workloads", "big,bert,small", "comma-separated: big (256M elements), bert (BERT-large, 389 "
                                              "tensors), small (10,000 tensors of 1K-64K)");
   options.add("scale", "auto", "divide every tensor size by this (auto: 1 on CUDA, 8 on the CPU)");
@@ -180,11 +240,7 @@ int run_bench(const std::vector<std::string>& args) {
   s.torch = options.get_choice("torch", {"auto", "on", "off"});
   s.csv = options.get("csv");
   s.script = options.get("torch-script");
-  for (const std::string& op : s.ops) {
-    if (op != "zero" && op != "accumulate") {
-      throw Error(ErrorCode::invalid_argument, "bench: argument '--ops' has '" + op + "', expected zero or accumulate");
-    }
-  }
+  for (const std::string& op : s.ops) find_op(op);
 
   std::unique_ptr<BenchDevice> dev =
       s.device.is_cuda() ? make_cuda_bench_device(s.device.index) : make_cpu_bench_device();
@@ -199,22 +255,16 @@ int run_bench(const std::vector<std::string>& args) {
   for (const std::string& name : s.workloads) {
     const Workload w = make_workload(name, s.scale);
     workloads[w.name] = w;
-    const TensorList buffers = carve(*dev, w, DType::f32, 1);
-    const TensorList values = carve(*dev, w, DType::f32, 2);
-    for (const std::string& op : s.ops) {
-      Row r{op, w.name, w.sizes.size(), w.total(), 0, 0};
-      std::fflush(stdout);
-      if (op == "zero") {
-        const ZeroPlan plan(buffers);
-        r.bytes = 4.0 * static_cast<double>(r.elements);
-        r.ms = dev->median_ms([&] { plan.run(dev->stream()); }, 3, s.reps);
-      } else {
-        const AccumulatePlan plan(buffers, values);
-        r.bytes = 12.0 * static_cast<double>(r.elements);
-        r.ms = dev->median_ms([&] { plan.accumulate(Flag::none(), dev->stream()); }, 3, s.reps);
+    for (const std::string& op_name : s.ops) {
+      const BenchOp& op = find_op(op_name);
+      Row r{op.name, w.name, w.sizes.size(), w.total(), op.bytes_per_element * static_cast<double>(w.total()), 0};
+      {
+        const std::function<void()> run = op.prepare(*dev, w);
+        r.ms = dev->median_ms(run, 3, s.reps);
       }
+      dev->release_all();
       rows.push_back(r);
-      std::fprintf(stderr, "  measured %s on %s\n", op.c_str(), w.name.c_str());
+      std::fprintf(stderr, "  measured %s on %s\n", op.name.c_str(), w.name.c_str());
     }
   }
 
@@ -224,9 +274,14 @@ int run_bench(const std::vector<std::string>& args) {
   if (!with_torch) std::printf("(PyTorch not run: %s)\n", s.torch == "off" ? "--torch off" : "not importable");
 
   if (s.device.is_cuda()) {
-    std::printf("\nhost time per accumulate launch (f32, 1024-element tensors): 100 tensors %.2f us, "
-                "10000 tensors %.2f us\n",
-                host_us_per_launch(*dev, 100), host_us_per_launch(*dev, 10000));
+    std::printf("\nhost time per launch on a plan of 1024-element tensors:\n");
+    for (const std::string& op_name : s.ops) {
+      const BenchOp& op = find_op(op_name);
+      const double at_100 = host_us_per_launch(*dev, op, 100);
+      const double at_10000 = host_us_per_launch(*dev, op, 10000);
+      dev->release_all();
+      std::printf("  %-11s 100 tensors %6.2f us, 10000 tensors %6.2f us\n", op.name.c_str(), at_100, at_10000);
+    }
   }
   return 0;
 }

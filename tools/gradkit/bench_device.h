@@ -17,8 +17,10 @@ class BenchDevice {
   virtual std::string description() const = 0;
   // Memory owned by this object until it is destroyed.
   virtual void* allocate(size_t bytes) = 0;
-  // Uniform values in [-1, 1) from `seed`, never all zeros.
-  virtual void fill_random(void* data, int64_t numel, DType dtype, uint64_t seed) = 0;
+  // Uniform values in [-1, 1) (in [0, 1) if `positive`) from `seed`.
+  virtual void fill_random(void* data, int64_t numel, DType dtype, uint64_t seed, bool positive = false) = 0;
+  // Frees everything allocate() returned.
+  virtual void release_all() = 0;
   // Median time of `reps` runs of fn after `warmup` runs, in milliseconds
   // (device events around each run on CUDA).
   virtual double median_ms(const std::function<void()>& fn, int warmup, int reps) = 0;

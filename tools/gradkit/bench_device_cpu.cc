@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -27,12 +28,17 @@ class CpuBenchDevice final : public BenchDevice {
     return blocks_.back().get();
   }
 
-  void fill_random(void* data, int64_t numel, DType dtype, uint64_t seed) override {
+  void fill_random(void* data, int64_t numel, DType dtype, uint64_t seed, bool positive) override {
     dispatch_dtype(dtype, [&]<class T>() {
       T* p = static_cast<T*>(data);
-      for (int64_t i = 0; i < numel; ++i) p[i] = T(static_cast<float>(uniform_from(seed * 0x100000001b3ull + i)));
+      for (int64_t i = 0; i < numel; ++i) {
+        const double u = uniform_from(seed * 0x100000001b3ull + i);
+        p[i] = T(static_cast<float>(positive ? std::abs(u) : u));
+      }
     });
   }
+
+  void release_all() override { blocks_.clear(); }
 
   double median_ms(const std::function<void()>& fn, int warmup, int reps) override {
     for (int i = 0; i < warmup; ++i) fn();

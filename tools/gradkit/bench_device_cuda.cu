@@ -28,9 +28,10 @@ __device__ float uniform_from(uint64_t x) {
 }
 
 template <class T>
-__global__ void fill_kernel(T* p, int64_t n, uint64_t seed) {
+__global__ void fill_kernel(T* p, int64_t n, uint64_t seed, bool positive) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = uniform_from(seed * 0x100000001b3ull + i);
+    float v = uniform_from(seed * 0x100000001b3ull + i);
+    if (positive) v = fabsf(v);
     if constexpr (std::is_same_v<T, __half>) p[i] = __float2half_rn(v);
     else if constexpr (std::is_same_v<T, __nv_bfloat16>) p[i] = __float2bfloat16_rn(v);
     else p[i] = static_cast<T>(v);
@@ -68,14 +69,20 @@ class CudaBenchDevice final : public BenchDevice {
     return p;
   }
 
-  void fill_random(void* data, int64_t numel, DType dtype, uint64_t seed) override {
+  void fill_random(void* data, int64_t numel, DType dtype, uint64_t seed, bool positive) override {
     dispatch_dtype(dtype, [&]<class T>() {
       using N = std::conditional_t<std::is_same_v<T, half>, __half,
                                    std::conditional_t<std::is_same_v<T, bfloat16>, __nv_bfloat16, T>>;
-      fill_kernel<<<1024, 256, 0, stream_>>>(static_cast<N*>(data), numel, seed);
+      fill_kernel<<<1024, 256, 0, stream_>>>(static_cast<N*>(data), numel, seed, positive);
     });
     BENCH_CUDA(cudaGetLastError());
     synchronize();
+  }
+
+  void release_all() override {
+    synchronize();
+    for (void* p : blocks_) cudaFree(p);
+    blocks_.clear();
   }
 
   double median_ms(const std::function<void()>& fn, int warmup, int reps) override {
@@ -97,7 +104,7 @@ class CudaBenchDevice final : public BenchDevice {
   double copy_bandwidth_gbs(size_t bytes, int reps) override {
     void* a = allocate(bytes);
     void* b = allocate(bytes);
-    fill_random(a, static_cast<int64_t>(bytes / 4), DType::f32, 7);
+    fill_random(a, static_cast<int64_t>(bytes / 4), DType::f32, 7, false);
     const double ms = median_ms(
         [&] { BENCH_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream_)); }, 3, reps);
     release(a);
