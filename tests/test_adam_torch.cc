@@ -33,11 +33,26 @@ struct Case {
   const char* optimizer;  // adam | adamw
   const char* impl;       // fused | foreach
   AdamHyperparameters h;
+  double max_relative;    // the bound on both errors below
 };
 
-// Max over elements of |gradkit - torch| / |torch|, over elements whose
-// magnitude is at least 1e-3 (relative error is meaningless near zero;
-// those are covered by the absolute error bound below).
+struct Errors {
+  double relative = 0, absolute = 0;
+};
+
+// Max over elements of |a - b| / |b|, over elements whose magnitude is at
+// least 1e-3 (relative error means little near zero; the absolute error
+// covers those), and max |a - b|.
+Errors errors(const std::vector<float>& a, const std::vector<float>& b) {
+  Errors e;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double diff = std::abs(static_cast<double>(a[i]) - b[i]);
+    e.absolute = std::max(e.absolute, diff);
+    if (std::abs(b[i]) >= 1e-3) e.relative = std::max(e.relative, diff / std::abs(b[i]));
+  }
+  return e;
+}
+
 void compare(const Case& c, int steps) {
   const Device device = Device::cuda(0);
   std::mt19937_64 rng(2026);
@@ -62,9 +77,13 @@ void compare(const Case& c, int steps) {
   }
   const std::string script = std::string(GRADKIT_SOURCE_DIR) + "/tests/torch/adam_sequence.py";
   ASSERT_EQ(std::system(("python3 '" + script + "' '" + dir + "'").c_str()), 0);
-  std::vector<float> torch_w(total);
-  std::ifstream(dir + "/w_torch.bin", std::ios::binary)
-      .read(reinterpret_cast<char*>(torch_w.data()), static_cast<std::streamsize>(total * sizeof(float)));
+  auto read = [&](const std::string& name) {
+    std::vector<float> w(total);
+    std::ifstream(dir + "/" + name, std::ios::binary)
+        .read(reinterpret_cast<char*>(w.data()), static_cast<std::streamsize>(total * sizeof(float)));
+    return w;
+  };
+  const std::vector<float> torch_w = read("w_torch.bin"), torch_other = read("w_torch_other.bin");
 
   std::vector<Buffer> params, grad_buffers;
   AdamGroup group;
@@ -94,16 +113,13 @@ void compare(const Case& c, int steps) {
     copy_to_host(ours.data() + offset, params[i].data(), sizes[i] * sizeof(float), device);
     offset += sizes[i];
   }
-  double max_relative = 0, max_absolute = 0;
-  for (int64_t i = 0; i < total; ++i) {
-    const double diff = std::abs(static_cast<double>(ours[i]) - torch_w[i]);
-    max_absolute = std::max(max_absolute, diff);
-    if (std::abs(torch_w[i]) >= 1e-3) max_relative = std::max(max_relative, diff / std::abs(torch_w[i]));
-  }
-  std::printf("%s (%s), %d steps: max relative error %.3g, max absolute error %.3g\n", c.optimizer, c.impl, steps,
-              max_relative, max_absolute);
-  EXPECT_LT(max_relative, 1e-6) << c.optimizer << " " << c.impl;
-  EXPECT_LT(max_absolute, 1e-6) << c.optimizer << " " << c.impl;
+  const Errors ours_vs_torch = errors(ours, torch_w), torch_vs_torch = errors(torch_other, torch_w);
+  std::printf("%s (%s), %d steps: gradkit vs torch: max relative %.3g, max absolute %.3g; torch's other "
+              "implementation vs this one: max relative %.3g, max absolute %.3g\n",
+              c.optimizer, c.impl, steps, ours_vs_torch.relative, ours_vs_torch.absolute, torch_vs_torch.relative,
+              torch_vs_torch.absolute);
+  EXPECT_LT(ours_vs_torch.relative, c.max_relative) << c.optimizer << " " << c.impl;
+  EXPECT_LT(ours_vs_torch.absolute, c.max_relative) << c.optimizer << " " << c.impl;
   std::filesystem::remove_all(dir);
 }
 
@@ -117,8 +133,13 @@ TEST(AdamAgainstTorch, HundredStepsAgree) {
   adam.decay = WeightDecay::l2;
   AdamHyperparameters ams = adamw;
   ams.amsgrad = true;
-  for (const Case& c : {Case{"adamw", "fused", adamw}, Case{"adamw", "foreach", adamw}, Case{"adam", "fused", adam},
-                        Case{"adam", "foreach", adam}, Case{"adamw", "fused", ams}}) {
+  // torch.optim's default on CUDA (foreach) within 1e-6. Its fused kernel
+  // computes the moments in f64 and differs from its own foreach path by
+  // about 2e-5 after 100 steps (printed beside each case), so against it we
+  // ask for no more than that spread.
+  for (const Case& c : {Case{"adamw", "foreach", adamw, 1e-6}, Case{"adam", "foreach", adam, 1e-6},
+                        Case{"adamw", "foreach", ams, 1e-6}, Case{"adamw", "fused", adamw, 3e-5},
+                        Case{"adam", "fused", adam, 3e-5}}) {
     compare(c, 100);
   }
 }

@@ -112,3 +112,31 @@ TEST_F(CudaGradient, ZeroPlanOnAStream) {
 
 }  // namespace
 }  // namespace gradkit::test
+
+namespace gradkit::test {
+namespace {
+
+// Set-up copies (tensor data, plan tables) must have landed before a kernel
+// on a non-blocking stream reads them: fresh memory and a fresh plan,
+// launched at once, many times.
+TEST(CudaSetUp, FreshPlansAreReadyForNonBlockingStreams) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::mt19937_64 rng(24);
+  for (int round = 0; round < 30; ++round) {
+    const auto b0 = round_to(DType::f32, random_values(rng, 300000));
+    const auto v0 = round_to(DType::f32, random_values(rng, 300000));
+    TestTensor buffer(Device::cuda(0), DType::f32, b0), value(Device::cuda(0), DType::f32, v0);
+    const TensorView bv[] = {buffer.view()}, vv[] = {value.view()};
+    AccumulatePlan(bv, vv).accumulate(Flag::none(), Stream{stream});
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const auto got = buffer.read();
+    const auto want = reference_accumulate(b0, v0, false);
+    for (size_t i = 0; i < got.size(); i += 997) ASSERT_TRUE(within(got[i], want[i], elementwise_tolerance(DType::f32))) << round;
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace gradkit::test

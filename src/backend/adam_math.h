@@ -53,23 +53,28 @@ GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, d
 }
 
 // One element: w, m, v (and vmax for amsgrad) updated in place from the
-// unscaled gradient g (already divided by the gradient scale).
+// unscaled gradient g (already divided by the gradient scale). The order of
+// operations follows the library each mode comes from (torch.optim for l2
+// and decoupled, Transformers for hugging_face), so that results agree with
+// theirs to rounding: the first moment as PyTorch's lerp (m + (1 - beta1) *
+// (g - m)) or as Transformers' m * beta1 + (1 - beta1) * g, and the update
+// as addcdiv (w - step_size * (m / denom)).
 template <class C>
 GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c) {
+  const bool hugging_face = c.decay == static_cast<int32_t>(WeightDecay::hugging_face);
   if (c.maximize) g = -g;
   if (c.decay == static_cast<int32_t>(WeightDecay::l2)) g = g + c.weight_decay * w;
   if (c.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = w * c.decay_factor;
-  m = c.beta1 * m + c.one_minus_beta1 * g;
-  v = c.beta2 * v + c.one_minus_beta2 * g * g;
+  m = hugging_face ? m * c.beta1 + c.one_minus_beta1 * g : m + c.one_minus_beta1 * (g - m);
+  v = v * c.beta2 + c.one_minus_beta2 * g * g;
   C second = v;
   if (c.amsgrad) {
     vmax = vmax > v ? vmax : v;
     second = vmax;
   }
-  const C denom = c.decay == static_cast<int32_t>(WeightDecay::hugging_face) ? std::sqrt(second) + c.eps
-                                                                            : std::sqrt(second) / c.bias2_sqrt + c.eps;
-  w = w - c.step_size * m / denom;
-  if (c.decay == static_cast<int32_t>(WeightDecay::hugging_face)) w = w - c.decay_after * w;
+  const C denom = hugging_face ? std::sqrt(second) + c.eps : std::sqrt(second) / c.bias2_sqrt + c.eps;
+  w = w - c.step_size * (m / denom);
+  if (hugging_face) w = w - c.decay_after * w;
 }
 
 }  // namespace gradkit::backend

@@ -70,6 +70,12 @@ void check_memory_location(std::string_view op, std::string_view arg, size_t ind
   }
 }
 
+// cudaMemset and cudaMemcpy from pageable memory run on the legacy default
+// stream and may return before the device has finished; a kernel on a
+// non-blocking stream could then read the memory too early. Every
+// set-up copy below therefore waits for the legacy stream before it returns.
+void finish_legacy_stream() { GRADKIT_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy)); }
+
 std::shared_ptr<void> allocate(Device device, size_t bytes) {
   require_cuda_device("allocate", device.index);
   cuda::DeviceGuard guard(device.index);
@@ -84,6 +90,7 @@ std::shared_ptr<void> allocate(Device device, size_t bytes) {
     if (previous >= 0) cudaSetDevice(previous);
   });
   GRADKIT_CUDA_CHECK(cudaMemset(pointer, 0, bytes));
+  finish_legacy_stream();
   return owned;
 }
 
@@ -103,6 +110,7 @@ void copy_from_host(void* device_destination, const void* host, size_t bytes, De
   if (bytes == 0) return;
   cuda::DeviceGuard guard(device.index);
   GRADKIT_CUDA_CHECK(cudaMemcpy(device_destination, host, bytes, cudaMemcpyHostToDevice));
+  finish_legacy_stream();
 }
 
 void synchronize(Device device) {

@@ -6,7 +6,10 @@ usage: adam_sequence.py DIR
 DIR/config.txt: "<optimizer> <impl> <device> <steps> <lr> <beta1> <beta2> <eps> <weight_decay> <amsgrad> <sizes...>"
 DIR/w0.bin: the initial weights (f32, tensors back to back)
 DIR/grads.bin: steps x the same layout of f32 gradients
-Writes DIR/w_torch.bin. Exit 3 if torch is not importable.
+Writes DIR/w_torch.bin (the implementation asked for) and DIR/w_torch_other.bin
+(fused if foreach was asked for, and the reverse), so that the test can show
+how far PyTorch's own implementations are from each other. Exit 3 if torch
+is not importable.
 """
 import sys
 
@@ -27,24 +30,26 @@ def main():
     total = sum(sizes)
     w0 = np.fromfile(f"{d}/w0.bin", dtype=np.float32)
     grads = np.fromfile(f"{d}/grads.bin", dtype=np.float32).reshape(steps, total)
-    params, offset = [], 0
-    for n in sizes:
-        params.append(torch.tensor(w0[offset:offset + n], device=device, requires_grad=True))
-        offset += n
-    kwargs = dict(lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd, amsgrad=amsgrad)
-    if impl == "fused":
-        kwargs["fused"] = True
-    elif impl == "foreach":
-        kwargs["foreach"] = True
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    opt = cls(params, **kwargs)
-    for s in range(steps):
-        offset = 0
-        for p, n in zip(params, sizes):
-            p.grad = torch.tensor(grads[s, offset:offset + n], device=device)
+
+    def run(implementation):
+        params, offset = [], 0
+        for n in sizes:
+            params.append(torch.tensor(w0[offset:offset + n], device=device, requires_grad=True))
             offset += n
-        opt.step()
-    torch.cat([p.detach().cpu() for p in params]).numpy().astype(np.float32).tofile(f"{d}/w_torch.bin")
+        kwargs = dict(lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd, amsgrad=amsgrad)
+        kwargs[implementation] = True
+        opt = cls(params, **kwargs)
+        for s in range(steps):
+            offset = 0
+            for p, n in zip(params, sizes):
+                p.grad = torch.tensor(grads[s, offset:offset + n], device=device)
+                offset += n
+            opt.step()
+        return torch.cat([p.detach().cpu() for p in params]).numpy().astype(np.float32)
+
+    run(impl).tofile(f"{d}/w_torch.bin")
+    run("foreach" if impl == "fused" else "fused").tofile(f"{d}/w_torch_other.bin")
     return 0
 
 
