@@ -33,11 +33,12 @@ struct Case {
   const char* optimizer;  // adam | adamw
   const char* impl;       // fused | foreach
   AdamHyperparameters h;
-  double max_relative;    // the bound on both errors below
+  double max_normwise;     // bound on ||gradkit - torch|| / ||torch||
+  double max_elementwise;  // bound on the max relative and the max absolute error
 };
 
 struct Errors {
-  double relative = 0, absolute = 0;
+  double relative = 0, absolute = 0, normwise = 0;
 };
 
 // Max over elements of |a - b| / |b|, over elements whose magnitude is at
@@ -45,11 +46,15 @@ struct Errors {
 // covers those), and max |a - b|.
 Errors errors(const std::vector<float>& a, const std::vector<float>& b) {
   Errors e;
+  double diff2 = 0, norm2 = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     const double diff = std::abs(static_cast<double>(a[i]) - b[i]);
     e.absolute = std::max(e.absolute, diff);
     if (std::abs(b[i]) >= 1e-3) e.relative = std::max(e.relative, diff / std::abs(b[i]));
+    diff2 += diff * diff;
+    norm2 += static_cast<double>(b[i]) * b[i];
   }
+  e.normwise = std::sqrt(diff2 / norm2);
   return e;
 }
 
@@ -114,12 +119,13 @@ void compare(const Case& c, int steps) {
     offset += sizes[i];
   }
   const Errors ours_vs_torch = errors(ours, torch_w), torch_vs_torch = errors(torch_other, torch_w);
-  std::printf("%s (%s), %d steps: gradkit vs torch: max relative %.3g, max absolute %.3g; torch's other "
-              "implementation vs this one: max relative %.3g, max absolute %.3g\n",
-              c.optimizer, c.impl, steps, ours_vs_torch.relative, ours_vs_torch.absolute, torch_vs_torch.relative,
-              torch_vs_torch.absolute);
-  EXPECT_LT(ours_vs_torch.relative, c.max_relative) << c.optimizer << " " << c.impl;
-  EXPECT_LT(ours_vs_torch.absolute, c.max_relative) << c.optimizer << " " << c.impl;
+  std::printf("%s (%s), %d steps: gradkit vs torch: normwise %.3g, max relative %.3g, max absolute %.3g; torch's "
+              "other implementation vs this one: normwise %.3g, max relative %.3g, max absolute %.3g\n",
+              c.optimizer, c.impl, steps, ours_vs_torch.normwise, ours_vs_torch.relative, ours_vs_torch.absolute,
+              torch_vs_torch.normwise, torch_vs_torch.relative, torch_vs_torch.absolute);
+  EXPECT_LT(ours_vs_torch.normwise, c.max_normwise) << c.optimizer << " " << c.impl;
+  EXPECT_LT(ours_vs_torch.relative, c.max_elementwise) << c.optimizer << " " << c.impl;
+  EXPECT_LT(ours_vs_torch.absolute, c.max_elementwise) << c.optimizer << " " << c.impl;
   std::filesystem::remove_all(dir);
 }
 
@@ -133,13 +139,15 @@ TEST(AdamAgainstTorch, HundredStepsAgree) {
   adam.decay = WeightDecay::l2;
   AdamHyperparameters ams = adamw;
   ams.amsgrad = true;
-  // torch.optim's default on CUDA (foreach) within 1e-6. Its fused kernel
-  // computes the moments in f64 and differs from its own foreach path by
-  // about 2e-5 after 100 steps (printed beside each case), so against it we
-  // ask for no more than that spread.
-  for (const Case& c : {Case{"adamw", "foreach", adamw, 1e-6}, Case{"adam", "foreach", adam, 1e-6},
-                        Case{"adamw", "foreach", ams, 1e-6}, Case{"adamw", "fused", adamw, 3e-5},
-                        Case{"adam", "fused", adam, 3e-5}}) {
+  // torch.optim's default on CUDA (foreach): normwise relative error below
+  // 1e-6, and element by element within a few units in the last place (f32
+  // weights of magnitude up to 4 have a last place of 2.4e-7). PyTorch's
+  // fused kernel computes the moments in f64 and differs from its own
+  // foreach path by up to 2.3e-5 after 100 steps (printed beside each
+  // case): against it we ask for no more than that spread.
+  for (const Case& c : {Case{"adamw", "foreach", adamw, 1e-6, 5e-6}, Case{"adam", "foreach", adam, 1e-6, 5e-6},
+                        Case{"adamw", "foreach", ams, 1e-6, 5e-6}, Case{"adamw", "fused", adamw, 1e-5, 3e-5},
+                        Case{"adam", "fused", adam, 1e-5, 3e-5}}) {
     compare(c, 100);
   }
 }
