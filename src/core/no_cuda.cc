@@ -5,6 +5,7 @@
 #include "backend/adam.h"
 #include "backend/cuda_runtime.h"
 #include "backend/gradient.h"
+#include "backend/lamb.h"
 #include "backend/step_counter.h"
 #include "gradkit/core/error.h"
 
@@ -44,5 +45,6 @@ void accumulate_cuda(const MultiTensorPlan&, const AccumulateArgs&, Stream) { up
 void set_device_flag_cuda(Device device, bool*, Stream) { upload(device, nullptr, 0); }
 void adam_cuda(const MultiTensorPlan&, const AdamLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
 void increment_counter_cuda(Device device, int64_t*, const bool*, Stream) { upload(device, nullptr, 0); }
+void lamb_cuda(const MultiTensorPlan&, const LambLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
 
 }  // namespace gradkit::backend

@@ -12,6 +12,7 @@ namespace gradkit::cpu {
 struct ChunkView {
   const MultiTensorPlan* plan;
   PlanChunk chunk;
+  int64_t index;  // the chunk's position in the plan's chunk table
 
   template <class T>
   T* tensor(int list) const {
@@ -26,7 +27,7 @@ void for_each_chunk(const MultiTensorPlan& plan, const Op& op) {
   const auto chunks = plan.chunks();
   const auto count = static_cast<int64_t>(chunks.size());
 #pragma omp parallel for schedule(static) if (count > 1)
-  for (int64_t c = 0; c < count; ++c) op(ChunkView{&plan, chunks[c]});
+  for (int64_t c = 0; c < count; ++c) op(ChunkView{&plan, chunks[c], c});
 }
 
 }  // namespace gradkit::cpu

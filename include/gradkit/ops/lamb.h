@@ -1,0 +1,88 @@
+// LAMB (ONNX Runtime's LambOptimizer semantics) over tensor lists, in exactly
+// two passes over memory with deterministic per-tensor norms.
+// docs/ops.md ("lamb_step") states exactly what it computes.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gradkit/core/memory.h"
+#include "gradkit/core/multi_tensor_plan.h"
+#include "gradkit/core/tensor.h"
+
+namespace gradkit {
+
+// One group's hyperparameters (ONNX Runtime's per-group attributes).
+struct LambHyperparameters {
+  float alpha = 0.9f;     // beta1
+  float beta = 0.999f;    // beta2
+  float lambda = 0.0f;    // weight decay
+  float epsilon = 1e-6f;
+  float ratio_min = -std::numeric_limits<float>::infinity();  // the trust ratio is clamped to [ratio_min, ratio_max]
+  float ratio_max = std::numeric_limits<float>::infinity();
+  float max_norm = 1.0f;  // clipping threshold for gradient_norm (<= 0: no clipping)
+  bool bias_correction = true;
+};
+
+// Throws Error naming `arg` unless 0 <= alpha, beta < 1, epsilon > 0,
+// lambda >= 0, ratio_min <= ratio_max (neither NaN), max_norm finite.
+void validate(const LambHyperparameters& h, std::string_view op, const std::string& arg);
+
+// Weights f32 with gradients f32/f16/bf16, moments f32 or bf16 (both alike),
+// optional model copy f16/bf16; or everything f64. `update` (f32, or f64)
+// receives w_new - w instead of writing the weights, when given.
+struct LambTensors {
+  std::span<const TensorView> weights;
+  std::span<const TensorView> grads;
+  std::span<const TensorView> exp_avg;
+  std::span<const TensorView> exp_avg_sq;
+  std::span<const TensorView> model_copy;  // optional
+  std::span<const TensorView> update;      // optional: write the delta here, leave the weights
+};
+
+// Per-step inputs; each may be a host value or a pointer on the plan's device.
+struct LambStepInputs {
+  float eta = 1e-3f;  // learning rate, shared by every group
+  const float* eta_device = nullptr;
+  float loss_scale = 1.0f;
+  const float* loss_scale_device = nullptr;
+  float gradient_norm = -1.0f;  // < 0: not given (no clipping)
+  const float* gradient_norm_device = nullptr;
+  int64_t step = 1;  // t (>= 1) for bias correction
+  int64_t* step_device = nullptr;  // read as t, then set to t + 1 if the update happens
+  Flag do_update = Flag::none();   // false: nothing is written (and the step stays)
+  const bool* found_inf = nullptr; // true: nothing is written (and the step stays)
+};
+
+class LambPlan {
+ public:
+  LambPlan() = default;
+  // `groups` gives each tensor's index into `hyperparameters` (empty: all in
+  // group 0). Validates everything; allocates the scratch for the norms.
+  LambPlan(const LambTensors& tensors, std::span<const LambHyperparameters> hyperparameters,
+           std::span<const int32_t> groups = {});
+
+  void step(const LambStepInputs& inputs, Stream stream = {}) const;
+  void validate_inputs(const LambStepInputs& inputs) const;
+  void set_hyperparameters(std::span<const LambHyperparameters> hyperparameters);
+
+  const MultiTensorPlan& plan() const { return plan_; }
+  std::span<const LambHyperparameters> hyperparameters() const { return hyper_; }
+
+ private:
+  MultiTensorPlan plan_;
+  std::vector<LambHyperparameters> hyper_;
+  std::shared_ptr<void> hyper_device_;
+  Buffer scratch_;  // per-chunk partial sums of squares, then per-tensor trust ratios
+  int copy_list_ = -1;
+  int update_list_ = -1;
+};
+
+void lamb_step(const LambTensors& tensors, const LambHyperparameters& hyperparameters,
+               const LambStepInputs& inputs, Stream stream = {});
+
+}  // namespace gradkit

@@ -1,0 +1,32 @@
+// The LAMB kernels each backend implements over a validated plan whose lists
+// are weights, grads, exp_avg, exp_avg_sq, then model_copy and update where
+// present (their list index, or -1).
+//
+// Pass 1 reads w, g, m, v; writes the new m, v; and leaves per-chunk partial
+// sums of w^2 and d^2. Where d is not finite, it keeps the old m and v and
+// marks the element by setting the sign bit of its stored v (v >= 0
+// otherwise). Between the passes, each tensor's partials are summed in chunk
+// order into its trust ratio. Pass 2 reads w, m, v; recomputes d (bit for bit
+// as pass 1 did); writes w (or the delta, and the copy); and clears the mark
+// of a marked element, whose update is 0.
+#pragma once
+
+#include "gradkit/core/multi_tensor_plan.h"
+#include "gradkit/ops/lamb.h"
+
+namespace gradkit::backend {
+
+struct LambLaunch {
+  const LambHyperparameters* groups;  // on the plan's device (host memory for the CPU)
+  LambStepInputs inputs;
+  const bool* do_update = nullptr;    // device flag (resolved from inputs.do_update)
+  double* partials;                   // 2 per chunk: sum w^2, sum d^2
+  float* ratios;                      // 1 per tensor
+  int copy_list = -1;
+  int update_list = -1;
+};
+
+void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& launch);
+void lamb_cuda(const MultiTensorPlan& plan, const LambLaunch& launch, Stream stream);
+
+}  // namespace gradkit::backend

@@ -1,0 +1,74 @@
+// LAMB's per-element formulas, written once and compiled for both backends.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "backend/adam_math.h"  // GRADKIT_HD
+#include "gradkit/ops/lamb.h"
+
+namespace gradkit::backend {
+
+// A group's constants for one step, in the compute type C.
+template <class C>
+struct LambCoefficients {
+  C alpha, beta, one_minus_alpha, one_minus_beta, lambda, epsilon;
+  C inv_bias1, inv_bias2;  // 1 / (1 - alpha^t), 1 / (1 - beta^t); 1 without bias correction
+  C grad_divisor;          // loss scale, enlarged by clipping
+  C eta;
+};
+
+// Clipping as ONNX Runtime specifies it: scale = loss_scale, enlarged to
+// gradient_norm / max_norm when the unscaled norm exceeds max_norm.
+template <class C>
+GRADKIT_HD LambCoefficients<C> lamb_coefficients(const LambHyperparameters& h, double eta, double loss_scale,
+                                                 double gradient_norm, int64_t step) {
+  const double t = static_cast<double>(step);
+  double scale = loss_scale;
+  if (gradient_norm >= 0 && h.max_norm > 0 && gradient_norm / loss_scale > h.max_norm) {
+    scale = scale * (gradient_norm / loss_scale) / h.max_norm;
+  }
+  LambCoefficients<C> c;
+  c.alpha = static_cast<C>(h.alpha);
+  c.beta = static_cast<C>(h.beta);
+  c.one_minus_alpha = static_cast<C>(1.0 - static_cast<double>(h.alpha));
+  c.one_minus_beta = static_cast<C>(1.0 - static_cast<double>(h.beta));
+  c.lambda = static_cast<C>(h.lambda);
+  c.epsilon = static_cast<C>(h.epsilon);
+  c.inv_bias1 = static_cast<C>(h.bias_correction ? 1.0 / (1.0 - std::pow(static_cast<double>(h.alpha), t)) : 1.0);
+  c.inv_bias2 = static_cast<C>(h.bias_correction ? 1.0 / (1.0 - std::pow(static_cast<double>(h.beta), t)) : 1.0);
+  c.grad_divisor = static_cast<C>(scale);
+  c.eta = static_cast<C>(eta);
+  return c;
+}
+
+// New moments from the gradient (m, v in/out).
+template <class C>
+GRADKIT_HD void lamb_moments(C g, C& m, C& v, const LambCoefficients<C>& c) {
+  g = g / c.grad_divisor;
+  m = c.alpha * m + c.one_minus_alpha * g;
+  v = c.beta * v + c.one_minus_beta * g * g;
+}
+
+// The direction d from the (stored) moments and the weight.
+template <class C>
+GRADKIT_HD C lamb_direction(C w, C m, C v, const LambCoefficients<C>& c) {
+  return (m * c.inv_bias1) / (std::sqrt(v * c.inv_bias2) + c.epsilon) + c.lambda * w;
+}
+
+template <class C>
+GRADKIT_HD bool finite(C x) {
+  return x - x == C(0);  // false for Inf and NaN, and unaffected by fast-math flags
+}
+
+// The trust ratio from the two squared norms.
+GRADKIT_HD float lamb_ratio(double w_squares, double d_squares, const LambHyperparameters& h) {
+  const double w_norm = std::sqrt(w_squares), d_norm = std::sqrt(d_squares);
+  if (!(w_norm > 0) || !(d_norm > 0) || !finite(w_norm) || !finite(d_norm)) return 1.0f;
+  double r = w_norm / d_norm;
+  r = r < h.ratio_min ? h.ratio_min : r;
+  r = r > h.ratio_max ? h.ratio_max : r;
+  return static_cast<float>(r);
+}
+
+}  // namespace gradkit::backend

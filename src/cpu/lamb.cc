@@ -1,0 +1,113 @@
+// LAMB on the CPU: the same two passes and the same per-element formulas as
+// the CUDA backend (backend/lamb.h, backend/lamb_math.h).
+#include <cmath>
+#include <type_traits>
+
+#include "backend/lamb.h"
+#include "backend/lamb_math.h"
+#include "cpu/multi_tensor.h"
+#include "cpu/types.h"
+
+namespace gradkit::backend {
+namespace {
+
+template <class W, class G, class M>
+void run(const MultiTensorPlan& plan, const LambLaunch& l) {
+  using C = cpu::compute_t<W>;
+  const LambStepInputs& in = l.inputs;
+  const double eta = in.eta_device != nullptr ? *in.eta_device : in.eta;
+  const double scale = in.loss_scale_device != nullptr ? *in.loss_scale_device : in.loss_scale;
+  const double norm = in.gradient_norm_device != nullptr ? *in.gradient_norm_device : in.gradient_norm;
+  const int64_t step = in.step_device != nullptr ? *in.step_device : in.step;
+  const auto chunks = plan.chunks();
+  auto coefficients = [&](const cpu::ChunkView& chunk) {
+    return lamb_coefficients<C>(l.groups[plan.groups()[chunk.chunk.tensor]], eta, scale, norm, step);
+  };
+
+  // Pass 1: moments, and per-chunk sums of squares.
+  cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
+    const LambCoefficients<C> c = coefficients(chunk);
+    const W* w = chunk.tensor<W>(0);
+    const G* g = chunk.tensor<G>(1);
+    M* m = chunk.tensor<M>(2);
+    M* v = chunk.tensor<M>(3);
+    double w2 = 0, d2 = 0;
+    for (int i = 0; i < chunk.chunk.length; ++i) {
+      const C wc = cpu::to_compute<C>(w[i]);
+      C mc = cpu::to_compute<C>(m[i]), vc = cpu::to_compute<C>(v[i]);
+      lamb_moments(cpu::to_compute<C>(g[i]), mc, vc, c);
+      const M m_stored = cpu::from_compute<M>(mc), v_stored = cpu::from_compute<M>(vc);
+      const C d = lamb_direction(wc, cpu::to_compute<C>(m_stored), cpu::to_compute<C>(v_stored), c);
+      if (finite(d)) {
+        m[i] = m_stored;
+        v[i] = v_stored;
+        d2 += static_cast<double>(d) * d;
+      } else {
+        v[i] = cpu::from_compute<M>(-cpu::to_compute<C>(v[i]));  // mark (see backend/lamb.h)
+      }
+      w2 += static_cast<double>(wc) * wc;
+    }
+    l.partials[2 * chunk.index] = w2;
+    l.partials[2 * chunk.index + 1] = d2;
+  });
+
+  // Per-tensor trust ratios, summing each tensor's chunks in order.
+  std::vector<double> w2(plan.num_tensors(), 0.0), d2(plan.num_tensors(), 0.0);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    w2[chunks[c].tensor] += l.partials[2 * c];
+    d2[chunks[c].tensor] += l.partials[2 * c + 1];
+  }
+  for (size_t t = 0; t < plan.num_tensors(); ++t) l.ratios[t] = lamb_ratio(w2[t], d2[t], l.groups[plan.groups()[t]]);
+
+  // Pass 2: the weights.
+  cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
+    const LambCoefficients<C> c = coefficients(chunk);
+    const C step_size = c.eta * static_cast<C>(l.ratios[chunk.chunk.tensor]);
+    W* w = chunk.tensor<W>(0);
+    const M* m = chunk.tensor<M>(2);
+    M* v = chunk.tensor<M>(3);
+    for (int i = 0; i < chunk.chunk.length; ++i) {
+      const C w_old = cpu::to_compute<C>(w[i]);
+      const C vc = cpu::to_compute<C>(v[i]);
+      C w_new = w_old;
+      if (std::signbit(vc)) {
+        v[i] = cpu::from_compute<M>(-vc);
+      } else {
+        const C updated = w_old - step_size * lamb_direction(w_old, cpu::to_compute<C>(m[i]), vc, c);
+        if (finite(updated)) w_new = updated;
+      }
+      if (l.update_list >= 0) chunk.tensor<W>(l.update_list)[i] = cpu::from_compute<W>(w_new - w_old);
+      else w[i] = cpu::from_compute<W>(w_new);
+      if (l.copy_list >= 0) {
+        dispatch_dtype(plan.dtype(l.copy_list), [&]<class Copy>() {
+          if constexpr (std::is_same_v<Copy, half> || std::is_same_v<Copy, bfloat16>) {
+            chunk.tensor<Copy>(l.copy_list)[i] = cpu::from_compute<Copy>(static_cast<float>(w_new));
+          }
+        });
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& l) {
+  if (l.do_update != nullptr && !*l.do_update) return;
+  if (l.inputs.found_inf != nullptr && *l.inputs.found_inf) return;
+  if (!plan.empty()) {
+    if (plan.dtype(0) == DType::f64) {
+      run<double, double, double>(plan, l);
+    } else {
+      dispatch_dtype(plan.dtype(1), [&]<class G>() {
+        dispatch_dtype(plan.dtype(2), [&]<class M>() {
+          if constexpr (!std::is_same_v<G, double> && (std::is_same_v<M, float> || std::is_same_v<M, bfloat16>)) {
+            run<float, G, M>(plan, l);
+          }
+        });
+      });
+    }
+  }
+  if (l.inputs.step_device != nullptr) ++*l.inputs.step_device;
+}
+
+}  // namespace gradkit::backend

@@ -1,0 +1,280 @@
+// LAMB in two passes over memory (see backend/lamb.h for the plan), with a
+// small kernel between them that turns per-chunk partial sums into
+// per-tensor trust ratios in a fixed order.
+#include <type_traits>
+
+#include "backend/lamb.h"
+#include "backend/lamb_math.h"
+#include "cuda/multi_tensor.cuh"
+#include "cuda/types.cuh"
+
+namespace gradkit::backend {
+namespace {
+
+using cuda::load;
+using cuda::native_t;
+using cuda::PlanArgs;
+using cuda::store;
+
+struct None {};
+
+// Whether this step writes anything; every kernel of the step asks.
+__device__ __forceinline__ bool step_enabled(const LambLaunch& l) {
+  if (l.do_update != nullptr && !*l.do_update) return false;
+  return l.inputs.found_inf == nullptr || !*l.inputs.found_inf;
+}
+
+// The group's coefficients, computed by thread 0 and shared with the block.
+template <class C>
+__device__ __forceinline__ LambCoefficients<C> block_coefficients(const PlanArgs& plan, const PlanChunk& chunk,
+                                                                  const LambLaunch& l) {
+  __shared__ LambCoefficients<C> shared;
+  if (threadIdx.x == 0) {
+    const LambStepInputs& in = l.inputs;
+    const LambHyperparameters& h = l.groups[plan.groups[chunk.tensor]];
+    const double eta = in.eta_device != nullptr ? *in.eta_device : in.eta;
+    const double scale = in.loss_scale_device != nullptr ? *in.loss_scale_device : in.loss_scale;
+    const double norm = in.gradient_norm_device != nullptr ? *in.gradient_norm_device : in.gradient_norm;
+    const int64_t step = in.step_device != nullptr ? *in.step_device : in.step;
+    shared = lamb_coefficients<C>(h, eta, scale, norm, step);
+  }
+  __syncthreads();
+  return shared;
+}
+
+// Sums a and b over the block in a fixed order (warp shuffles, then warps in
+// index order), so the result is the same on every run. Thread 0 gets it.
+__device__ __forceinline__ void block_sum(float& a, float& b) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    a += __shfl_down_sync(0xffffffffu, a, offset);
+    b += __shfl_down_sync(0xffffffffu, b, offset);
+  }
+  __shared__ float warp_a[32], warp_b[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_a[warp] = a;
+    warp_b[warp] = b;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    a = 0;
+    b = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
+      a += warp_a[w];
+      b += warp_b[w];
+    }
+  }
+}
+
+template <class W, class G, class M>
+struct NormsPass {
+  using C = cuda::compute_t<W>;
+  static constexpr int N = 16 / sizeof(W);
+  LambLaunch launch;
+
+  // Pass 1 for one element: new moments (or the old ones, marked, where d is
+  // not finite) and the element's contributions to |w|^2 and |d|^2.
+  __device__ static void element(W wi, G gi, M& mi, M& vi, const LambCoefficients<C>& c, float& w2, float& d2) {
+    const C w = cuda::to_compute<C>(wi);
+    C m = cuda::to_compute<C>(mi), v = cuda::to_compute<C>(vi);
+    lamb_moments(cuda::to_compute<C>(gi), m, v, c);
+    const M m_stored = cuda::from_compute<M>(m), v_stored = cuda::from_compute<M>(v);
+    const C d = lamb_direction(w, cuda::to_compute<C>(m_stored), cuda::to_compute<C>(v_stored), c);
+    if (finite(d)) {
+      mi = m_stored;
+      vi = v_stored;
+      d2 += static_cast<float>(d * d);
+    } else {
+      vi = cuda::from_compute<M>(-cuda::to_compute<C>(vi));  // mark: old v with its sign bit set
+    }
+    w2 += static_cast<float>(w * w);
+  }
+
+  __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
+    if (!step_enabled(launch)) return;
+    const LambCoefficients<C> c = block_coefficients<C>(plan, chunk, launch);
+    const W* w = plan.tensor<W>(0, chunk);
+    const G* g = plan.tensor<G>(1, chunk);
+    M* m = plan.tensor<M>(2, chunk);
+    M* v = plan.tensor<M>(3, chunk);
+    const bool vectorized = cuda::vector_aligned<N>(w) && cuda::vector_aligned<N>(g) &&
+                            cuda::vector_aligned<N>(m) && cuda::vector_aligned<N>(v);
+    float w2 = 0, d2 = 0;
+    cuda::for_each_group<N, 2>(
+        chunk.length, vectorized,
+        [&]<int U>(int i, int stride, bool vec) {
+          W wr[U][N];
+          G gr[U][N];
+          M mr[U][N], vr[U][N];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            load<N>(wr[u], w + i + u * stride, vec);
+            load<N>(gr[u], g + i + u * stride, vec);
+            load<N>(mr[u], m + i + u * stride, vec);
+            load<N>(vr[u], v + i + u * stride, vec);
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int k = 0; k < N; ++k) element(wr[u][k], gr[u][k], mr[u][k], vr[u][k], c, w2, d2);
+            store<N>(m + i + u * stride, mr[u], vec);
+            store<N>(v + i + u * stride, vr[u], vec);
+          }
+        },
+        [&](int j) { element(w[j], g[j], m[j], v[j], c, w2, d2); });
+    block_sum(w2, d2);
+    if (threadIdx.x == 0) {
+      launch.partials[2 * blockIdx.x] = w2;  // one block per chunk: blockIdx.x is the chunk
+      launch.partials[2 * blockIdx.x + 1] = d2;
+    }
+  }
+};
+
+// Between the passes: one thread per tensor sums its chunks' partials in
+// chunk order (chunks are stored in tensor order) into the trust ratio.
+__global__ void ratios_kernel(PlanArgs plan, LambLaunch launch) {
+  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (t >= plan.num_tensors || !step_enabled(launch)) return;
+  int64_t lo = 0, hi = plan.num_chunks;  // first chunk of tensor t
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (plan.chunks[mid].tensor < t) lo = mid + 1;
+    else hi = mid;
+  }
+  double w2 = 0, d2 = 0;
+  for (int64_t c = lo; c < plan.num_chunks && plan.chunks[c].tensor == t; ++c) {
+    w2 += launch.partials[2 * c];
+    d2 += launch.partials[2 * c + 1];
+  }
+  launch.ratios[t] = lamb_ratio(w2, d2, launch.groups[plan.groups[t]]);
+}
+
+template <class W, class M, class Copy, class Update>
+struct UpdatePass {
+  using C = cuda::compute_t<W>;
+  static constexpr bool kCopy = !std::is_same_v<Copy, None>;
+  static constexpr bool kUpdate = !std::is_same_v<Update, None>;
+  static constexpr int N = 16 / sizeof(W);
+  LambLaunch launch;
+
+  // Pass 2 for one element: returns the new weight (the old one where the
+  // element is marked or the new weight would not be finite).
+  __device__ static C element(W wi, M mi, M& vi, C step, const LambCoefficients<C>& c) {
+    const C w = cuda::to_compute<C>(wi);
+    const C v = cuda::to_compute<C>(vi);
+    if (signbit(v)) {  // marked in pass 1: d was not finite, the update is 0
+      vi = cuda::from_compute<M>(-v);
+      return w;
+    }
+    const C d = lamb_direction(w, cuda::to_compute<C>(mi), v, c);
+    const C updated = w - step * d;
+    return finite(updated) ? updated : w;
+  }
+
+  __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
+    if (!step_enabled(launch)) return;
+    const LambCoefficients<C> c = block_coefficients<C>(plan, chunk, launch);
+    const C step = c.eta * static_cast<C>(launch.ratios[chunk.tensor]);
+    W* w = plan.tensor<W>(0, chunk);
+    const M* m = plan.tensor<M>(2, chunk);
+    M* v = plan.tensor<M>(3, chunk);
+    Copy* copy = nullptr;
+    Update* delta = nullptr;
+    if constexpr (kCopy) copy = plan.tensor<Copy>(launch.copy_list, chunk);
+    if constexpr (kUpdate) delta = plan.tensor<Update>(launch.update_list, chunk);
+    const bool vectorized = cuda::vector_aligned<N>(w) && cuda::vector_aligned<N>(m) && cuda::vector_aligned<N>(v) &&
+                            (!kCopy || cuda::vector_aligned<N>(copy)) && (!kUpdate || cuda::vector_aligned<N>(delta));
+    auto write = [&](W* wp, C w_old, C w_new, Copy* cp, Update* up) {
+      if constexpr (kUpdate) *up = cuda::from_compute<Update>(w_new - w_old);
+      else *wp = cuda::from_compute<W>(w_new);
+      if constexpr (kCopy) *cp = cuda::from_compute<Copy>(w_new);
+    };
+    cuda::for_each_group<N, 2>(
+        chunk.length, vectorized,
+        [&]<int U>(int i, int stride, bool vec) {
+          W wr[U][N];
+          M mr[U][N], vr[U][N];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            load<N>(wr[u], w + i + u * stride, vec);
+            load<N>(mr[u], m + i + u * stride, vec);
+            load<N>(vr[u], v + i + u * stride, vec);
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[N];
+            [[maybe_unused]] std::conditional_t<kUpdate, Update, char> ur[N];
+            bool any_marked = false;
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+              const C w_old = cuda::to_compute<C>(wr[u][k]);
+              any_marked |= signbit(cuda::to_compute<C>(vr[u][k]));
+              const C w_new = element(wr[u][k], mr[u][k], vr[u][k], step, c);
+              if constexpr (kUpdate) ur[k] = cuda::from_compute<Update>(w_new - w_old);
+              else wr[u][k] = cuda::from_compute<W>(w_new);
+              if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(w_new);
+            }
+            const int at = i + u * stride;
+            if constexpr (kUpdate) store<N>(delta + at, ur, vec);
+            else store<N>(w + at, wr[u], vec);
+            if constexpr (kCopy) store<N>(copy + at, cr, vec);
+            if (any_marked) store<N>(v + at, vr[u], vec);  // rare: clear the marks
+          }
+        },
+        [&](int j) {
+          const C w_old = cuda::to_compute<C>(w[j]);
+          const C w_new = element(w[j], m[j], v[j], step, c);
+          write(w + j, w_old, w_new, kCopy ? copy + j : nullptr, kUpdate ? delta + j : nullptr);
+        });
+  }
+};
+
+__global__ void finish_step_kernel(LambLaunch launch) {
+  if (step_enabled(launch)) ++*launch.inputs.step_device;
+}
+
+template <class W, class M, class Copy>
+void launch_update(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
+  if (l.update_list < 0) return cuda::launch_multi_tensor(plan, UpdatePass<W, M, Copy, None>{l}, stream);
+  if constexpr (std::is_same_v<W, double>) cuda::launch_multi_tensor(plan, UpdatePass<W, M, Copy, double>{l}, stream);
+  else cuda::launch_multi_tensor(plan, UpdatePass<W, M, Copy, float>{l}, stream);
+}
+
+template <class W, class G, class M>
+void launch_all(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
+  using NW = native_t<W>;
+  using NM = native_t<M>;
+  cuda::launch_multi_tensor(plan, NormsPass<NW, native_t<G>, NM>{l}, stream);
+  const cuda::PlanArgs args = cuda::plan_args(plan);
+  const auto tensors = static_cast<unsigned>((plan.num_tensors() + 255) / 256);
+  ratios_kernel<<<tensors, 256, 0, cuda::native(stream)>>>(args, l);
+  GRADKIT_CUDA_CHECK_LAUNCH();
+  if (l.copy_list < 0) return launch_update<NW, NM, None>(plan, l, stream);
+  if (plan.dtype(l.copy_list) == DType::f16) launch_update<NW, NM, __half>(plan, l, stream);
+  else launch_update<NW, NM, __nv_bfloat16>(plan, l, stream);
+}
+
+}  // namespace
+
+void lamb_cuda(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
+  cuda::DeviceGuard guard(plan.device().index);
+  if (!plan.empty()) {
+    if (plan.dtype(0) == DType::f64) {
+      launch_all<double, double, double>(plan, l, stream);
+    } else {
+      dispatch_dtype(plan.dtype(1), [&]<class G>() {
+        dispatch_dtype(plan.dtype(2), [&]<class M>() {
+          if constexpr (!std::is_same_v<G, double> && (std::is_same_v<M, float> || std::is_same_v<M, bfloat16>)) {
+            launch_all<float, G, M>(plan, l, stream);
+          }
+        });
+      });
+    }
+  }
+  if (l.inputs.step_device != nullptr) {
+    finish_step_kernel<<<1, 1, 0, cuda::native(stream)>>>(l);
+    GRADKIT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace gradkit::backend

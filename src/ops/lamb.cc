@@ -1,0 +1,153 @@
+// Public LAMB entry points: validate every input, then run the two passes.
+#include "gradkit/ops/lamb.h"
+
+#include <cmath>
+#include <string>
+
+#include "backend/cuda_runtime.h"
+#include "backend/lamb.h"
+#include "gradkit/core/error.h"
+#include "ops/device_scalar.h"
+
+namespace gradkit {
+namespace {
+
+constexpr std::string_view kOp = "lamb_step";
+
+void check(bool ok, const std::string& arg, const std::string& what, double value) {
+  if (!ok) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, arg, "is " + std::to_string(value) + ", expected " + what);
+  }
+}
+
+void check_dtypes(const MultiTensorPlan& plan, int copy_list, int update_list) {
+  if (plan.num_tensors() == 0) return;
+  const DType w = plan.dtype(0), g = plan.dtype(1), m = plan.dtype(2), v = plan.dtype(3);
+  auto fail = [](std::string_view arg, DType got, const std::string& expected) {
+    throw_argument_error(ErrorCode::dtype_unsupported, kOp, arg,
+                         "has dtype " + std::string(dtype_name(got)) + ", expected " + expected);
+  };
+  if (update_list >= 0 && plan.dtype(update_list) != w) {
+    fail("update", plan.dtype(update_list), std::string(dtype_name(w)) + " (the dtype of the weights)");
+  }
+  if (w == DType::f64) {
+    if (g != DType::f64) fail("grads", g, "f64 (the dtype of the weights)");
+    if (m != DType::f64) fail("exp_avg", m, "f64 (the dtype of the weights)");
+    if (v != DType::f64) fail("exp_avg_sq", v, "f64 (the dtype of the weights)");
+    if (copy_list >= 0) fail("model_copy", plan.dtype(copy_list), "no model copy with f64 weights");
+    return;
+  }
+  if (w != DType::f32) fail("weights", w, "f32 (master weights) or f64");
+  if (g == DType::f64) fail("grads", g, "f32, f16 or bf16 with f32 weights");
+  if (m != DType::f32 && m != DType::bf16) fail("exp_avg", m, "f32 or bf16");
+  if (v != m) fail("exp_avg_sq", v, std::string(dtype_name(m)) + " (the dtype of exp_avg)");
+  if (copy_list >= 0 && plan.dtype(copy_list) != DType::f16 && plan.dtype(copy_list) != DType::bf16) {
+    fail("model_copy", plan.dtype(copy_list), "f16 or bf16");
+  }
+}
+
+}  // namespace
+
+void validate(const LambHyperparameters& h, std::string_view, const std::string& arg) {
+  check(h.alpha >= 0 && h.alpha < 1, arg + ".alpha", "a value in [0, 1)", h.alpha);
+  check(h.beta >= 0 && h.beta < 1, arg + ".beta", "a value in [0, 1)", h.beta);
+  check(std::isfinite(h.lambda) && h.lambda >= 0, arg + ".lambda", "a finite value >= 0", h.lambda);
+  check(std::isfinite(h.epsilon) && h.epsilon > 0, arg + ".epsilon", "a finite value > 0", h.epsilon);
+  check(!std::isnan(h.ratio_min), arg + ".ratio_min", "a number (not NaN)", h.ratio_min);
+  check(!std::isnan(h.ratio_max) && h.ratio_max >= h.ratio_min, arg + ".ratio_max", "a number >= ratio_min",
+        h.ratio_max);
+  check(std::isfinite(h.max_norm), arg + ".max_norm", "a finite value (<= 0 turns clipping off)", h.max_norm);
+}
+
+LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hyperparameters,
+                   std::span<const int32_t> groups) {
+  if (hyperparameters.empty()) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "hyperparameters", "is empty; expected one entry per group");
+  }
+  for (size_t i = 0; i < hyperparameters.size(); ++i) {
+    validate(hyperparameters[i], kOp, "hyperparameters[" + std::to_string(i) + "]");
+  }
+  if (!t.model_copy.empty() && !t.update.empty()) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "model_copy",
+                         "is given with 'update'; expected one of them (the weights are not written when the "
+                         "update is returned)");
+  }
+  std::vector<PlanList> lists = {{"weights", t.weights, true},
+                                 {"grads", t.grads, false},
+                                 {"exp_avg", t.exp_avg, true},
+                                 {"exp_avg_sq", t.exp_avg_sq, true}};
+  if (!t.model_copy.empty()) {
+    copy_list_ = static_cast<int>(lists.size());
+    lists.push_back({"model_copy", t.model_copy, true});
+  }
+  if (!t.update.empty()) {
+    update_list_ = static_cast<int>(lists.size());
+    lists.push_back({"update", t.update, true});
+  }
+  plan_ = MultiTensorPlan(kOp, lists, MultiTensorPlan::kDefaultChunkElements, groups,
+                          static_cast<int32_t>(hyperparameters.size()));
+  check_dtypes(plan_, copy_list_, update_list_);
+  scratch_ = Buffer(plan_.device(), (2 * sizeof(double)) * plan_.chunks().size() + sizeof(float) * plan_.num_tensors());
+  set_hyperparameters(hyperparameters);
+}
+
+void LambPlan::set_hyperparameters(std::span<const LambHyperparameters> hyperparameters) {
+  if (!hyper_.empty() && hyperparameters.size() != hyper_.size()) {
+    throw_argument_error(ErrorCode::size_mismatch, kOp, "hyperparameters",
+                         "has " + std::to_string(hyperparameters.size()) + " groups, expected " +
+                             std::to_string(hyper_.size()));
+  }
+  for (size_t i = 0; i < hyperparameters.size(); ++i) {
+    validate(hyperparameters[i], kOp, "hyperparameters[" + std::to_string(i) + "]");
+  }
+  hyper_.assign(hyperparameters.begin(), hyperparameters.end());
+  if (plan_.device().is_cuda()) {
+    hyper_device_ = backend::upload(plan_.device(), hyper_.data(), hyper_.size() * sizeof(LambHyperparameters));
+  }
+}
+
+void LambPlan::validate_inputs(const LambStepInputs& in) const {
+  const Device device = plan_.device();
+  if (in.eta_device == nullptr) check(std::isfinite(in.eta) && in.eta >= 0, "eta", "a finite value >= 0", in.eta);
+  if (in.loss_scale_device == nullptr) {
+    check(std::isfinite(in.loss_scale) && in.loss_scale > 0, "loss_scale", "a finite value > 0", in.loss_scale);
+  }
+  if (in.gradient_norm_device == nullptr) {
+    check(!std::isnan(in.gradient_norm), "gradient_norm", "a norm >= 0, or < 0 for none", in.gradient_norm);
+  }
+  if (in.step_device == nullptr) check(in.step >= 1, "step", "a count >= 1", static_cast<double>(in.step));
+  ops::check_device_scalar(kOp, "eta_device", in.eta_device, device);
+  ops::check_device_scalar(kOp, "loss_scale_device", in.loss_scale_device, device);
+  ops::check_device_scalar(kOp, "gradient_norm_device", in.gradient_norm_device, device);
+  ops::check_device_scalar(kOp, "step_device", in.step_device, device);
+  ops::check_device_scalar(kOp, "found_inf", in.found_inf, device);
+  if (in.do_update.where == Flag::Where::device) {
+    ops::check_device_scalar(kOp, "do_update", in.do_update.pointer, device, false);
+  }
+}
+
+void LambPlan::step(const LambStepInputs& in, Stream stream) const {
+  validate_inputs(in);
+  if (in.do_update.where == Flag::Where::host && !in.do_update.host_value) return;  // nothing written, step kept
+  backend::LambLaunch launch;
+  launch.inputs = in;
+  launch.do_update = in.do_update.where == Flag::Where::device ? in.do_update.pointer : nullptr;
+  launch.partials = static_cast<double*>(scratch_.data());
+  launch.ratios = reinterpret_cast<float*>(launch.partials + 2 * plan_.chunks().size());
+  launch.copy_list = copy_list_;
+  launch.update_list = update_list_;
+  if (plan_.device().is_cuda()) {
+    launch.groups = static_cast<const LambHyperparameters*>(hyper_device_.get());
+    backend::lamb_cuda(plan_, launch, stream);
+  } else {
+    launch.groups = hyper_.data();
+    backend::lamb_cpu(plan_, launch);
+  }
+}
+
+void lamb_step(const LambTensors& tensors, const LambHyperparameters& hyperparameters, const LambStepInputs& inputs,
+               Stream stream) {
+  LambPlan(tensors, std::span(&hyperparameters, 1)).step(inputs, stream);
+}
+
+}  // namespace gradkit
