@@ -45,6 +45,10 @@ Adam::Adam(std::vector<AdamGroup> groups, AdamOptions options)
   upload_lrs();
 }
 
+std::vector<StateSection> Adam::sections() const {
+  return {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}, {"max_exp_avg_sq", &max_exp_avg_sq_}};
+}
+
 void Adam::upload_lrs() {
   std::vector<float> lrs;
   for (const AdamGroup& g : groups_) lrs.push_back(g.hyperparameters.lr);
@@ -88,7 +92,7 @@ void Adam::set_lr(int group, float lr) {
 void Adam::save(const std::string& path) const {
   synchronize(device_);
   StateFile file;
-  file.add("kind", std::vector<uint8_t>(kKind.begin(), kKind.end()));
+  add_state(file, kKind, sections());
   SectionWriter meta;
   meta.put(step_count()).put(static_cast<uint32_t>(exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype));
   file.add("meta", meta.take());
@@ -98,19 +102,11 @@ void Adam::save(const std::string& path) const {
     hyper.back().lr = lr(static_cast<int>(g));
   }
   file.add("groups", write_groups(groups_, hyper));
-  file.add("exp_avg", download(exp_avg_));
-  file.add("exp_avg_sq", download(exp_avg_sq_));
-  file.add("max_exp_avg_sq", download(max_exp_avg_sq_));
   file.write(path);
 }
 
 void Adam::load(const std::string& path) {
-  const StateFile file = StateFile::read(path);
-  const std::vector<uint8_t>& kind = file.get("kind");
-  if (std::string(kind.begin(), kind.end()) != kKind) {
-    throw Error(ErrorCode::io_error, "state file '" + path + "' holds '" + std::string(kind.begin(), kind.end()) +
-                                         "' state, expected 'adam'");
-  }
+  const StateFile file = read_state(path, kKind);
   SectionReader meta(file.get("meta"), "meta");
   const auto step = meta.get<int64_t>();
   const auto moment = static_cast<DType>(meta.get<uint32_t>());
@@ -128,14 +124,8 @@ void Adam::load(const std::string& path) {
                                            ", but this optimizer was made without it");
     }
   }
-  check_section_size(path, file, "exp_avg", exp_avg_);
-  check_section_size(path, file, "exp_avg_sq", exp_avg_sq_);
-  check_section_size(path, file, "max_exp_avg_sq", max_exp_avg_sq_);
-
-  // Everything checked: now write.
-  upload(file.get("exp_avg"), exp_avg_);
-  upload(file.get("exp_avg_sq"), exp_avg_sq_);
-  upload(file.get("max_exp_avg_sq"), max_exp_avg_sq_);
+  // Everything else checked; load_sections checks the moments, then writes.
+  load_sections(path, file, sections());
   copy_from_host(counter_.data(), device_, &step, sizeof step);
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];
   plan_.set_hyperparameters(hyper);

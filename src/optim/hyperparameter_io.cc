@@ -21,4 +21,22 @@ AdamHyperparameters read_hyperparameters(SectionReader& in, const AdamHyperparam
   return h;
 }
 
+void write_hyperparameters(SectionWriter& out, const LambHyperparameters& h) {
+  out.put(h.alpha).put(h.beta).put(h.lambda).put(h.epsilon).put(h.ratio_min).put(h.ratio_max).put(h.max_norm);
+  out.put(static_cast<uint8_t>(h.bias_correction));
+}
+
+LambHyperparameters read_hyperparameters(SectionReader& in, const LambHyperparameters*) {
+  LambHyperparameters h;
+  h.alpha = in.get<float>();
+  h.beta = in.get<float>();
+  h.lambda = in.get<float>();
+  h.epsilon = in.get<float>();
+  h.ratio_min = in.get<float>();
+  h.ratio_max = in.get<float>();
+  h.max_norm = in.get<float>();
+  h.bias_correction = in.get<uint8_t>() != 0;
+  return h;
+}
+
 }  // namespace gradkit

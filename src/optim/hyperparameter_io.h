@@ -8,12 +8,15 @@
 
 #include "gradkit/core/error.h"
 #include "gradkit/ops/adam.h"
+#include "gradkit/ops/lamb.h"
 #include "gradkit/optim/state_file.h"
 
 namespace gradkit {
 
 void write_hyperparameters(SectionWriter& out, const AdamHyperparameters& h);
 AdamHyperparameters read_hyperparameters(SectionReader& in, const AdamHyperparameters* /*tag*/);
+void write_hyperparameters(SectionWriter& out, const LambHyperparameters& h);
+LambHyperparameters read_hyperparameters(SectionReader& in, const LambHyperparameters* /*tag*/);
 
 template <class Group, class Hyper>
 std::vector<uint8_t> write_groups(const std::vector<Group>& groups, const std::vector<Hyper>& hyper) {

@@ -72,4 +72,25 @@ void check_group_index(std::string_view op, int group, size_t num_groups) {
   }
 }
 
+StateFile read_state(const std::string& path, std::string_view kind) {
+  StateFile file = StateFile::read(path);
+  const std::vector<uint8_t>& bytes = file.get("kind");
+  const std::string got(bytes.begin(), bytes.end());
+  if (got != kind) {
+    throw Error(ErrorCode::io_error,
+                "state file '" + path + "' holds '" + got + "' state, expected '" + std::string(kind) + "'");
+  }
+  return file;
+}
+
+void add_state(StateFile& file, std::string_view kind, std::span<const StateSection> sections) {
+  file.add("kind", std::vector<uint8_t>(kind.begin(), kind.end()));
+  for (const StateSection& s : sections) file.add(std::string(s.name), download(*s.tensors));
+}
+
+void load_sections(const std::string& path, const StateFile& file, std::span<const StateSection> sections) {
+  for (const StateSection& s : sections) check_section_size(path, file, s.name, *s.tensors);
+  for (const StateSection& s : sections) upload(file.get(s.name), *s.tensors);
+}
+
 }  // namespace gradkit

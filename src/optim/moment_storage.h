@@ -3,6 +3,7 @@
 // from a state file.
 #pragma once
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,5 +68,19 @@ void check_section_size(const std::string& path, const StateFile& file, std::str
                         const std::vector<TensorView>& tensors);
 
 void check_group_index(std::string_view op, int group, size_t num_groups);
+
+// A named list of state tensors in a state file.
+struct StateSection {
+  std::string_view name;
+  const std::vector<TensorView>* tensors;
+};
+
+// Reads a state file and checks that it holds state of `kind`.
+StateFile read_state(const std::string& path, std::string_view kind);
+// Adds the `kind` section and one section per list of tensors.
+void add_state(StateFile& file, std::string_view kind, std::span<const StateSection> sections);
+// Checks every section's size first, then copies all of them to the tensors:
+// a file that does not fit writes nothing.
+void load_sections(const std::string& path, const StateFile& file, std::span<const StateSection> sections);
 
 }  // namespace gradkit

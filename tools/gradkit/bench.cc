@@ -17,6 +17,7 @@
 #include "gradkit/core/error.h"
 #include "gradkit/ops/adam.h"
 #include "gradkit/ops/gradient.h"
+#include "gradkit/ops/lamb.h"
 #include "options.h"
 #include "workloads.h"
 
@@ -70,6 +71,20 @@ std::function<void()> prepare_adam(BenchDevice& dev, const Workload& w, DType gr
   return [&dev, lists, plan, step] { plan->step({.step = ++*step}, dev.stream()); };
 }
 
+std::function<void()> prepare_lamb(BenchDevice& dev, const Workload& w) {
+  auto lists = std::make_shared<std::vector<TensorList>>();
+  lists->push_back(carve(dev, w, DType::f32, 1));
+  lists->push_back(carve(dev, w, DType::f32, 2));
+  lists->push_back(carve(dev, w, DType::f32, 3));
+  lists->push_back(carve(dev, w, DType::f32, 4, /*positive=*/true));
+  LambHyperparameters h;
+  h.lambda = 0.01f;
+  auto plan = std::make_shared<LambPlan>(LambTensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}},
+                                         std::span(&h, 1));
+  auto step = std::make_shared<int64_t>(0);
+  return [&dev, lists, plan, step] { plan->step({.eta = 1e-3f, .step = ++*step}, dev.stream()); };
+}
+
 const std::vector<BenchOp>& bench_ops() {
   static const std::vector<BenchOp> ops = {
       {"zero", 4,
@@ -88,6 +103,8 @@ const std::vector<BenchOp>& bench_ops() {
       // m 4, v 4; write w 4, m 4, v 4, copy 2.
       {"adam-mixed", 28,
        [](BenchDevice& dev, const Workload& w) { return prepare_adam(dev, w, DType::bf16, DType::bf16); }},
+      // f32 LAMB, two passes: read w, g, m, v and write m, v; then read w, m, v and write w.
+      {"lamb", 40, prepare_lamb},
   };
   return ops;
 }
@@ -221,7 +238,7 @@ double host_us_per_launch(BenchDevice& dev, const BenchOp& op, int count) {
 int run_bench(const std::vector<std::string>& args) {
   Options options("gradkit bench", "Time gradkit's operations against the copy bandwidth (and PyTorch).");
   options.add("device", "cpu", "cpu or cuda[:N]");
-  options.add("ops", "zero,accumulate,adam,adam-mixed", "comma-separated: zero, accumulate, adam, adam-mixed");
+  options.add("ops", "zero,accumulate,adam,adam-mixed,lamb", "comma-separated: zero, accumulate, adam, adam-mixed, lamb");
   options.add("workloads", "big,bert,small", "comma-separated: big (256M elements), bert (BERT-large, 389 "
                                              "tensors), small (10,000 tensors of 1K-64K)");
   options.add("scale", "auto", "divide every tensor size by this (auto: 1 on CUDA, 8 on the CPU)");

@@ -12,6 +12,8 @@
 
 namespace gradkit {
 
+struct StateSection;  // src/optim/moment_storage.h
+
 struct AdamGroup {
   std::vector<TensorView> params;      // f32 master weights (or f64)
   std::vector<TensorView> grads;       // f32, f16 or bf16 (f64 with f64 params)
@@ -55,6 +57,7 @@ class Adam {
 
  private:
   void upload_lrs();
+  std::vector<StateSection> sections() const;
 
   std::vector<AdamGroup> groups_;
   AdamOptions options_;

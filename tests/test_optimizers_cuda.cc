@@ -1,6 +1,6 @@
-// The whole Adam step captured in a CUDA graph and replayed: the same bits as
-// eager steps, the device step counter advancing on every replay, and the
-// learning rate read from device memory at each replay.
+// The owning optimizers' whole step captured in a CUDA graph and replayed:
+// the same bits as eager steps, the device step counter advancing on every
+// replay, and the learning rate read from device memory at each replay.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gradkit/optim/adam.h"
+#include "gradkit/optim/lamb.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {
@@ -105,6 +106,40 @@ TEST(CudaAdam, AgreesWithTheCpuBackend) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(std::abs(a[i]), 1e-3));
   EXPECT_LT(worst, 1e-5);
+}
+
+TEST(CudaLamb, WholeStepCapturedInAGraphMatchesEagerSteps) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  Params graphed(2), eager(2);
+  auto groups = [](const Params& p) {
+    LambGroup g;
+    g.hyperparameters.lambda = 0.01f;
+    for (size_t i = 0; i < p.w.size(); ++i) {
+      g.params.push_back(p.w[i].view());
+      g.grads.push_back(p.g[i].view());
+    }
+    return std::vector<LambGroup>{g};
+  };
+  Lamb a(groups(graphed), LambOptions{.eta = 0.01f}), b(groups(eager), LambOptions{.eta = 0.01f});
+  TestTensor norm(Device::cuda(0), DType::f32, {50.0});
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  a.step(Stream{stream}, {.gradient_norm_device = norm.view().as<float>()});
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 4; ++replay) {
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    b.step({}, {.gradient_norm = 50.0f});
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  EXPECT_EQ(a.step_count(), 4);
+  EXPECT_EQ(graphed.bits(), eager.bits());
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+// An owning LAMB optimizer over parameter groups, like gradkit::Adam: it
+// holds the moments, the step counter and the learning rate (eta) in device
+// memory, so a whole step can be captured in a CUDA graph, and saves and
+// loads its state bit-exactly.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gradkit/core/memory.h"
+#include "gradkit/ops/lamb.h"
+
+namespace gradkit {
+
+struct LambGroup {
+  std::vector<TensorView> params;      // f32 master weights (or f64)
+  std::vector<TensorView> grads;       // f32, f16 or bf16 (f64 with f64 params)
+  std::vector<TensorView> model_copy;  // optional f16/bf16 copy, written in the same pass
+  LambHyperparameters hyperparameters;
+};
+
+struct LambOptions {
+  float eta = 1e-3f;                // learning rate, shared by every group
+  DType moment_dtype = DType::f32;  // f32, or bf16
+};
+
+// Per-step inputs of the owning optimizer (all optional).
+struct LambStep {
+  float loss_scale = 1.0f;
+  const float* loss_scale_device = nullptr;
+  float gradient_norm = -1.0f;  // < 0: no clipping
+  const float* gradient_norm_device = nullptr;
+  const bool* found_inf = nullptr;  // true when the step runs: nothing changes, the counter included
+};
+
+class Lamb {
+ public:
+  explicit Lamb(std::vector<LambGroup> groups, LambOptions options = {});
+
+  void step(Stream stream = {}, const LambStep& inputs = {});
+
+  int64_t step_count() const;  // completed updates (synchronous read)
+  float eta() const;           // synchronous read
+  void set_eta(float eta);     // synchronous write
+  float* eta_device() const { return static_cast<float*>(eta_.data()); }
+
+  const std::vector<TensorView>& exp_avg() const { return exp_avg_; }
+  const std::vector<TensorView>& exp_avg_sq() const { return exp_avg_sq_; }
+
+  void save(const std::string& path) const;
+  void load(const std::string& path);
+
+ private:
+  int64_t* next_step_device() const { return static_cast<int64_t*>(counter_.data()); }
+
+  std::vector<LambGroup> groups_;
+  LambOptions options_;
+  Device device_;
+  Buffer state_;
+  Buffer counter_;  // int64: the t of the next update (ONNX Runtime's update_count), from 1
+  Buffer eta_;      // float
+  std::vector<TensorView> exp_avg_, exp_avg_sq_;
+  LambPlan plan_;
+};
+
+}  // namespace gradkit

@@ -1,0 +1,115 @@
+#include "gradkit/optim/lamb.h"
+
+#include <cmath>
+#include <string>
+
+#include "gradkit/core/error.h"
+#include "gradkit/optim/state_file.h"
+#include "optim/hyperparameter_io.h"
+#include "optim/moment_storage.h"
+
+namespace gradkit {
+namespace {
+
+constexpr std::string_view kOp = "Lamb";
+constexpr std::string_view kKind = "lamb";
+
+}  // namespace
+
+Lamb::Lamb(std::vector<LambGroup> groups, LambOptions options) : groups_(std::move(groups)), options_(options) {
+  if (groups_.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
+  if (options_.moment_dtype != DType::f32 && options_.moment_dtype != DType::bf16) {
+    throw_argument_error(ErrorCode::dtype_unsupported, kOp, "options.moment_dtype",
+                         "is " + std::string(dtype_name(options_.moment_dtype)) + ", expected f32 or bf16");
+  }
+  if (!(options_.eta >= 0 && options_.eta < INFINITY)) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "options.eta",
+                         "is " + std::to_string(options_.eta) + ", expected a finite value >= 0");
+  }
+  const ParameterLists lists = flatten_groups(kOp, groups_);
+  device_ = lists.device;
+  const DType moment = lists.params.empty() || lists.params[0].dtype != DType::f64 ? options_.moment_dtype : DType::f64;
+  state_ = allocate_moments(device_, lists.params, moment, 2);
+  exp_avg_ = moment_views(state_, lists.params, moment, 2, 0);
+  exp_avg_sq_ = moment_views(state_, lists.params, moment, 2, 1);
+  std::vector<LambHyperparameters> hyper;
+  for (const LambGroup& g : groups_) hyper.push_back(g.hyperparameters);
+  plan_ = LambPlan(LambTensors{lists.params, lists.grads, exp_avg_, exp_avg_sq_, lists.copies, {}}, hyper,
+                   lists.group_of_tensor);
+  counter_ = Buffer(device_, sizeof(int64_t));
+  const int64_t first = 1;
+  copy_from_host(counter_.data(), device_, &first, sizeof first);
+  eta_ = Buffer(device_, sizeof(float));
+  set_eta(options_.eta);
+}
+
+void Lamb::step(Stream stream, const LambStep& s) {
+  LambStepInputs in;
+  in.eta_device = eta_device();
+  in.loss_scale = s.loss_scale;
+  in.loss_scale_device = s.loss_scale_device;
+  in.gradient_norm = s.gradient_norm;
+  in.gradient_norm_device = s.gradient_norm_device;
+  in.step_device = next_step_device();
+  in.found_inf = s.found_inf;
+  plan_.step(in, stream);
+}
+
+int64_t Lamb::step_count() const {
+  int64_t next = 0;
+  copy_to_host(&next, counter_.data(), sizeof next, device_);
+  return next - 1;
+}
+
+float Lamb::eta() const {
+  float value = 0;
+  copy_to_host(&value, eta_.data(), sizeof value, device_);
+  return value;
+}
+
+void Lamb::set_eta(float eta) {
+  if (!(eta >= 0 && eta < INFINITY)) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "eta", "is " + std::to_string(eta) + ", expected a finite value >= 0");
+  }
+  options_.eta = eta;
+  copy_from_host(eta_.data(), device_, &eta, sizeof eta);
+}
+
+void Lamb::save(const std::string& path) const {
+  synchronize(device_);
+  const StateSection sections[] = {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
+  StateFile file;
+  add_state(file, kKind, sections);
+  SectionWriter meta;
+  meta.put(step_count()).put(static_cast<uint32_t>(exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype)).put(eta());
+  file.add("meta", meta.take());
+  std::vector<LambHyperparameters> hyper;
+  for (const LambGroup& g : groups_) hyper.push_back(g.hyperparameters);
+  file.add("groups", write_groups(groups_, hyper));
+  file.write(path);
+}
+
+void Lamb::load(const std::string& path) {
+  const StateFile file = read_state(path, kKind);
+  SectionReader meta(file.get("meta"), "meta");
+  const auto completed = meta.get<int64_t>();
+  const auto moment = static_cast<DType>(meta.get<uint32_t>());
+  const auto eta = meta.get<float>();
+  const DType expected_moment = exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype;
+  if (moment != expected_moment || completed < 0 || !(eta >= 0 && eta < INFINITY)) {
+    throw Error(ErrorCode::io_error, "state file '" + path + "' has moments of dtype " + std::string(dtype_name(moment)) +
+                                         " (expected " + std::string(dtype_name(expected_moment)) +
+                                         "), or a negative step count or a bad eta");
+  }
+  const std::vector<LambHyperparameters> hyper = read_groups(path, file.get("groups"), groups_);
+  for (size_t g = 0; g < hyper.size(); ++g) validate(hyper[g], kOp, "state file groups[" + std::to_string(g) + "]");
+  const StateSection sections[] = {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
+  load_sections(path, file, sections);
+  const int64_t next = completed + 1;
+  copy_from_host(counter_.data(), device_, &next, sizeof next);
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];
+  plan_.set_hyperparameters(hyper);
+  set_eta(eta);
+}
+
+}  // namespace gradkit
