@@ -130,23 +130,38 @@ struct NormsPass {
   }
 };
 
-// Between the passes: one thread per tensor sums its chunks' partials in
-// chunk order (chunks are stored in tensor order) into the trust ratio.
-__global__ void ratios_kernel(PlanArgs plan, LambLaunch launch) {
-  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (t >= plan.num_tensors || !step_enabled(launch)) return;
-  int64_t lo = 0, hi = plan.num_chunks;  // first chunk of tensor t
+// Between the passes: one warp per tensor sums its chunks' partials (chunks
+// are stored in tensor order) into the trust ratio. Lane k takes chunks k,
+// k + 32, ... in order, then the lanes combine in a fixed shuffle tree: the
+// same order on every run, and a tensor of thousands of chunks costs a few
+// dozen dependent loads rather than thousands.
+__device__ int64_t first_chunk_of(const PlanArgs& plan, int64_t tensor) {
+  int64_t lo = 0, hi = plan.num_chunks;
   while (lo < hi) {
     const int64_t mid = (lo + hi) / 2;
-    if (plan.chunks[mid].tensor < t) lo = mid + 1;
+    if (plan.chunks[mid].tensor < tensor) lo = mid + 1;
     else hi = mid;
   }
+  return lo;
+}
+
+constexpr int kRatioWarps = 8;
+
+__global__ void ratios_kernel(PlanArgs plan, LambLaunch launch) {
+  const int64_t t = blockIdx.x * int64_t{kRatioWarps} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (t >= plan.num_tensors || !step_enabled(launch)) return;  // uniform across the warp
+  const int64_t begin = first_chunk_of(plan, t), end = first_chunk_of(plan, t + 1);
   double w2 = 0, d2 = 0;
-  for (int64_t c = lo; c < plan.num_chunks && plan.chunks[c].tensor == t; ++c) {
+  for (int64_t c = begin + lane; c < end; c += 32) {
     w2 += launch.partials[2 * c];
     d2 += launch.partials[2 * c + 1];
   }
-  launch.ratios[t] = lamb_ratio(w2, d2, launch.groups[plan.groups[t]]);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    w2 += __shfl_down_sync(0xffffffffu, w2, offset);
+    d2 += __shfl_down_sync(0xffffffffu, d2, offset);
+  }
+  if (lane == 0) launch.ratios[t] = lamb_ratio(w2, d2, launch.groups[plan.groups[t]]);
 }
 
 template <class W, class M, class Copy, class Update>
@@ -246,8 +261,8 @@ void launch_all(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream)
   using NM = native_t<M>;
   cuda::launch_multi_tensor(plan, NormsPass<NW, native_t<G>, NM>{l}, stream);
   const cuda::PlanArgs args = cuda::plan_args(plan);
-  const auto tensors = static_cast<unsigned>((plan.num_tensors() + 255) / 256);
-  ratios_kernel<<<tensors, 256, 0, cuda::native(stream)>>>(args, l);
+  const auto blocks = static_cast<unsigned>((plan.num_tensors() + kRatioWarps - 1) / kRatioWarps);
+  ratios_kernel<<<blocks, 32 * kRatioWarps, 0, cuda::native(stream)>>>(args, l);
   GRADKIT_CUDA_CHECK_LAUNCH();
   if (l.copy_list < 0) return launch_update<NW, NM, None>(plan, l, stream);
   if (plan.dtype(l.copy_list) == DType::f16) launch_update<NW, NM, __half>(plan, l, stream);
