@@ -4,8 +4,10 @@
 
 #include "backend/adam.h"
 #include "backend/cuda_runtime.h"
+#include "backend/grad_check.h"
 #include "backend/gradient.h"
 #include "backend/lamb.h"
+#include "backend/loss_scaler.h"
 #include "backend/step_counter.h"
 #include "gradkit/core/error.h"
 
@@ -45,6 +47,10 @@ void accumulate_cuda(const MultiTensorPlan&, const AccumulateArgs&, Stream) { up
 void set_device_flag_cuda(Device device, bool*, Stream) { upload(device, nullptr, 0); }
 void adam_cuda(const MultiTensorPlan&, const AdamLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
 void increment_counter_cuda(Device device, int64_t*, const bool*, Stream) { upload(device, nullptr, 0); }
+void grad_check_cuda(const MultiTensorPlan&, const GradCheckLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
+void update_loss_scale_cuda(LossScalerState*, const bool*, const LossScalerOptions&, Device device, Stream) {
+  upload(device, nullptr, 0);
+}
 void lamb_cuda(const MultiTensorPlan&, const LambLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
 
 }  // namespace gradkit::backend

@@ -5,6 +5,7 @@
 
 #include "backend/lamb.h"
 #include "backend/lamb_math.h"
+#include "cuda/block_reduce.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
@@ -40,30 +41,6 @@ __device__ __forceinline__ LambCoefficients<C> block_coefficients(const PlanArgs
   }
   __syncthreads();
   return shared;
-}
-
-// Sums a and b over the block in a fixed order (warp shuffles, then warps in
-// index order), so the result is the same on every run. Thread 0 gets it.
-__device__ __forceinline__ void block_sum(float& a, float& b) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    a += __shfl_down_sync(0xffffffffu, a, offset);
-    b += __shfl_down_sync(0xffffffffu, b, offset);
-  }
-  __shared__ float warp_a[32], warp_b[32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    warp_a[warp] = a;
-    warp_b[warp] = b;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    a = 0;
-    b = 0;
-    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
-      a += warp_a[w];
-      b += warp_b[w];
-    }
-  }
 }
 
 template <class W, class G, class M>
@@ -122,7 +99,8 @@ struct NormsPass {
           }
         },
         [&](int j) { element(w[j], g[j], m[j], v[j], c, w2, d2); });
-    block_sum(w2, d2);
+    w2 = cuda::block_reduce(w2, cuda::Plus{});
+    d2 = cuda::block_reduce(d2, cuda::Plus{});
     if (threadIdx.x == 0) {
       launch.partials[2 * blockIdx.x] = w2;  // one block per chunk: blockIdx.x is the chunk
       launch.partials[2 * blockIdx.x + 1] = d2;
@@ -135,32 +113,20 @@ struct NormsPass {
 // k + 32, ... in order, then the lanes combine in a fixed shuffle tree: the
 // same order on every run, and a tensor of thousands of chunks costs a few
 // dozen dependent loads rather than thousands.
-__device__ int64_t first_chunk_of(const PlanArgs& plan, int64_t tensor) {
-  int64_t lo = 0, hi = plan.num_chunks;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (plan.chunks[mid].tensor < tensor) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
 constexpr int kRatioWarps = 8;
 
 __global__ void ratios_kernel(PlanArgs plan, LambLaunch launch) {
   const int64_t t = blockIdx.x * int64_t{kRatioWarps} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (t >= plan.num_tensors || !step_enabled(launch)) return;  // uniform across the warp
-  const int64_t begin = first_chunk_of(plan, t), end = first_chunk_of(plan, t + 1);
+  const int64_t begin = plan.first_chunk(t), end = plan.first_chunk(t + 1);
   double w2 = 0, d2 = 0;
   for (int64_t c = begin + lane; c < end; c += 32) {
     w2 += launch.partials[2 * c];
     d2 += launch.partials[2 * c + 1];
   }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    w2 += __shfl_down_sync(0xffffffffu, w2, offset);
-    d2 += __shfl_down_sync(0xffffffffu, d2, offset);
-  }
+  w2 = cuda::warp_reduce(w2, cuda::Plus{});
+  d2 = cuda::warp_reduce(d2, cuda::Plus{});
   if (lane == 0) launch.ratios[t] = lamb_ratio(w2, d2, launch.groups[plan.groups[t]]);
 }
 

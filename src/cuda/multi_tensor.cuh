@@ -22,6 +22,18 @@ struct PlanArgs {
   __device__ __forceinline__ T* tensor(int list, const PlanChunk& c) const {
     return static_cast<T*>(pointers[list * num_tensors + c.tensor]) + c.begin;
   }
+
+  // The index of the first chunk of tensor `t` (chunks are stored in tensor
+  // order), or of the first chunk after it if it has none.
+  __device__ int64_t first_chunk(int64_t t) const {
+    int64_t lo = 0, hi = num_chunks;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (chunks[mid].tensor < t) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
 };
 
 inline PlanArgs plan_args(const MultiTensorPlan& plan) {

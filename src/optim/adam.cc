@@ -90,9 +90,21 @@ void Adam::set_lr(int group, float lr) {
 }
 
 void Adam::save(const std::string& path) const {
-  synchronize(device_);
   StateFile file;
-  add_state(file, kKind, sections());
+  file.add("kind", std::vector<uint8_t>(kKind.begin(), kKind.end()));
+  save_to(file);
+  file.write(path);
+}
+
+void Adam::load(const std::string& path) {
+  const StateFile file = read_state(path, kKind);
+  check_state(path, file);
+  apply_state(file);
+}
+
+void Adam::save_to(StateFile& file) const {
+  synchronize(device_);
+  add_sections(file, sections());
   SectionWriter meta;
   meta.put(step_count()).put(static_cast<uint32_t>(exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype));
   file.add("meta", meta.take());
@@ -102,11 +114,9 @@ void Adam::save(const std::string& path) const {
     hyper.back().lr = lr(static_cast<int>(g));
   }
   file.add("groups", write_groups(groups_, hyper));
-  file.write(path);
 }
 
-void Adam::load(const std::string& path) {
-  const StateFile file = read_state(path, kKind);
+void Adam::check_state(const std::string& path, const StateFile& file) const {
   SectionReader meta(file.get("meta"), "meta");
   const auto step = meta.get<int64_t>();
   const auto moment = static_cast<DType>(meta.get<uint32_t>());
@@ -124,8 +134,14 @@ void Adam::load(const std::string& path) {
                                            ", but this optimizer was made without it");
     }
   }
-  // Everything else checked; load_sections checks the moments, then writes.
-  load_sections(path, file, sections());
+  check_sections(path, file, sections());
+}
+
+void Adam::apply_state(const StateFile& file) {
+  SectionReader meta(file.get("meta"), "meta");
+  const auto step = meta.get<int64_t>();
+  const std::vector<AdamHyperparameters> hyper = read_groups("", file.get("groups"), groups_);
+  apply_sections(file, sections());
   copy_from_host(counter_.data(), device_, &step, sizeof step);
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];
   plan_.set_hyperparameters(hyper);

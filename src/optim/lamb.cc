@@ -76,21 +76,32 @@ void Lamb::set_eta(float eta) {
 }
 
 void Lamb::save(const std::string& path) const {
-  synchronize(device_);
-  const StateSection sections[] = {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
   StateFile file;
-  add_state(file, kKind, sections);
+  file.add("kind", std::vector<uint8_t>(kKind.begin(), kKind.end()));
+  save_to(file);
+  file.write(path);
+}
+
+void Lamb::load(const std::string& path) {
+  const StateFile file = read_state(path, kKind);
+  check_state(path, file);
+  apply_state(file);
+}
+
+std::vector<StateSection> Lamb::sections() const { return {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}}; }
+
+void Lamb::save_to(StateFile& file) const {
+  synchronize(device_);
+  add_sections(file, sections());
   SectionWriter meta;
   meta.put(step_count()).put(static_cast<uint32_t>(exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype)).put(eta());
   file.add("meta", meta.take());
   std::vector<LambHyperparameters> hyper;
   for (const LambGroup& g : groups_) hyper.push_back(g.hyperparameters);
   file.add("groups", write_groups(groups_, hyper));
-  file.write(path);
 }
 
-void Lamb::load(const std::string& path) {
-  const StateFile file = read_state(path, kKind);
+void Lamb::check_state(const std::string& path, const StateFile& file) const {
   SectionReader meta(file.get("meta"), "meta");
   const auto completed = meta.get<int64_t>();
   const auto moment = static_cast<DType>(meta.get<uint32_t>());
@@ -103,8 +114,16 @@ void Lamb::load(const std::string& path) {
   }
   const std::vector<LambHyperparameters> hyper = read_groups(path, file.get("groups"), groups_);
   for (size_t g = 0; g < hyper.size(); ++g) validate(hyper[g], kOp, "state file groups[" + std::to_string(g) + "]");
-  const StateSection sections[] = {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
-  load_sections(path, file, sections);
+  check_sections(path, file, sections());
+}
+
+void Lamb::apply_state(const StateFile& file) {
+  SectionReader meta(file.get("meta"), "meta");
+  const auto completed = meta.get<int64_t>();
+  meta.get<uint32_t>();
+  const auto eta = meta.get<float>();
+  const std::vector<LambHyperparameters> hyper = read_groups("", file.get("groups"), groups_);
+  apply_sections(file, sections());
   const int64_t next = completed + 1;
   copy_from_host(counter_.data(), device_, &next, sizeof next);
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];

@@ -83,13 +83,15 @@ StateFile read_state(const std::string& path, std::string_view kind) {
   return file;
 }
 
-void add_state(StateFile& file, std::string_view kind, std::span<const StateSection> sections) {
-  file.add("kind", std::vector<uint8_t>(kind.begin(), kind.end()));
+void add_sections(StateFile& file, std::span<const StateSection> sections) {
   for (const StateSection& s : sections) file.add(std::string(s.name), download(*s.tensors));
 }
 
-void load_sections(const std::string& path, const StateFile& file, std::span<const StateSection> sections) {
+void check_sections(const std::string& path, const StateFile& file, std::span<const StateSection> sections) {
   for (const StateSection& s : sections) check_section_size(path, file, s.name, *s.tensors);
+}
+
+void apply_sections(const StateFile& file, std::span<const StateSection> sections) {
   for (const StateSection& s : sections) upload(file.get(s.name), *s.tensors);
 }
 

@@ -77,10 +77,11 @@ struct StateSection {
 
 // Reads a state file and checks that it holds state of `kind`.
 StateFile read_state(const std::string& path, std::string_view kind);
-// Adds the `kind` section and one section per list of tensors.
-void add_state(StateFile& file, std::string_view kind, std::span<const StateSection> sections);
-// Checks every section's size first, then copies all of them to the tensors:
-// a file that does not fit writes nothing.
-void load_sections(const std::string& path, const StateFile& file, std::span<const StateSection> sections);
+// Adds one section per list of tensors, with their bytes.
+void add_sections(StateFile& file, std::span<const StateSection> sections);
+// Throws io_error unless every section holds exactly its tensors' bytes.
+void check_sections(const std::string& path, const StateFile& file, std::span<const StateSection> sections);
+// Copies the sections into the tensors (after check_sections).
+void apply_sections(const StateFile& file, std::span<const StateSection> sections);
 
 }  // namespace gradkit

@@ -13,6 +13,7 @@
 namespace gradkit {
 
 struct StateSection;  // src/optim/moment_storage.h
+class StateFile;
 
 struct AdamGroup {
   std::vector<TensorView> params;      // f32 master weights (or f64)
@@ -54,6 +55,13 @@ class Adam {
   // optimizer's groups, shapes and dtypes before it writes anything.
   void save(const std::string& path) const;
   void load(const std::string& path);
+
+  // The same state as sections of a larger file (a wrapper's): save_to adds
+  // them; check_state throws io_error unless they fit this optimizer;
+  // apply_state (after check_state) writes them.
+  void save_to(StateFile& file) const;
+  void check_state(const std::string& path, const StateFile& file) const;
+  void apply_state(const StateFile& file);
 
  private:
   void upload_lrs();

@@ -12,6 +12,9 @@
 
 namespace gradkit {
 
+struct StateSection;  // src/optim/moment_storage.h
+class StateFile;
+
 struct LambGroup {
   std::vector<TensorView> params;      // f32 master weights (or f64)
   std::vector<TensorView> grads;       // f32, f16 or bf16 (f64 with f64 params)
@@ -49,8 +52,13 @@ class Lamb {
 
   void save(const std::string& path) const;
   void load(const std::string& path);
+  // As for Adam: the state as sections of a larger file.
+  void save_to(StateFile& file) const;
+  void check_state(const std::string& path, const StateFile& file) const;
+  void apply_state(const StateFile& file);
 
  private:
+  std::vector<StateSection> sections() const;
   int64_t* next_step_device() const { return static_cast<int64_t*>(counter_.data()); }
 
   std::vector<LambGroup> groups_;

@@ -1,0 +1,41 @@
+// The gradient check's combining rules, written once for both backends.
+#pragma once
+
+#include <cmath>
+
+#include "backend/adam_math.h"  // GRADKIT_HD
+#include "gradkit/ops/grad_check.h"
+
+namespace gradkit::backend {
+
+// Adds one element's contribution to a partial norm.
+GRADKIT_HD double norm_accumulate(double partial, double value, NormType type) {
+  if (type == NormType::infinity) {
+    const double magnitude = value < 0 ? -value : value;
+    return magnitude > partial ? magnitude : partial;
+  }
+  return partial + value * value;
+}
+
+// Combines two partials (sums add; maxima take the larger).
+GRADKIT_HD double norm_combine(double a, double b, NormType type) {
+  if (type == NormType::infinity) return a > b ? a : b;
+  return a + b;
+}
+
+GRADKIT_HD double norm_finish(double partial, NormType type) {
+  return type == NormType::infinity ? partial : std::sqrt(partial);
+}
+
+// PyTorch's clip_grad_norm_: coefficient max_norm / (norm + 1e-6), used only
+// when below 1. The optimizer divides the raw gradients by S / coefficient.
+GRADKIT_HD float grad_divisor(double norm, float loss_scale, float max_norm) {
+  double divisor = loss_scale;
+  if (max_norm > 0) {
+    const double coefficient = static_cast<double>(max_norm) / (norm + 1e-6);
+    if (coefficient < 1) divisor = divisor / coefficient;
+  }
+  return static_cast<float>(divisor);
+}
+
+}  // namespace gradkit::backend

@@ -1,0 +1,59 @@
+#include "gradkit/ops/grad_check.h"
+
+#include <cmath>
+#include <string>
+
+#include "backend/grad_check.h"
+#include "gradkit/core/error.h"
+#include "ops/device_scalar.h"
+
+namespace gradkit {
+namespace {
+
+constexpr std::string_view kOp = "check_gradients";
+
+}  // namespace
+
+GradientCheckPlan::GradientCheckPlan(std::span<const TensorView> grads, GradientCheckOptions options)
+    : options_(options) {
+  if (!std::isfinite(options.max_norm) || options.max_norm < 0) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "options.max_norm",
+                         "is " + std::to_string(options.max_norm) + ", expected a finite value >= 0 (0: no clipping)");
+  }
+  if (options.norm != NormType::l2 && options.norm != NormType::infinity) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "options.norm", "is not l2 or infinity");
+  }
+  const PlanList lists[] = {{"grads", grads, options.write_unscaled}};
+  plan_ = MultiTensorPlan(kOp, lists);
+  if (plan_.num_tensors() > 0 && plan_.dtype(0) == DType::f64) {
+    throw_argument_error(ErrorCode::dtype_unsupported, kOp, "grads", "has dtype f64, expected f32, f16 or bf16");
+  }
+  const size_t chunks = plan_.chunks().size();
+  scratch_ = Buffer(plan_.num_tensors() > 0 ? plan_.device() : Device::cpu(), chunks * (sizeof(double) + sizeof(bool)) + 1);
+}
+
+void GradientCheckPlan::check(const GradientCheckOutputs& out, float loss_scale, const float* loss_scale_device,
+                              Stream stream) const {
+  const Device device = plan_.num_tensors() > 0 ? plan_.device() : Device::cpu();
+  if (loss_scale_device == nullptr && !(std::isfinite(loss_scale) && loss_scale > 0)) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "loss_scale",
+                         "is " + std::to_string(loss_scale) + ", expected a finite value > 0");
+  }
+  ops::check_device_scalar(kOp, "loss_scale_device", loss_scale_device, device);
+  ops::check_device_scalar(kOp, "found_inf", out.found_inf, device);
+  ops::check_device_scalar(kOp, "grad_divisor", out.grad_divisor, device);
+  ops::check_device_scalar(kOp, "global_norm", out.global_norm, device);
+  ops::check_device_scalar(kOp, "tensor_norms", out.tensor_norms, device);
+
+  backend::GradCheckLaunch launch;
+  launch.options = options_;
+  launch.outputs = out;
+  launch.loss_scale = loss_scale;
+  launch.loss_scale_device = loss_scale_device;
+  launch.partial_norms = static_cast<double*>(scratch_.data());
+  launch.partial_flags = reinterpret_cast<bool*>(launch.partial_norms + plan_.chunks().size());
+  if (device.is_cuda()) backend::grad_check_cuda(plan_, launch, stream);
+  else backend::grad_check_cpu(plan_, launch);
+}
+
+}  // namespace gradkit
