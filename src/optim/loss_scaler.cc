@@ -52,12 +52,16 @@ LossScalerState LossScaler::state() const {
 }
 
 void LossScaler::set_state(const LossScalerState& s) {
+  check_state(s);
+  copy_from_host(state_.data(), state_.device(), &s, sizeof s);
+}
+
+void LossScaler::check_state(const LossScalerState& s) const {
   check(std::isfinite(s.scale) && s.scale > 0, "state.scale", "a finite value > 0", s.scale);
   check(s.growth_tracker >= 0 && s.growth_tracker < options_.growth_interval, "state.growth_tracker",
         "an integer in [0, growth_interval)", s.growth_tracker);
   check(s.hysteresis_left >= 1 && s.hysteresis_left <= options_.hysteresis, "state.hysteresis_left",
         "an integer in [1, hysteresis]", s.hysteresis_left);
-  copy_from_host(state_.data(), state_.device(), &s, sizeof s);
 }
 
 }  // namespace gradkit

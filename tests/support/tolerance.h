@@ -65,3 +65,37 @@ inline double relative_error(const std::vector<double>& got, const std::vector<d
 }
 
 }  // namespace gradkit::test
+
+namespace gradkit::test {
+
+// For collectives compared with the float64 sum of every rank's input: the
+// engines add the ranks' values in some order, rounding each of the
+// ranks - 1 partial sums to `dtype` (f16 and bf16 are added in f32 and
+// rounded back, as NCCL does), and an average rounds once more. Each
+// rounding is at most one unit of roundoff of a partial sum, and no partial
+// sum exceeds the sum of the magnitudes, so the bound is taken relative to
+// sum |x_r| (scaled by 1/ranks for an average) rather than to the result,
+// which cancellation may make small. One spare rounding covers the order.
+struct CollectiveTolerance {
+  double per_magnitude;  // times sum |x_r|
+  double absolute;
+};
+
+constexpr CollectiveTolerance collective_tolerance(DType dtype, int ranks, bool average) {
+  const double roundings = ranks + (average ? 1 : 0);
+  switch (dtype) {
+    case DType::f32: return {roundings * 0x1p-24, roundings * 0x1p-149};
+    case DType::f16: return {roundings * 0x1p-11, roundings * 0x1p-24};
+    case DType::bf16: return {roundings * 0x1p-8, roundings * 0x1p-133};
+    case DType::f64: return {roundings * 0x1p-53, roundings * 0x1p-1074};
+  }
+  return {0, 0};
+}
+
+inline bool within_collective(double got, double want, double sum_magnitude, CollectiveTolerance t) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (std::isinf(want)) return got == want;
+  return std::abs(got - want) <= t.per_magnitude * sum_magnitude + t.absolute;
+}
+
+}  // namespace gradkit::test

@@ -28,6 +28,9 @@ struct AdamOptions {
 
 class Adam {
  public:
+  using Group = AdamGroup;
+  using Options = AdamOptions;
+
   // Validates everything; allocates zeroed moments on the parameters' device.
   explicit Adam(std::vector<AdamGroup> groups, AdamOptions options = {});
 

@@ -38,6 +38,9 @@ struct LambStep {
 
 class Lamb {
  public:
+  using Group = LambGroup;
+  using Options = LambOptions;
+
   explicit Lamb(std::vector<LambGroup> groups, LambOptions options = {});
 
   void step(Stream stream = {}, const LambStep& inputs = {});

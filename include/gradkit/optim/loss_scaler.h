@@ -51,6 +51,7 @@ class LossScaler {
 
   LossScalerState state() const;  // synchronous read
   void set_state(const LossScalerState& state);  // synchronous write; validated
+  void check_state(const LossScalerState& state) const;  // throws invalid_argument naming the field
   const LossScalerOptions& options() const { return options_; }
   Device device() const { return state_.device(); }
 

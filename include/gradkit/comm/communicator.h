@@ -1,0 +1,232 @@
+// Ranks of a data-parallel job and the collectives between them: all-reduce,
+// all-gather and reduce-scatter over lists of tensors (ONNX Runtime's
+// NcclAllReduce, NcclAllGather, NcclReduceScatter), over flat buffers, and
+// the small pieces Adasum builds on. docs/ops.md ("Collectives") states
+// exactly what each computes.
+//
+// Two implementations: MPI (host memory, device() is the CPU; calls complete
+// before they return) and NCCL (memory on device(), the GPU of this rank;
+// calls are enqueued on a CUDA stream and return at once). Neither this header
+// nor any other gradkit header needs mpi.h or nccl.h.
+//
+// Every rank must make the same calls in the same order with the same list
+// shapes (count, element counts, dtype). `checked` mode verifies that before
+// each collective and throws on every rank, naming what differs.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "gradkit/core/memory.h"
+#include "gradkit/core/tensor.h"
+
+namespace gradkit {
+
+enum class ReduceOp : uint8_t {
+  sum,
+  average,  // the sum divided by size(), in f32 (f64 for f64), rounded once
+};
+
+struct CommunicatorOptions {
+  // How long a call may wait for the other ranks before it gives up with an
+  // Error (mpi_error or nccl_error) instead of hanging. A communicator that
+  // timed out is unusable afterwards (NCCL: aborted; MPI: a collective cannot
+  // be cancelled), and every later call on it throws.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  // Compare each call's fingerprint (operation, tensor count, element counts,
+  // dtype) across ranks before the collective; costs one small host exchange.
+  bool checked = false;
+  // NCCL only: the CUDA ordinal this rank uses; -1 means local_rank().
+  int cuda_device = -1;
+};
+
+// An MPI communicator passed through gradkit's API without mpi.h: wrap one
+// with mpi_comm_handle(comm). The default (value 0) means MPI_COMM_WORLD.
+// gradkit duplicates the communicator it is given, so its traffic never
+// mixes with the caller's.
+struct MpiCommHandle {
+  std::uintptr_t value = 0;
+  bool is_world() const { return value == 0; }
+};
+
+// MPI_Comm is a pointer in Open MPI and an int in MPICH; both fit.
+template <class MpiComm>
+MpiCommHandle mpi_comm_handle(MpiComm comm) {
+  if constexpr (std::is_pointer_v<MpiComm>) return {reinterpret_cast<std::uintptr_t>(comm)};
+  else return {static_cast<std::uintptr_t>(comm)};
+}
+
+// Starts MPI for the lifetime of the object (MPI_Init_thread, then
+// MPI_Finalize), unless MPI is already initialized, in which case it does
+// nothing. Destroy every communicator before it.
+class MpiEnvironment {
+ public:
+  MpiEnvironment(int* argc, char*** argv);
+  ~MpiEnvironment();
+  MpiEnvironment(const MpiEnvironment&) = delete;
+  MpiEnvironment& operator=(const MpiEnvironment&) = delete;
+
+ private:
+  bool owns_ = false;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }  // rank among the ranks of this host
+  int local_size() const { return local_size_; }
+  Device device() const { return device_; }       // where every tensor passed must be
+  virtual std::string_view backend_name() const = 0;  // "mpi" or "nccl"
+
+  bool checked() const { return checked_; }
+  void set_checked(bool on) { checked_ = on; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // ---- Tensor lists. Each list has one dtype; every tensor is on device().
+  // When the tensors lie back to back in one allocation (each starting where
+  // the previous ended), one collective covers the whole range, with no
+  // copies; otherwise they are packed into this communicator's fusion buffer
+  // (kept between calls, grown when needed), reduced in one collective, and
+  // unpacked. The second form is out of place: outputs[i] has the size and
+  // dtype of inputs[i], and no output overlaps any input.
+
+  // Every element of every tensor becomes the sum (or average) over ranks.
+  void all_reduce(std::span<const TensorView> tensors, ReduceOp op = ReduceOp::sum, Stream stream = {});
+  void all_reduce(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                  ReduceOp op = ReduceOp::sum, Stream stream = {});
+
+  // The list is the whole model on every rank, and rank r owns the elements
+  // [shard_begin(r), shard_end(r)) of the list's concatenation (see
+  // ShardLayout). All-gather: each element of the outputs becomes the value
+  // its owner holds in its inputs; the inputs outside a rank's shard are
+  // not read. Reduce-scatter: the elements of rank r's shard become the sum
+  // (or average) over ranks; the other elements of the outputs are not
+  // written.
+  void all_gather(std::span<const TensorView> tensors, Stream stream = {});
+  void all_gather(std::span<const TensorView> inputs, std::span<const TensorView> outputs, Stream stream = {});
+  void reduce_scatter(std::span<const TensorView> tensors, ReduceOp op = ReduceOp::sum, Stream stream = {});
+  void reduce_scatter(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                      ReduceOp op = ReduceOp::sum, Stream stream = {});
+
+  // ---- Flat buffers (the building blocks; also what Adasum uses).
+  // input and output have the same size; output == input is in place.
+  // A small f64 buffer reduced this way is how Adasum sums its dot products.
+  void all_reduce_buffer(const TensorView& input, const TensorView& output, ReduceOp op = ReduceOp::sum,
+                         Stream stream = {});
+  // output has size() * input.numel elements; rank r's input lands at
+  // r * input.numel. In place when input is that slice of output.
+  void all_gather_buffer(const TensorView& input, const TensorView& output, Stream stream = {});
+  // input has size() * output.numel elements; rank r gets the reduced slice
+  // r. In place when output is that slice of input.
+  void reduce_scatter_buffer(const TensorView& input, const TensorView& output, ReduceOp op = ReduceOp::sum,
+                             Stream stream = {});
+  // Sends `send` to rank `peer` and receives the same number of bytes from it
+  // into `receive` (the peer calls exchange with this rank). Not in place.
+  void exchange(const TensorView& send, const TensorView& receive, int peer, Stream stream = {});
+  // Returns when every rank has called it (host-side; waits for nothing on a stream).
+  void barrier();
+  // Returns when the work this communicator enqueued on `stream` has
+  // finished, or throws once `timeout` has passed or a peer has failed
+  // (NCCL: the communicator is then aborted). Use it rather than
+  // cudaStreamSynchronize to get the timeout. MPI: returns at once.
+  virtual void wait(Stream stream = {}) = 0;
+
+  // Bytes currently held by the fusion buffer (for tests and for sizing).
+  size_t fusion_buffer_bytes() const { return fusion_.bytes(); }
+
+ protected:
+  Communicator(int rank, int size, int local_rank, int local_size, Device device,
+               const CommunicatorOptions& options);
+
+  // The engine's primitives, called after validation. Counts are elements;
+  // in-place forms follow NCCL's conventions (see the public functions).
+  virtual void do_all_reduce(const void* input, void* output, int64_t count, DType dtype, Stream stream) = 0;
+  virtual void do_all_gather(const void* input, void* output, int64_t count_per_rank, DType dtype,
+                             Stream stream) = 0;
+  virtual void do_reduce_scatter(const void* input, void* output, int64_t count_per_rank, DType dtype,
+                                 Stream stream) = 0;
+  virtual void do_exchange(const void* send, void* receive, size_t bytes, int peer, Stream stream) = 0;
+  virtual void do_barrier() = 0;
+  // A blocking all-gather of `bytes` host bytes from each rank, for the
+  // fingerprints of checked mode; bounded by the timeout.
+  virtual void host_all_gather(const void* input, void* output, size_t bytes) = 0;
+
+  // Memory operations on device() memory, ordered on `stream`.
+  virtual void copy(void* destination, const void* source, size_t bytes, Stream stream) = 0;
+  virtual void fill_zero(void* destination, size_t bytes, Stream stream) = 0;
+  // data[i] = round(float(data[i]) / divisor) (f64 arithmetic for f64).
+  virtual void divide(void* data, int64_t count, DType dtype, int divisor, Stream stream) = 0;
+  // Brackets a use of the fusion buffer on `stream`, so that uses on
+  // different streams do not overlap (NCCL orders them with an event).
+  virtual void fusion_begin(Stream) {}
+  virtual void fusion_end(Stream) {}
+
+  // Throws if an earlier timeout or failure made this communicator unusable.
+  void require_usable(std::string_view op) const;
+  void mark_unusable(const std::string& why) { failure_ = why; }
+
+ private:
+  void* fusion_bytes(size_t bytes);
+  // The list, back to back, into the fusion buffer; and the fusion buffer's
+  // elements [begin, end) back to the list's.
+  void pack(std::span<const TensorView> inputs, unsigned char* fusion, DType dtype, Stream stream);
+  void unpack(const unsigned char* fusion, std::span<const TensorView> outputs, int64_t begin, int64_t end,
+              Stream stream);
+  void check_fingerprint(std::string_view op, int kind, ReduceOp reduce, std::span<const TensorView> tensors);
+  void reduce_list(std::string_view op, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                   ReduceOp reduce, Stream stream);
+  void gather_list(std::string_view op, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                   Stream stream);
+  void scatter_list(std::string_view op, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                    ReduceOp reduce, Stream stream);
+
+  int rank_;
+  int size_;
+  int local_rank_;
+  int local_size_;
+  Device device_;
+  bool checked_;
+  std::chrono::milliseconds timeout_;
+  std::string failure_;
+  Buffer fusion_;  // grow-only: reallocated only when a call needs more
+};
+
+// How all-gather and reduce-scatter split a list among ranks (ONNX Runtime's
+// rule): the concatenation's element count is padded up so that each rank's
+// share is a multiple of 32 bytes and the padded total divides by the world
+// size. Rank r owns [r * shard, (r + 1) * shard) of the padded
+// concatenation; the part of it past `total` is padding.
+struct ShardLayout {
+  int64_t total = 0;         // elements in the list
+  int64_t padded_total = 0;  // world_size * shard
+  int64_t shard = 0;         // elements per rank
+
+  static ShardLayout of(int64_t total, DType dtype, int world_size);
+  int64_t begin(int rank) const { return std::min(total, rank * shard); }
+  int64_t end(int rank) const { return std::min(total, (rank + 1) * shard); }
+};
+
+// An MPI communicator over `comm` (duplicated) for host memory.
+std::unique_ptr<Communicator> create_mpi_communicator(const CommunicatorOptions& options = {},
+                                                      MpiCommHandle comm = {});
+// An NCCL communicator over the ranks of `comm`, bootstrapped through MPI
+// (rank 0 makes the unique id, MPI_Bcast shares it), one GPU per local rank.
+// Throws backend_unavailable when gradkit was built without NCCL, or when
+// this host has fewer GPUs than the GPU index this rank needs.
+std::unique_ptr<Communicator> create_nccl_communicator(const CommunicatorOptions& options = {},
+                                                       MpiCommHandle comm = {});
+// Whether this build of gradkit has the NCCL communicator (CUDA and NCCL found).
+bool has_nccl_communicator();
+
+}  // namespace gradkit

@@ -1,0 +1,73 @@
+// Mixed-precision training around Adam or LAMB (ONNX Runtime's
+// FP16_Optimizer): f32 master weights made from the model's f16/bf16
+// weights, a loss scaler on the device, and a step in two passes over the
+// gradients: one read pass that checks for Inf/NaN and computes the norm
+// (unscaling and clipping are folded into the optimizer's gradient divisor),
+// then the optimizer's update, which also writes the model's weights from
+// the masters. A step with an overflow writes nothing but the scaler's
+// decision. Every per-step value lives on the device: the whole step can be
+// captured in one CUDA graph.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradkit/ops/grad_check.h"
+#include "gradkit/optim/adam.h"
+#include "gradkit/optim/lamb.h"
+#include "gradkit/optim/loss_scaler.h"
+
+namespace gradkit {
+
+struct MixedPrecisionOptions {
+  LossScalerOptions scaler;
+  float max_norm = 0.0f;  // > 0: clip the global norm of the unscaled gradients (clip_grad_norm_)
+  NormType norm = NormType::l2;
+};
+
+// Optimizer: Adam or Lamb. Each group's `params` are the model's f16 or bf16
+// weights, `grads` its gradients (f16, bf16 or f32), `model_copy` empty (the
+// model's weights are the copy the update writes).
+template <class Optimizer>
+class MixedPrecision {
+ public:
+  using Group = typename Optimizer::Group;
+  using Options = typename Optimizer::Options;
+
+  MixedPrecision(std::vector<Group> groups, MixedPrecisionOptions options = {}, Options optimizer_options = {});
+  ~MixedPrecision();
+
+  // Check, update (or skip), and the scaler's decision, enqueued on `stream`.
+  void step(Stream stream = {});
+
+  const float* loss_scale_device() const { return scaler_.scale_device(); }
+  float loss_scale() const { return scaler_.state().scale; }  // synchronous read
+  const bool* found_inf_device() const;
+  bool last_step_skipped() const;  // synchronous read
+  float last_grad_norm() const;    // unscaled global norm of the last step (synchronous)
+
+  Optimizer& optimizer() { return *optimizer_; }
+  LossScaler& scaler() { return scaler_; }
+  const std::vector<TensorView>& masters() const { return masters_; }
+
+  // Masters, optimizer state and scaler in one state file; load checks all
+  // of it before writing, then also rewrites the model's weights from the
+  // loaded masters.
+  void save(const std::string& path) const;
+  void load(const std::string& path);
+
+ private:
+  std::vector<TensorView> model_params_;
+  Buffer master_storage_;
+  std::vector<TensorView> masters_;
+  Buffer scalars_;  // found_inf, grad_divisor, global_norm
+  GradientCheckPlan check_;
+  LossScaler scaler_;
+  std::unique_ptr<Optimizer> optimizer_;
+};
+
+using MixedPrecisionAdam = MixedPrecision<Adam>;
+using MixedPrecisionLamb = MixedPrecision<Lamb>;
+
+}  // namespace gradkit

@@ -1,0 +1,371 @@
+// The engine-independent half of every communicator: validation, checked
+// mode, the contiguous path and the fusion-buffer path of the tensor-list
+// collectives. The engines (MPI, NCCL) supply the flat primitives.
+#include "gradkit/comm/communicator.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/fingerprint.h"
+#include "comm/tensor_list.h"
+#include "gradkit/core/error.h"
+
+namespace gradkit {
+
+using comm::CallKind;
+using comm::ListInfo;
+
+namespace {
+
+unsigned char* at(unsigned char* base, int64_t elements, DType dtype) {
+  return base + static_cast<size_t>(elements) * dtype_size(dtype);
+}
+
+}  // namespace
+
+ShardLayout ShardLayout::of(int64_t total, DType dtype, int world_size) {
+  // Each share a multiple of 32 bytes: the unit of padding is world_size
+  // groups of 32 bytes' worth of elements.
+  const int64_t unit = static_cast<int64_t>(32 / dtype_size(dtype)) * world_size;
+  ShardLayout layout;
+  layout.total = total;
+  layout.padded_total = (total + unit - 1) / unit * unit;
+  layout.shard = layout.padded_total / world_size;
+  return layout;
+}
+
+Communicator::Communicator(int rank, int size, int local_rank, int local_size, Device device,
+                           const CommunicatorOptions& options)
+    : rank_(rank),
+      size_(size),
+      local_rank_(local_rank),
+      local_size_(local_size),
+      device_(device),
+      checked_(options.checked),
+      timeout_(options.timeout) {}
+
+Communicator::~Communicator() = default;
+
+void Communicator::require_usable(std::string_view op) const {
+  if (!failure_.empty()) {
+    throw Error(ErrorCode::invalid_argument,
+                std::string(op) + ": the communicator is unusable after an earlier failure: " + failure_);
+  }
+}
+
+void* Communicator::fusion_bytes(size_t bytes) {
+  if (fusion_.bytes() < bytes) {
+    // Grow-only, in whole MiB past the first MiB, so that a list that grows a
+    // little from step to step does not reallocate each time.
+    constexpr size_t kMiB = size_t{1} << 20;
+    const size_t rounded = bytes <= kMiB ? bytes : (bytes + kMiB - 1) / kMiB * kMiB;
+    fusion_ = Buffer();  // free the old one first: peak memory is the new size
+    fusion_ = Buffer(device_, rounded);
+  }
+  return fusion_.data();
+}
+
+void Communicator::pack(std::span<const TensorView> inputs, unsigned char* fusion, DType dtype, Stream stream) {
+  int64_t offset = 0;
+  for (const TensorView& t : inputs) {
+    if (t.numel > 0) copy(at(fusion, offset, dtype), t.data, t.bytes(), stream);
+    offset += t.numel;
+  }
+}
+
+void Communicator::unpack(const unsigned char* fusion, std::span<const TensorView> outputs, int64_t begin,
+                          int64_t end, Stream stream) {
+  comm::for_each_piece(outputs, begin, end, [&](const TensorView& t, int64_t in_tensor, int64_t flat, int64_t n) {
+    copy(at(static_cast<unsigned char*>(t.data), in_tensor, t.dtype), fusion + static_cast<size_t>(flat) * dtype_size(t.dtype),
+         static_cast<size_t>(n) * dtype_size(t.dtype), stream);
+  });
+}
+
+void Communicator::check_fingerprint(std::string_view op, int kind, ReduceOp reduce,
+                                     std::span<const TensorView> tensors) {
+  const comm::Fingerprint mine = comm::fingerprint_of(static_cast<CallKind>(kind), reduce, tensors);
+  std::vector<comm::Fingerprint> all(static_cast<size_t>(size_));
+  host_all_gather(&mine, all.data(), sizeof(mine));
+  const std::optional<comm::Mismatch> mismatch = comm::find_mismatch(all);
+  if (!mismatch) return;
+  std::string what = mismatch->what;
+  ErrorCode code = ErrorCode::invalid_argument;
+  if (mismatch->sizes) {
+    // Every rank saw the same fingerprints, so every rank makes this second
+    // exchange too: the element counts, padded to the longest list.
+    code = ErrorCode::size_mismatch;
+    const auto stride = static_cast<size_t>(all[0].count);
+    std::vector<int64_t> counts(stride, -1);
+    for (size_t i = 0; i < tensors.size() && i < stride; ++i) counts[i] = tensors[i].numel;
+    std::vector<int64_t> all_counts(stride * static_cast<size_t>(size_));
+    host_all_gather(counts.data(), all_counts.data(), stride * sizeof(int64_t));
+    what = comm::describe_size_mismatch(all_counts, stride, mismatch->rank);
+  }
+  throw_argument_error(code, op, "tensors",
+                       "differs between ranks: " + what + " (checked mode; every rank must pass the same list)");
+}
+
+// ---- all-reduce
+
+void Communicator::all_reduce(std::span<const TensorView> tensors, ReduceOp op, Stream stream) {
+  reduce_list("all_reduce", tensors, tensors, op, stream);
+}
+
+void Communicator::all_reduce(std::span<const TensorView> inputs, std::span<const TensorView> outputs, ReduceOp op,
+                              Stream stream) {
+  reduce_list("all_reduce", inputs, outputs, op, stream);
+}
+
+void Communicator::reduce_list(std::string_view op, std::span<const TensorView> inputs,
+                               std::span<const TensorView> outputs, ReduceOp reduce, Stream stream) {
+  require_usable(op);
+  const bool in_place = comm::same_tensors(inputs, outputs);
+  const ListInfo in = comm::inspect_list(op, in_place ? "tensors" : "inputs", inputs, device_);
+  ListInfo out = in;
+  if (!in_place) {
+    out = comm::inspect_list(op, "outputs", outputs, device_);
+    comm::check_matching(op, inputs, outputs);
+    comm::check_no_overlap(op, outputs, inputs);
+  } else {
+    comm::check_no_overlap(op, inputs, {});
+  }
+  if (checked_) check_fingerprint(op, static_cast<int>(CallKind::all_reduce), reduce, inputs);
+  if (in.total == 0) return;
+
+  const DType dtype = in.dtype;
+  const size_t bytes = static_cast<size_t>(in.total) * dtype_size(dtype);
+  if (in.contiguous && out.contiguous) {
+    do_all_reduce(in.base, out.base, in.total, dtype, stream);
+    if (reduce == ReduceOp::average) divide(out.base, in.total, dtype, size_, stream);
+    return;
+  }
+  // Whichever side is scattered goes through the fusion buffer; a contiguous
+  // side is used where it lies.
+  auto* fusion = static_cast<unsigned char*>(fusion_bytes(bytes));
+  fusion_begin(stream);
+  const unsigned char* source = in.base;
+  if (!in.contiguous) {
+    pack(inputs, fusion, dtype, stream);
+    source = fusion;
+  }
+  unsigned char* destination = out.contiguous ? out.base : fusion;
+  do_all_reduce(source, destination, in.total, dtype, stream);
+  if (reduce == ReduceOp::average) divide(destination, in.total, dtype, size_, stream);
+  if (!out.contiguous) unpack(fusion, outputs, 0, in.total, stream);
+  fusion_end(stream);
+}
+
+// ---- all-gather
+
+void Communicator::all_gather(std::span<const TensorView> tensors, Stream stream) {
+  gather_list("all_gather", tensors, tensors, stream);
+}
+
+void Communicator::all_gather(std::span<const TensorView> inputs, std::span<const TensorView> outputs, Stream stream) {
+  gather_list("all_gather", inputs, outputs, stream);
+}
+
+void Communicator::gather_list(std::string_view op, std::span<const TensorView> inputs,
+                               std::span<const TensorView> outputs, Stream stream) {
+  require_usable(op);
+  const bool in_place = comm::same_tensors(inputs, outputs);
+  const ListInfo in = comm::inspect_list(op, in_place ? "tensors" : "inputs", inputs, device_);
+  ListInfo out = in;
+  if (!in_place) {
+    out = comm::inspect_list(op, "outputs", outputs, device_);
+    comm::check_matching(op, inputs, outputs);
+    comm::check_no_overlap(op, outputs, inputs);
+  } else {
+    comm::check_no_overlap(op, inputs, {});
+  }
+  if (checked_) check_fingerprint(op, static_cast<int>(CallKind::all_gather), ReduceOp::sum, inputs);
+  if (in.total == 0) return;
+
+  const DType dtype = in.dtype;
+  const ShardLayout layout = ShardLayout::of(in.total, dtype, size_);
+  const int64_t mine = layout.begin(rank_);
+  if (in.contiguous && out.contiguous && layout.padded_total == layout.total) {
+    // In place when in.base == out.base: the send range is then rank r's
+    // slice of the receive range, as NCCL and MPI_IN_PLACE expect.
+    do_all_gather(at(in.base, mine, dtype), out.base, layout.shard, dtype, stream);
+    return;
+  }
+  auto* fusion = static_cast<unsigned char*>(fusion_bytes(static_cast<size_t>(layout.padded_total) * dtype_size(dtype)));
+  fusion_begin(stream);
+  // This rank's slice goes to its place in the fusion buffer; its padding is
+  // zeroed so that no uninitialized bytes travel.
+  comm::for_each_piece(inputs, mine, layout.end(rank_),
+                       [&](const TensorView& t, int64_t in_tensor, int64_t flat, int64_t n) {
+                         copy(at(fusion, flat, dtype), at(static_cast<unsigned char*>(t.data), in_tensor, dtype),
+                              static_cast<size_t>(n) * dtype_size(dtype), stream);
+                       });
+  const int64_t padding_begin = std::max(layout.total, rank_ * layout.shard);
+  const int64_t padding_end = (rank_ + 1) * layout.shard;
+  if (padding_begin < padding_end) {
+    fill_zero(at(fusion, padding_begin, dtype), static_cast<size_t>(padding_end - padding_begin) * dtype_size(dtype),
+              stream);
+  }
+  do_all_gather(at(fusion, rank_ * layout.shard, dtype), fusion, layout.shard, dtype, stream);
+  unpack(fusion, outputs, 0, layout.total, stream);
+  fusion_end(stream);
+}
+
+// ---- reduce-scatter
+
+void Communicator::reduce_scatter(std::span<const TensorView> tensors, ReduceOp op, Stream stream) {
+  scatter_list("reduce_scatter", tensors, tensors, op, stream);
+}
+
+void Communicator::reduce_scatter(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                                  ReduceOp op, Stream stream) {
+  scatter_list("reduce_scatter", inputs, outputs, op, stream);
+}
+
+void Communicator::scatter_list(std::string_view op, std::span<const TensorView> inputs,
+                                std::span<const TensorView> outputs, ReduceOp reduce, Stream stream) {
+  require_usable(op);
+  const bool in_place = comm::same_tensors(inputs, outputs);
+  const ListInfo in = comm::inspect_list(op, in_place ? "tensors" : "inputs", inputs, device_);
+  ListInfo out = in;
+  if (!in_place) {
+    out = comm::inspect_list(op, "outputs", outputs, device_);
+    comm::check_matching(op, inputs, outputs);
+    comm::check_no_overlap(op, outputs, inputs);
+  } else {
+    comm::check_no_overlap(op, inputs, {});
+  }
+  if (checked_) check_fingerprint(op, static_cast<int>(CallKind::reduce_scatter), reduce, inputs);
+  if (in.total == 0) return;
+
+  const DType dtype = in.dtype;
+  const ShardLayout layout = ShardLayout::of(in.total, dtype, size_);
+  const int64_t mine = layout.begin(rank_), mine_end = layout.end(rank_);
+  if (in.contiguous && out.contiguous && layout.padded_total == layout.total) {
+    unsigned char* destination = at(out.base, mine, dtype);
+    do_reduce_scatter(in.base, destination, layout.shard, dtype, stream);
+    if (reduce == ReduceOp::average) divide(destination, layout.shard, dtype, size_, stream);
+    return;
+  }
+  auto* fusion = static_cast<unsigned char*>(fusion_bytes(static_cast<size_t>(layout.padded_total) * dtype_size(dtype)));
+  fusion_begin(stream);
+  pack(inputs, fusion, dtype, stream);
+  if (layout.padded_total > layout.total) {
+    fill_zero(at(fusion, layout.total, dtype),
+              static_cast<size_t>(layout.padded_total - layout.total) * dtype_size(dtype), stream);
+  }
+  unsigned char* reduced = at(fusion, rank_ * layout.shard, dtype);
+  do_reduce_scatter(fusion, reduced, layout.shard, dtype, stream);
+  if (reduce == ReduceOp::average && mine_end > mine) divide(reduced, mine_end - mine, dtype, size_, stream);
+  unpack(fusion, outputs, mine, mine_end, stream);
+  fusion_end(stream);
+}
+
+// ---- flat buffers
+
+namespace {
+
+void check_buffer(std::string_view op, std::string_view arg, const TensorView& t, Device device) {
+  comm::inspect_list(op, arg, std::span<const TensorView>(&t, 1), device);
+}
+
+void check_not_overlapping(std::string_view op, const TensorView& output, const TensorView& input,
+                           const char* why) {
+  const auto* a = static_cast<const unsigned char*>(output.data);
+  const auto* b = static_cast<const unsigned char*>(input.data);
+  if (output.numel > 0 && input.numel > 0 && a < b + input.bytes() && b < a + output.bytes()) {
+    throw_argument_error(ErrorCode::aliasing, op, "output", std::string("overlaps 'input', expected ") + why);
+  }
+}
+
+void check_dtype(std::string_view op, const TensorView& output, const TensorView& input) {
+  if (output.dtype != input.dtype) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "output",
+                         "is " + std::string(dtype_name(output.dtype)) + ", expected " +
+                             std::string(dtype_name(input.dtype)) + " (the dtype of 'input')");
+  }
+}
+
+void check_count(std::string_view op, std::string_view arg, int64_t got, int64_t want, const std::string& why) {
+  if (got != want) {
+    throw_argument_error(ErrorCode::size_mismatch, op, arg,
+                         "has " + std::to_string(got) + " elements, expected " + std::to_string(want) + " (" + why +
+                             ")");
+  }
+}
+
+}  // namespace
+
+void Communicator::all_reduce_buffer(const TensorView& input, const TensorView& output, ReduceOp op, Stream stream) {
+  constexpr std::string_view name = "all_reduce_buffer";
+  require_usable(name);
+  check_buffer(name, "input", input, device_);
+  check_buffer(name, "output", output, device_);
+  check_dtype(name, output, input);
+  check_count(name, "output", output.numel, input.numel, "the size of 'input'");
+  if (output.data != input.data) check_not_overlapping(name, output, input, "the same buffer or none of it");
+  if (checked_) check_fingerprint(name, static_cast<int>(CallKind::all_reduce_buffer), op, {&input, 1});
+  if (input.numel == 0) return;
+  do_all_reduce(input.data, output.data, input.numel, input.dtype, stream);
+  if (op == ReduceOp::average) divide(output.data, output.numel, output.dtype, size_, stream);
+}
+
+void Communicator::all_gather_buffer(const TensorView& input, const TensorView& output, Stream stream) {
+  constexpr std::string_view name = "all_gather_buffer";
+  require_usable(name);
+  check_buffer(name, "input", input, device_);
+  check_buffer(name, "output", output, device_);
+  check_dtype(name, output, input);
+  check_count(name, "output", output.numel, input.numel * size_,
+              "size() = " + std::to_string(size_) + " times the size of 'input'");
+  const TensorView slice{at(static_cast<unsigned char*>(output.data), input.numel * rank_, input.dtype), input.numel,
+                         input.dtype, input.device};
+  if (input.data != slice.data) check_not_overlapping(name, output, input, "rank()'s slice of 'output' or none of it");
+  if (checked_) check_fingerprint(name, static_cast<int>(CallKind::all_gather_buffer), ReduceOp::sum, {&input, 1});
+  if (input.numel == 0) return;
+  do_all_gather(input.data, output.data, input.numel, input.dtype, stream);
+}
+
+void Communicator::reduce_scatter_buffer(const TensorView& input, const TensorView& output, ReduceOp op,
+                                         Stream stream) {
+  constexpr std::string_view name = "reduce_scatter_buffer";
+  require_usable(name);
+  check_buffer(name, "input", input, device_);
+  check_buffer(name, "output", output, device_);
+  check_dtype(name, output, input);
+  check_count(name, "input", input.numel, output.numel * size_,
+              "size() = " + std::to_string(size_) + " times the size of 'output'");
+  const void* slice = at(static_cast<unsigned char*>(input.data), output.numel * rank_, input.dtype);
+  if (output.data != slice) check_not_overlapping(name, output, input, "rank()'s slice of 'input' or none of it");
+  if (checked_) check_fingerprint(name, static_cast<int>(CallKind::reduce_scatter_buffer), op, {&output, 1});
+  if (output.numel == 0) return;
+  do_reduce_scatter(input.data, output.data, output.numel, input.dtype, stream);
+  if (op == ReduceOp::average) divide(output.data, output.numel, output.dtype, size_, stream);
+}
+
+void Communicator::exchange(const TensorView& send, const TensorView& receive, int peer, Stream stream) {
+  constexpr std::string_view name = "exchange";
+  require_usable(name);
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    throw_argument_error(ErrorCode::invalid_argument, name, "peer",
+                         "is " + std::to_string(peer) + ", expected another rank in [0, " + std::to_string(size_) +
+                             ") than this one (" + std::to_string(rank_) + ")");
+  }
+  check_buffer(name, "send", send, device_);
+  check_buffer(name, "receive", receive, device_);
+  if (receive.bytes() != send.bytes()) {
+    throw_argument_error(ErrorCode::size_mismatch, name, "receive",
+                         "has " + std::to_string(receive.bytes()) + " bytes, expected " +
+                             std::to_string(send.bytes()) + " (the size of 'send')");
+  }
+  check_not_overlapping(name, receive, send, "separate send and receive buffers");
+  if (send.numel == 0) return;
+  do_exchange(send.data, receive.data, send.bytes(), peer, stream);
+}
+
+void Communicator::barrier() {
+  require_usable("barrier");
+  do_barrier();
+}
+
+}  // namespace gradkit

@@ -1,0 +1,56 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "comm/nccl/divide.h"
+#include "gradkit/core/device.h"
+#include "cuda/check.h"
+
+namespace gradkit::comm {
+
+namespace {
+
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(float x) { return x; }
+template <class T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+
+template <class T>
+__global__ void divide_kernel(T* data, int64_t count, int divisor) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    if constexpr (std::is_same_v<T, double>) data[i] = data[i] / static_cast<double>(divisor);
+    else data[i] = from_float<T>(__fdiv_rn(to_float(data[i]), static_cast<float>(divisor)));
+  }
+}
+
+template <class T>
+void launch(void* data, int64_t count, int divisor, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  // A grid-stride loop over at most 8192 blocks: enough to fill any GPU,
+  // and the element count is not limited by the grid.
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((count + kThreads - 1) / kThreads, 8192));
+  divide_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(data), count, divisor);
+  GRADKIT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void divide_on_device(void* data, int64_t count, DType dtype, int divisor, cudaStream_t stream) {
+  if (count == 0) return;
+  switch (dtype) {
+    case DType::f32: return launch<float>(data, count, divisor, stream);
+    case DType::f16: return launch<__half>(data, count, divisor, stream);
+    case DType::bf16: return launch<__nv_bfloat16>(data, count, divisor, stream);
+    case DType::f64: return launch<double>(data, count, divisor, stream);
+  }
+}
+
+}  // namespace gradkit::comm

@@ -1,0 +1,26 @@
+// A build without CUDA or without NCCL: the MPI communicator only, and a
+// clear error for anyone who asks for NCCL.
+#include "comm/stream_order.h"
+#include "gradkit/comm/communicator.h"
+#include "gradkit/core/error.h"
+
+namespace gradkit {
+
+bool has_nccl_communicator() { return false; }
+
+std::unique_ptr<Communicator> create_nccl_communicator(const CommunicatorOptions&, MpiCommHandle) {
+  throw Error(ErrorCode::backend_unavailable,
+              "create_nccl_communicator: gradkit was built without NCCL (it needs the CUDA backend and nccl.h / "
+              "libnccl); use create_mpi_communicator for host memory");
+}
+
+}  // namespace gradkit
+
+namespace gradkit::comm {
+
+void stream_wait(Device device, Stream, Stream) {
+  throw Error(ErrorCode::backend_unavailable,
+              "cannot order streams on " + to_string(device) + ": gradkit was built without NCCL");
+}
+
+}  // namespace gradkit::comm

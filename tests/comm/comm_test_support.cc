@@ -1,0 +1,142 @@
+#include "comm/comm_test_support.h"
+
+#include <cstring>
+#include <map>
+
+#include "support/test_tensor.h"
+
+namespace gradkit::test {
+
+namespace {
+
+std::map<Backend, std::unique_ptr<Communicator>>& shared() {
+  static std::map<Backend, std::unique_ptr<Communicator>> communicators;
+  return communicators;
+}
+
+// Generous: a test that hangs should fail, not wait for CTest's timeout.
+constexpr std::chrono::seconds kTestTimeout{60};
+
+}  // namespace
+
+std::string backend_unavailable_reason(Backend backend) {
+  if (backend == Backend::mpi) return {};
+  if (!has_nccl_communicator()) return "gradkit was built without NCCL";
+  const int needed = shared_communicator(Backend::mpi).local_size();
+  const int visible = cuda_device_count();
+  if (visible < needed) {
+    return std::to_string(needed) + " local ranks need " + std::to_string(needed) + " GPUs, " +
+           std::to_string(visible) + " visible";
+  }
+  return {};
+}
+
+std::unique_ptr<Communicator> make_communicator(Backend backend, CommunicatorOptions options) {
+  if (options.timeout == CommunicatorOptions{}.timeout) options.timeout = kTestTimeout;
+  return backend == Backend::mpi ? create_mpi_communicator(options) : create_nccl_communicator(options);
+}
+
+Communicator& shared_communicator(Backend backend) {
+  std::unique_ptr<Communicator>& c = shared()[backend];
+  if (!c) c = make_communicator(backend);
+  return *c;
+}
+
+void release_shared_communicators() { shared().clear(); }
+
+TestList::TestList(Device device, DType dtype, std::vector<int64_t> sizes, Layout layout) : dtype_(dtype) {
+  const size_t gap = layout == Layout::with_gaps ? 40 : 0;
+  std::vector<size_t> offsets;
+  size_t end = 0;
+  for (int64_t n : sizes) {
+    if (!offsets.empty()) end += gap;
+    offsets.push_back(end);
+    end += static_cast<size_t>(n) * dtype_size(dtype);
+  }
+  buffer_ = Buffer(device, end);
+  for (size_t i = 0; i < sizes.size(); ++i) views_.push_back(buffer_.view(dtype, offsets[i], sizes[i]));
+}
+
+int64_t TestList::total() const {
+  int64_t n = 0;
+  for (const TensorView& v : views_) n += v.numel;
+  return n;
+}
+
+void TestList::write(const std::vector<double>& values) {
+  int64_t at = 0;
+  for (const TensorView& v : views_) {
+    std::vector<uint8_t> host(v.bytes());
+    dispatch_dtype(dtype_, [&]<class T>() {
+      for (int64_t i = 0; i < v.numel; ++i) {
+        const double x = values[static_cast<size_t>(at + i)];
+        T t;
+        if constexpr (std::is_same_v<T, double>) t = x;
+        else t = T(static_cast<float>(x));
+        std::memcpy(host.data() + i * sizeof(T), &t, sizeof(T));
+      }
+    });
+    copy_from_host(v.data, v.device, host.data(), host.size());
+    at += v.numel;
+  }
+}
+
+std::vector<double> TestList::read() const {
+  std::vector<double> out;
+  for (const TensorView& v : views_) {
+    std::vector<uint8_t> host(v.bytes());
+    copy_to_host(host.data(), v.data, host.size(), v.device);
+    dispatch_dtype(dtype_, [&]<class T>() {
+      for (int64_t i = 0; i < v.numel; ++i) {
+        T t;
+        std::memcpy(&t, host.data() + i * sizeof(T), sizeof(T));
+        if constexpr (std::is_same_v<T, double>) out.push_back(t);
+        else out.push_back(static_cast<float>(t));
+      }
+    });
+  }
+  return out;
+}
+
+std::vector<double> rank_input(uint64_t seed, int rank, int64_t n, DType dtype) {
+  std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(rank));
+  return round_to(dtype, random_values(rng, n));
+}
+
+int expect_reduced(const std::vector<double>& got, uint64_t seed, int ranks, DType dtype, bool average,
+                   int64_t begin, int64_t end, const std::string& what) {
+  std::vector<double> sum(got.size(), 0.0), magnitude(got.size(), 0.0);
+  for (int r = 0; r < ranks; ++r) {
+    const std::vector<double> x = rank_input(seed, r, static_cast<int64_t>(got.size()), dtype);
+    for (size_t i = 0; i < x.size(); ++i) {
+      sum[i] += x[i];
+      magnitude[i] += std::abs(x[i]);
+    }
+  }
+  const CollectiveTolerance tolerance = collective_tolerance(dtype, ranks, average);
+  int failures = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const auto k = static_cast<size_t>(i);
+    const double want = average ? sum[k] / ranks : sum[k];
+    const double scale = average ? magnitude[k] / ranks : magnitude[k];
+    if (!within_collective(got[k], want, scale, tolerance) && ++failures <= 5) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got[k] << ", expected " << want << " (sum |x| "
+                    << scale << ", " << dtype_name(dtype) << ", " << ranks << " ranks)";
+    }
+  }
+  return failures;
+}
+
+int expect_equal(const std::vector<double>& got, const std::vector<double>& want, int64_t begin, int64_t end,
+                 const std::string& what) {
+  int failures = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const auto k = static_cast<size_t>(i);
+    if (got[k] != want[k] && ++failures <= 5) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got[k] << ", expected exactly " << want[k];
+    }
+  }
+  return failures;
+}
+
+}  // namespace gradkit::test

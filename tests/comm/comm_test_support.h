@@ -1,0 +1,86 @@
+// What the communication tests share: the backends (MPI always; NCCL where
+// built and where this host has a GPU per local rank), one communicator per
+// backend kept for the whole run, tensor lists laid out back to back or with
+// gaps, and every rank's seeded input, which every rank can regenerate to
+// compute the exact expected result in float64.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gradkit/comm/communicator.h"
+#include "gradkit/core/memory.h"
+#include "support/tolerance.h"
+
+namespace gradkit::test {
+
+enum class Backend { mpi, nccl };
+
+inline std::string backend_test_name(const ::testing::TestParamInfo<Backend>& info) {
+  return info.param == Backend::mpi ? "mpi" : "nccl";
+}
+
+// Empty when the backend can run here; otherwise why not (the same on every
+// rank of a host, so that all ranks skip together).
+std::string backend_unavailable_reason(Backend backend);
+
+// The communicator of `backend` shared by the tests (created on first use).
+Communicator& shared_communicator(Backend backend);
+void release_shared_communicators();
+std::unique_ptr<Communicator> make_communicator(Backend backend, CommunicatorOptions options = {});
+
+class OnEachBackend : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    const std::string reason = backend_unavailable_reason(GetParam());
+    if (!reason.empty()) GTEST_SKIP() << reason;
+  }
+  Communicator& comm() const { return shared_communicator(GetParam()); }
+};
+
+#define GRADKIT_INSTANTIATE_ON_EACH_BACKEND(Suite)                                                          \
+  INSTANTIATE_TEST_SUITE_P(Backends, Suite, ::testing::Values(gradkit::test::Backend::mpi,                  \
+                                                              gradkit::test::Backend::nccl),               \
+                           gradkit::test::backend_test_name)
+
+enum class Layout {
+  back_to_back,  // one allocation, each tensor where the previous ended
+  with_gaps,     // one allocation, 40 bytes between tensors: the fusion-buffer path
+};
+
+// A list of tensors of `sizes` on `device`, laid out as `layout`.
+class TestList {
+ public:
+  TestList(Device device, DType dtype, std::vector<int64_t> sizes, Layout layout);
+  std::span<const TensorView> views() const { return views_; }
+  int64_t total() const;
+  void write(const std::vector<double>& concatenated);  // rounds to the dtype
+  std::vector<double> read() const;                     // the concatenation, exactly
+
+ private:
+  Buffer buffer_;
+  DType dtype_;
+  std::vector<TensorView> views_;
+};
+
+// Rank `rank`'s input for case `seed`: `n` seeded normal values (never zero)
+// rounded to `dtype`. Any rank can compute any rank's input.
+std::vector<double> rank_input(uint64_t seed, int rank, int64_t n, DType dtype);
+
+// Compares `got` with the float64 sum (or average) over `ranks` of
+// rank_input(seed, r, ...) for the elements [begin, end); reports the first
+// few differences and returns how many there were.
+int expect_reduced(const std::vector<double>& got, uint64_t seed, int ranks, DType dtype, bool average,
+                   int64_t begin, int64_t end, const std::string& what);
+
+// Element-by-element equality of [begin, end), reporting the first few.
+int expect_equal(const std::vector<double>& got, const std::vector<double>& want, int64_t begin, int64_t end,
+                 const std::string& what);
+
+}  // namespace gradkit::test

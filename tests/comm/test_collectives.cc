@@ -1,0 +1,306 @@
+// Tensor-list and flat-buffer collectives on every backend, compared with a
+// float64 reference: every rank regenerates every rank's seeded input, so
+// each knows the exact expected result. Every dtype, odd sizes, totals not
+// divisible by the world size, in place and out of place, the contiguous
+// path and the fusion-buffer path, sum and average.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "comm/comm_test_support.h"
+
+namespace gradkit::test {
+namespace {
+
+// Odd sizes whose total (1173) divides by no world size and no padding unit.
+const std::vector<int64_t> kOddSizes = {1, 7, 33, 1000, 3, 129};
+// Sizes whose total (256) needs no padding for 2 or 4 ranks in any dtype,
+// so that all-gather and reduce-scatter can take their contiguous path.
+const std::vector<int64_t> kAlignedSizes = {5, 59, 128, 64};
+// A zero-size tensor in the middle of a list.
+const std::vector<int64_t> kWithEmpty = {17, 0, 31};
+
+const std::vector<std::vector<int64_t>> kSizeLists = {kOddSizes, kAlignedSizes, kWithEmpty};
+constexpr Layout kLayouts[] = {Layout::back_to_back, Layout::with_gaps};
+
+std::string describe(DType dtype, Layout in, Layout out, bool in_place, ReduceOp op, size_t list) {
+  return std::string(dtype_name(dtype)) + (in == Layout::back_to_back ? " back-to-back" : " with-gaps") +
+         (in_place ? " in-place" : (out == Layout::back_to_back ? " -> back-to-back" : " -> with-gaps")) +
+         (op == ReduceOp::average ? " average" : " sum") + " list " + std::to_string(list);
+}
+
+// Each case: (input layout, output layout or none for in place).
+struct Placement {
+  Layout in;
+  Layout out;
+  bool in_place;
+};
+constexpr Placement kPlacements[] = {
+    {Layout::back_to_back, Layout::back_to_back, true},  {Layout::with_gaps, Layout::with_gaps, true},
+    {Layout::back_to_back, Layout::back_to_back, false}, {Layout::with_gaps, Layout::with_gaps, false},
+    {Layout::back_to_back, Layout::with_gaps, false},    {Layout::with_gaps, Layout::back_to_back, false},
+};
+
+using Collectives = OnEachBackend;
+
+TEST_P(Collectives, AllReduceMatchesTheFloat64Sum) {
+  Communicator& c = comm();
+  uint64_t seed = 100;
+  for (DType dtype : kAllDTypes) {
+    for (size_t l = 0; l < kSizeLists.size(); ++l) {
+      for (const Placement& p : kPlacements) {
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+          ++seed;
+          const std::string what = describe(dtype, p.in, p.out, p.in_place, op, l);
+          TestList in(c.device(), dtype, kSizeLists[l], p.in);
+          const std::vector<double> mine = rank_input(seed, c.rank(), in.total(), dtype);
+          in.write(mine);
+          if (p.in_place) {
+            c.all_reduce(in.views(), op);
+            c.wait();
+            expect_reduced(in.read(), seed, c.size(), dtype, op == ReduceOp::average, 0, in.total(), what);
+          } else {
+            TestList out(c.device(), dtype, kSizeLists[l], p.out);
+            out.write(rank_input(seed + 77777, c.rank(), in.total(), dtype));
+            c.all_reduce(in.views(), out.views(), op);
+            c.wait();
+            expect_reduced(out.read(), seed, c.size(), dtype, op == ReduceOp::average, 0, in.total(), what);
+            expect_equal(in.read(), mine, 0, in.total(), what + " (input untouched)");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Collectives, AllGatherTakesEachElementFromItsOwner) {
+  Communicator& c = comm();
+  uint64_t seed = 2000;
+  for (DType dtype : kAllDTypes) {
+    for (size_t l = 0; l < kSizeLists.size(); ++l) {
+      for (const Placement& p : kPlacements) {
+        ++seed;
+        const std::string what = describe(dtype, p.in, p.out, p.in_place, ReduceOp::sum, l);
+        TestList in(c.device(), dtype, kSizeLists[l], p.in);
+        const int64_t total = in.total();
+        const ShardLayout shards = ShardLayout::of(total, dtype, c.size());
+        std::vector<double> want(static_cast<size_t>(total));
+        for (int r = 0; r < c.size(); ++r) {
+          const std::vector<double> theirs = rank_input(seed, r, total, dtype);
+          for (int64_t e = shards.begin(r); e < shards.end(r); ++e) want[e] = theirs[e];
+        }
+        const std::vector<double> mine = rank_input(seed, c.rank(), total, dtype);
+        in.write(mine);
+        if (p.in_place) {
+          c.all_gather(in.views());
+          c.wait();
+          expect_equal(in.read(), want, 0, total, what);
+        } else {
+          TestList out(c.device(), dtype, kSizeLists[l], p.out);
+          out.write(rank_input(seed + 77777, c.rank(), total, dtype));
+          c.all_gather(in.views(), out.views());
+          c.wait();
+          expect_equal(out.read(), want, 0, total, what);
+          expect_equal(in.read(), mine, 0, total, what + " (input untouched)");
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Collectives, ReduceScatterReducesThisRanksShardOnly) {
+  Communicator& c = comm();
+  uint64_t seed = 3000;
+  for (DType dtype : kAllDTypes) {
+    for (size_t l = 0; l < kSizeLists.size(); ++l) {
+      for (const Placement& p : kPlacements) {
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+          ++seed;
+          const std::string what = describe(dtype, p.in, p.out, p.in_place, op, l);
+          TestList in(c.device(), dtype, kSizeLists[l], p.in);
+          const int64_t total = in.total();
+          const ShardLayout shards = ShardLayout::of(total, dtype, c.size());
+          const int64_t begin = shards.begin(c.rank()), end = shards.end(c.rank());
+          const std::vector<double> mine = rank_input(seed, c.rank(), total, dtype);
+          in.write(mine);
+          const bool average = op == ReduceOp::average;
+          if (p.in_place) {
+            c.reduce_scatter(in.views(), op);
+            c.wait();
+            const std::vector<double> got = in.read();
+            expect_reduced(got, seed, c.size(), dtype, average, begin, end, what);
+            expect_equal(got, mine, 0, begin, what + " (before the shard: untouched)");
+            expect_equal(got, mine, end, total, what + " (after the shard: untouched)");
+          } else {
+            TestList out(c.device(), dtype, kSizeLists[l], p.out);
+            const std::vector<double> sentinel = rank_input(seed + 77777, c.rank(), total, dtype);
+            out.write(sentinel);
+            c.reduce_scatter(in.views(), out.views(), op);
+            c.wait();
+            const std::vector<double> got = out.read();
+            expect_reduced(got, seed, c.size(), dtype, average, begin, end, what);
+            expect_equal(got, sentinel, 0, begin, what + " (before the shard: untouched)");
+            expect_equal(got, sentinel, end, total, what + " (after the shard: untouched)");
+            expect_equal(in.read(), mine, 0, total, what + " (input untouched)");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Collectives, FlatBuffersInPlaceAndOutOfPlace) {
+  Communicator& c = comm();
+  const int P = c.size(), r = c.rank();
+  uint64_t seed = 4000;
+  for (DType dtype : kAllDTypes) {
+    for (bool in_place : {true, false}) {
+      const std::string what = std::string(dtype_name(dtype)) + (in_place ? " in place" : " out of place");
+      // all_reduce_buffer, average: 1001 elements.
+      {
+        ++seed;
+        TestList in(c.device(), dtype, {1001}, Layout::back_to_back);
+        TestList out(c.device(), dtype, {1001}, Layout::back_to_back);
+        in.write(rank_input(seed, r, 1001, dtype));
+        const TensorView& target = in_place ? in.views()[0] : out.views()[0];
+        c.all_reduce_buffer(in.views()[0], target, ReduceOp::average);
+        c.wait();
+        expect_reduced(in_place ? in.read() : out.read(), seed, P, dtype, true, 0, 1001, "all_reduce_buffer " + what);
+      }
+      // all_gather_buffer: 37 elements per rank.
+      {
+        ++seed;
+        const int64_t n = 37;
+        TestList whole(c.device(), dtype, {n * P}, Layout::back_to_back);
+        TestList mine(c.device(), dtype, {n}, Layout::back_to_back);
+        std::vector<double> want;
+        for (int q = 0; q < P; ++q) {
+          const std::vector<double> theirs = rank_input(seed, q, n, dtype);
+          want.insert(want.end(), theirs.begin(), theirs.end());
+        }
+        const std::vector<double> own = rank_input(seed, r, n, dtype);
+        TensorView input = mine.views()[0];
+        if (in_place) {
+          std::vector<double> staged(static_cast<size_t>(n * P), 1.5);
+          std::copy(own.begin(), own.end(), staged.begin() + n * r);
+          whole.write(staged);
+          input = TensorView{static_cast<unsigned char*>(whole.views()[0].data) + n * r * dtype_size(dtype), n, dtype,
+                             c.device()};
+        } else {
+          mine.write(own);
+        }
+        c.all_gather_buffer(input, whole.views()[0]);
+        c.wait();
+        expect_equal(whole.read(), want, 0, n * P, "all_gather_buffer " + what);
+      }
+      // reduce_scatter_buffer: 29 elements per rank.
+      {
+        ++seed;
+        const int64_t n = 29;
+        TestList whole(c.device(), dtype, {n * P}, Layout::back_to_back);
+        TestList mine(c.device(), dtype, {n}, Layout::back_to_back);
+        whole.write(rank_input(seed, r, n * P, dtype));
+        TensorView output = mine.views()[0];
+        if (in_place) {
+          output = TensorView{static_cast<unsigned char*>(whole.views()[0].data) + n * r * dtype_size(dtype), n, dtype,
+                              c.device()};
+        }
+        c.reduce_scatter_buffer(whole.views()[0], output, ReduceOp::sum);
+        c.wait();
+        const std::vector<double> got_all = in_place ? whole.read() : std::vector<double>{};
+        std::vector<double> got = in_place ? std::vector<double>(got_all.begin() + n * r, got_all.begin() + n * (r + 1))
+                                           : mine.read();
+        // The expected values are the reduced slice r of the whole input.
+        std::vector<double> placed(static_cast<size_t>(n * P), 0.0);
+        std::copy(got.begin(), got.end(), placed.begin() + n * r);
+        expect_reduced(placed, seed, P, dtype, false, n * r, n * (r + 1), "reduce_scatter_buffer " + what);
+      }
+    }
+  }
+}
+
+TEST_P(Collectives, ExchangeSwapsBuffersWithAPeer) {
+  Communicator& c = comm();
+  const int peer = c.rank() ^ 1;
+  if (peer >= c.size()) GTEST_SKIP() << "an odd world size leaves the last rank without a partner";
+  for (DType dtype : kAllDTypes) {
+    TestList send(c.device(), dtype, {333}, Layout::back_to_back);
+    TestList receive(c.device(), dtype, {333}, Layout::back_to_back);
+    send.write(rank_input(5000, c.rank(), 333, dtype));
+    c.exchange(send.views()[0], receive.views()[0], peer);
+    c.wait();
+    expect_equal(receive.read(), rank_input(5000, peer, 333, dtype), 0, 333,
+                 std::string("exchange ") + std::string(dtype_name(dtype)));
+  }
+}
+
+TEST_P(Collectives, EmptyListsAndBarrier) {
+  Communicator& c = comm();
+  c.all_reduce(std::span<const TensorView>{});
+  c.all_gather(std::span<const TensorView>{});
+  c.reduce_scatter(std::span<const TensorView>{});
+  c.barrier();
+  c.wait();
+  EXPECT_GE(c.rank(), 0);
+  EXPECT_LT(c.rank(), c.size());
+  EXPECT_GE(c.local_rank(), 0);
+  EXPECT_LT(c.local_rank(), c.local_size());
+  EXPECT_LE(c.local_size(), c.size());
+}
+
+// A fresh communicator shows which path a call took: the contiguous path
+// never touches the fusion buffer; the fusion path grows it once and reuses it.
+TEST_P(Collectives, ContiguousPathNeedsNoFusionBufferAndTheFusionBufferIsKept) {
+  std::unique_ptr<Communicator> fresh = make_communicator(GetParam());
+  Communicator& c = *fresh;
+  TestList packed(c.device(), DType::f32, kAlignedSizes, Layout::back_to_back);
+  packed.write(rank_input(6000, c.rank(), packed.total(), DType::f32));
+  c.all_reduce(packed.views());
+  c.all_gather(packed.views());
+  c.reduce_scatter(packed.views());
+  c.wait();
+  EXPECT_EQ(c.fusion_buffer_bytes(), 0u) << "a back-to-back list went through the fusion buffer";
+
+  TestList gaps(c.device(), DType::f32, kOddSizes, Layout::with_gaps);
+  gaps.write(rank_input(6001, c.rank(), gaps.total(), DType::f32));
+  c.all_reduce(gaps.views());
+  c.wait();
+  const size_t grown = c.fusion_buffer_bytes();
+  EXPECT_GE(grown, static_cast<size_t>(gaps.total()) * 4);
+  c.all_reduce(gaps.views());
+  TestList smaller(c.device(), DType::f32, {3, 5}, Layout::with_gaps);
+  smaller.write(rank_input(6002, c.rank(), 8, DType::f32));
+  c.all_reduce(smaller.views());
+  c.wait();
+  EXPECT_EQ(c.fusion_buffer_bytes(), grown) << "the fusion buffer was reallocated for a list that fits";
+  expect_reduced(smaller.read(), 6002, c.size(), DType::f32, false, 0, 8, "after reuse");
+}
+
+GRADKIT_INSTANTIATE_ON_EACH_BACKEND(Collectives);
+
+TEST(ShardLayout, EachShareIsAMultipleOf32BytesAndTheTotalDividesByTheWorld) {
+  for (DType dtype : kAllDTypes) {
+    for (int world : {1, 2, 3, 4, 8}) {
+      for (int64_t total : {int64_t{0}, int64_t{1}, int64_t{31}, int64_t{256}, int64_t{1173}, int64_t{100003}}) {
+        const ShardLayout s = ShardLayout::of(total, dtype, world);
+        const int64_t unit = 32 / static_cast<int64_t>(dtype_size(dtype)) * world;
+        EXPECT_EQ(s.padded_total % world, 0);
+        EXPECT_EQ(s.shard * world, s.padded_total);
+        EXPECT_EQ(s.shard * static_cast<int64_t>(dtype_size(dtype)) % 32, 0);
+        EXPECT_GE(s.padded_total, total);
+        EXPECT_LT(s.padded_total - total, unit) << "more padding than one unit";
+        EXPECT_EQ(s.begin(0), 0);
+        EXPECT_EQ(s.end(world - 1), total);
+      }
+    }
+  }
+  // 1173 f16 elements over 4 ranks: units of 16 elements per rank, 304 each.
+  const ShardLayout s = ShardLayout::of(1173, DType::f16, 4);
+  EXPECT_EQ(s.shard, 304);
+  EXPECT_EQ(s.begin(3), 912);
+  EXPECT_EQ(s.end(3), 1173);
+}
+
+}  // namespace
+}  // namespace gradkit::test

@@ -1,0 +1,205 @@
+// What happens when ranks disagree or fail: checked mode names the
+// difference on every rank; invalid arguments are rejected before anything is
+// written; MPI errors come back as gradkit::Error; a rank that does not join
+// makes the others throw within the timeout instead of hanging.
+#include <mpi.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/comm_test_support.h"
+#include "comm/mpi/mpi_check.h"
+#include "gradkit/core/error.h"
+
+namespace gradkit::test {
+namespace {
+
+// Runs `call`, expects an Error of `code` whose message contains every one
+// of `parts`.
+template <class Call>
+void expect_error(Call&& call, ErrorCode code, const std::vector<std::string>& parts) {
+  try {
+    call();
+    ADD_FAILURE() << "expected an Error(" << error_code_name(code) << ")";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const std::string& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+using Faults = OnEachBackend;
+
+// Turns checked mode on for a scope of a shared communicator.
+struct CheckedScope {
+  explicit CheckedScope(Communicator& c) : comm(c) { comm.set_checked(true); }
+  ~CheckedScope() { comm.set_checked(false); }
+  Communicator& comm;
+};
+
+TEST_P(Faults, CheckedModeNamesWhatDiffersOnEveryRank) {
+  Communicator& c = comm();
+  CheckedScope checked(c);
+  const int last = c.size() - 1;
+  const std::string last_name = "rank " + std::to_string(last);
+  const bool odd_one = c.rank() == last;
+
+  {  // one element count differs
+    TestList list(c.device(), DType::f32, {10, 20, odd_one ? int64_t{31} : int64_t{30}}, Layout::with_gaps);
+    const std::vector<double> mine = rank_input(7000, c.rank(), list.total(), DType::f32);
+    list.write(mine);
+    expect_error([&] { c.all_reduce(list.views()); }, ErrorCode::size_mismatch,
+                 {"all_reduce", "'tensors'", "tensor 2 has 30 elements on rank 0 and 31 on " + last_name});
+    c.wait();
+    expect_equal(list.read(), mine, 0, list.total(), "a rejected call wrote");
+  }
+  {  // the tensor count differs
+    std::vector<int64_t> sizes = {10, 20, 30};
+    if (odd_one) sizes.push_back(5);
+    TestList list(c.device(), DType::f32, sizes, Layout::back_to_back);
+    expect_error([&] { c.all_reduce(list.views()); }, ErrorCode::invalid_argument,
+                 {"rank 0 passes 3 tensors, " + last_name + " passes 4"});
+  }
+  {  // the dtype differs
+    TestList list(c.device(), odd_one ? DType::f64 : DType::f32, {10, 20}, Layout::back_to_back);
+    expect_error([&] { c.all_reduce(list.views()); }, ErrorCode::invalid_argument,
+                 {"the dtype is f32 on rank 0 and f64 on " + last_name});
+  }
+  {  // the collective differs
+    TestList list(c.device(), DType::f32, {64}, Layout::back_to_back);
+    expect_error(
+        [&] {
+          if (odd_one) c.all_gather(list.views());
+          else c.all_reduce(list.views(), ReduceOp::average);
+        },
+        ErrorCode::invalid_argument, {"rank 0 calls all_reduce(average), " + last_name + " calls all_gather"});
+  }
+  {  // and afterwards a matching call goes through, checked
+    TestList list(c.device(), DType::f32, {10, 20, 30}, Layout::with_gaps);
+    list.write(rank_input(7001, c.rank(), list.total(), DType::f32));
+    c.all_reduce(list.views());
+    c.wait();
+    expect_reduced(list.read(), 7001, c.size(), DType::f32, false, 0, list.total(), "checked all_reduce");
+  }
+}
+
+TEST_P(Faults, InvalidArgumentsAreRejectedBeforeAnythingIsWritten) {
+  Communicator& c = comm();
+  TestList list(c.device(), DType::f32, {8, 9}, Layout::back_to_back);
+  const std::vector<double> mine = rank_input(7100, c.rank(), list.total(), DType::f32);
+  list.write(mine);
+  std::vector<TensorView> views(list.views().begin(), list.views().end());
+
+  // A tensor labelled with another device than the communicator's.
+  std::vector<TensorView> elsewhere = views;
+  elsewhere[1].device = c.device().is_cuda() ? Device::cpu() : Device::cuda(0);
+  expect_error([&] { c.all_reduce(elsewhere); }, ErrorCode::device_mismatch, {"all_reduce", "'tensors[1]'"});
+
+  std::vector<TensorView> mixed = views;
+  mixed[1].dtype = DType::f16;
+  expect_error([&] { c.reduce_scatter(mixed); }, ErrorCode::invalid_argument, {"'tensors[1]'", "is f16, expected f32"});
+
+  TestList out(c.device(), DType::f32, {8, 10}, Layout::back_to_back);
+  expect_error([&] { c.all_reduce(views, out.views()); }, ErrorCode::size_mismatch,
+               {"'outputs[1]'", "has 10 elements, expected 9"});
+
+  std::vector<TensorView> overlapping = views;
+  overlapping[1].data = static_cast<float*>(views[0].data) + 4;
+  expect_error([&] { c.all_gather(overlapping); }, ErrorCode::aliasing, {"overlaps"});
+  expect_error([&] { c.all_reduce(views, overlapping); }, ErrorCode::aliasing, {"all_reduce", "overlaps"});
+
+  expect_error([&] { c.exchange(views[0], out.views()[0], c.rank()); }, ErrorCode::invalid_argument, {"'peer'"});
+  expect_error([&] { c.all_gather_buffer(views[0], views[1]); }, ErrorCode::size_mismatch,
+               {"all_gather_buffer", "'output'"});
+
+  c.wait();
+  expect_equal(list.read(), mine, 0, list.total(), "a rejected call wrote");
+}
+
+// The last rank joins 1.5 s late; the others give up after 300 ms.
+TEST(MpiFaults, ARankThatDoesNotJoinMakesTheOthersThrowWithinTheTimeout) {
+  CommunicatorOptions options;
+  options.timeout = std::chrono::milliseconds(300);
+  std::unique_ptr<Communicator> c = make_communicator(Backend::mpi, options);
+  const bool late = c->rank() == c->size() - 1;
+  TestList list(c->device(), DType::f64, {100}, Layout::back_to_back);
+  list.write(rank_input(7200, c->rank(), 100, DType::f64));
+  if (late) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    c->all_reduce(list.views());  // everyone has contributed by now
+    expect_reduced(list.read(), 7200, c->size(), DType::f64, false, 0, 100, "the late rank's all_reduce");
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    expect_error([&] { c->all_reduce(list.views()); }, ErrorCode::mpi_error,
+                 {"MPI_Iallreduce", "did not complete within 300 ms"});
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1400)) << "the timeout did not hold";
+    expect_error([&] { c->barrier(); }, ErrorCode::invalid_argument, {"unusable"});
+  }
+  // Lets the abandoned collective complete everywhere before MPI_Finalize.
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(MpiFaults, MpiErrorsComeBackAsErrors) {
+  // A communicator with MPI_ERRORS_RETURN, as gradkit's own are: a bad call
+  // returns a code, which the check turns into an Error naming the call.
+  MPI_Comm comm = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm), MPI_SUCCESS);
+  ASSERT_EQ(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), MPI_SUCCESS);
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  int value = 1;
+  expect_error([&] { GRADKIT_MPI_CHECK(MPI_Send(&value, 1, MPI_INT, size + 3, 0, comm)); }, ErrorCode::mpi_error,
+               {"MPI_Send", "failed", "test_faults.cc"});
+  MPI_Comm_free(&comm);
+
+  // gradkit's own MPI calls are checked: an invalid communicator handle is
+  // an mpi_error from MPI_Comm_dup, not an abort (the error is raised on
+  // MPI_COMM_WORLD's handler, so that one returns too for this test).
+  ASSERT_EQ(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), MPI_SUCCESS);
+  expect_error([&] { create_mpi_communicator({}, mpi_comm_handle(MPI_COMM_NULL)); }, ErrorCode::mpi_error,
+               {"MPI_Comm_dup"});
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+}
+
+TEST(MpiFaults, OptionsAreValidated) {
+  CommunicatorOptions options;
+  options.timeout = std::chrono::milliseconds(0);
+  expect_error([&] { create_mpi_communicator(options); }, ErrorCode::invalid_argument, {"'options.timeout'"});
+  expect_error([&] { create_nccl_communicator(options); },
+               has_nccl_communicator() ? ErrorCode::invalid_argument : ErrorCode::backend_unavailable, {});
+}
+
+// NCCL: the last rank never joins; the others' wait() gives up, aborts the
+// communicator and throws.
+TEST(NcclFaults, ARankThatDoesNotJoinMakesTheOthersAbortWithinTheTimeout) {
+  const std::string reason = backend_unavailable_reason(Backend::nccl);
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  CommunicatorOptions options;
+  options.timeout = std::chrono::milliseconds(2000);
+  std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
+  const bool absent = c->rank() == c->size() - 1;
+  TestList list(c->device(), DType::f32, {4096}, Layout::back_to_back);
+  list.write(rank_input(7300, c->rank(), 4096, DType::f32));
+  if (!absent) {
+    const auto start = std::chrono::steady_clock::now();
+    expect_error(
+        [&] {
+          c->all_reduce(list.views());
+          c->wait();
+        },
+        ErrorCode::nccl_error, {"aborted"});
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(6000)) << "the timeout did not hold";
+    expect_error([&] { c->all_reduce(list.views()); }, ErrorCode::invalid_argument, {"unusable"});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  c.reset();  // the absent rank's communicator finalizes or aborts within its timeout
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+GRADKIT_INSTANTIATE_ON_EACH_BACKEND(Faults);
+
+}  // namespace
+}  // namespace gradkit::test
