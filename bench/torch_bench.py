@@ -74,6 +74,25 @@ def main():
             opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=cuda)
             opt.step()  # creates the state
             fn = opt.step
+        elif op == "fp16-adam" and cuda:
+            # PyTorch's AMP sequence after backward, as a user writes it:
+            # GradScaler.unscale_, clip_grad_norm_(foreach), scaler.step(fused
+            # AdamW), scaler.update(); f32 parameters and gradients.
+            params = [torch.nn.Parameter(b) for b in bufs]
+            grads = [torch.rand(p.numel(), device=device, generator=gen) * 2 - 1 for p in params]
+            opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True)
+            scaler = torch.amp.GradScaler("cuda", init_scale=1.0)
+
+            def amp_step(params=params, grads=grads, opt=opt, scaler=scaler):
+                for p, g in zip(params, grads):
+                    p.grad = g
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+                scaler.step(opt)
+                scaler.update()
+
+            amp_step()
+            fn = amp_step
         else:
             # No PyTorch equivalent (e.g. adam-mixed: torch.optim keeps no
             # f32 master weights beside a bf16 model); leave the column empty.

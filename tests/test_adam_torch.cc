@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gradkit/optim/adam.h"
+#include "gradkit/optim/mixed_precision.h"
 #include "support/test_tensor.h"
 
 #ifndef GRADKIT_SOURCE_DIR
@@ -150,6 +151,102 @@ TEST(AdamAgainstTorch, HundredStepsAgree) {
                         Case{"adam", "fused", adam, 1e-5, 3e-5}}) {
     compare(c, 100);
   }
+}
+
+// The mixed-precision step against PyTorch's AMP sequence (GradScaler.unscale_,
+// clip_grad_norm_, scaler.step(AdamW), scaler.update()) over 60 steps with
+// Inf and NaN injected: the same steps skipped, the same scale before every
+// step, and master weights within the f32 bounds used above.
+TEST(MixedPrecisionAgainstTorch, SameSkipsSameScalesCloseWeights) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  if (!torch_importable()) GTEST_SKIP() << "PyTorch is not importable";
+  const Device device = Device::cuda(0);
+  const int steps = 60, interval = 5;
+  const float lr = 1e-3f, wd = 0.01f, max_norm = 1.0f, init_scale = 4096.0f;
+  const std::vector<int64_t> sizes = {5000, 129, 70001};
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  std::mt19937_64 rng(77);
+  std::normal_distribution<float> normal;
+  std::vector<float> w0(total), base(static_cast<size_t>(total) * steps);
+  for (float& x : w0) x = static_cast<float>(half(normal(rng)));  // the model starts in f16
+  for (float& x : base) x = normal(rng) * 1e-2f;
+  struct Poison { int step; int64_t index; float value; };
+  const std::vector<Poison> poison = {{7, 10, INFINITY}, {8, 5200, NAN}, {20, 75000, -INFINITY}, {21, 3, INFINITY}};
+
+  const std::string dir = ::testing::TempDir() + "gradkit_torch_amp";
+  std::filesystem::create_directories(dir);
+  write_file(dir + "/w0.bin", w0);
+  write_file(dir + "/base.bin", base);
+  {
+    std::ofstream config(dir + "/config.txt");
+    config.precision(9);
+    config << steps << ' ' << lr << ' ' << wd << ' ' << max_norm << ' ' << init_scale << ' ' << interval;
+    for (int64_t n : sizes) config << ' ' << n;
+    std::ofstream p(dir + "/poison.txt");
+    for (const Poison& x : poison) p << x.step << ' ' << x.index << ' ' << x.value << '\n';
+  }
+  const std::string script = std::string(GRADKIT_SOURCE_DIR) + "/tests/torch/amp_sequence.py";
+  ASSERT_EQ(std::system(("python3 '" + script + "' '" + dir + "'").c_str()), 0);
+
+  std::vector<Buffer> params, grads;
+  AdamGroup group;
+  group.hyperparameters.lr = lr;
+  group.hyperparameters.weight_decay = wd;
+  int64_t offset = 0;
+  for (int64_t n : sizes) {
+    std::vector<half> w(n);
+    for (int64_t i = 0; i < n; ++i) w[i] = half(w0[offset + i]);
+    params.emplace_back(device, n * 2);
+    grads.emplace_back(device, n * 2);
+    copy_from_host(params.back().data(), device, w.data(), n * 2);
+    group.params.push_back(params.back().view(DType::f16, 0, n));
+    group.grads.push_back(grads.back().view(DType::f16, 0, n));
+    offset += n;
+  }
+  MixedPrecisionOptions options;
+  options.max_norm = max_norm;
+  options.scaler.initial_scale = init_scale;
+  options.scaler.growth_interval = interval;
+  MixedPrecisionAdam opt({group}, options);
+
+  std::ifstream scales_file(dir + "/scales.txt");
+  std::vector<double> torch_scales;
+  for (double x; scales_file >> x;) torch_scales.push_back(x);
+  ASSERT_EQ(torch_scales.size(), static_cast<size_t>(steps) + 1);
+  int skipped = 0;
+  for (int s = 0; s < steps; ++s) {
+    const float scale = opt.loss_scale();
+    ASSERT_EQ(scale, torch_scales[s]) << "scale before step " << s;
+    std::vector<half> g(total);
+    for (int64_t i = 0; i < total; ++i) g[i] = half(base[static_cast<size_t>(s) * total + i] * scale);
+    for (const Poison& x : poison) {
+      if (x.step == s) g[x.index] = half(x.value);
+    }
+    offset = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      copy_from_host(grads[i].data(), device, g.data() + offset, sizes[i] * 2);
+      offset += sizes[i];
+    }
+    opt.step();
+    skipped += opt.last_step_skipped();
+  }
+  EXPECT_EQ(opt.loss_scale(), torch_scales[steps]);
+  EXPECT_EQ(skipped, 4);
+  std::vector<float> torch_w(total), ours(total);
+  std::ifstream(dir + "/w_torch.bin", std::ios::binary)
+      .read(reinterpret_cast<char*>(torch_w.data()), static_cast<std::streamsize>(total * sizeof(float)));
+  offset = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    copy_to_host(ours.data() + offset, opt.masters()[i].data, sizes[i] * sizeof(float), device);
+    offset += sizes[i];
+  }
+  const Errors e = errors(ours, torch_w);
+  std::printf("mixed precision vs torch AMP, %d steps: normwise %.3g, max relative %.3g, max absolute %.3g\n", steps,
+              e.normwise, e.relative, e.absolute);
+  EXPECT_LT(e.normwise, 1e-6);
+  EXPECT_LT(e.absolute, 5e-6);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "gradkit/ops/adam.h"
 #include "gradkit/ops/gradient.h"
 #include "gradkit/ops/lamb.h"
+#include "gradkit/optim/mixed_precision.h"
 #include "options.h"
 #include "workloads.h"
 
@@ -85,6 +86,19 @@ std::function<void()> prepare_lamb(BenchDevice& dev, const Workload& w) {
   return [&dev, lists, plan, step] { plan->step({.eta = 1e-3f, .step = ++*step}, dev.stream()); };
 }
 
+// The whole mixed-precision step: check f16 gradients, Adam on f32 masters
+// writing the f16 model weights, the loss scaler's update.
+std::function<void()> prepare_fp16_adam(BenchDevice& dev, const Workload& w) {
+  AdamGroup group;
+  group.params = carve(dev, w, DType::f16, 1);
+  group.grads = carve(dev, w, DType::f16, 2);
+  group.hyperparameters.weight_decay = 0.01f;
+  MixedPrecisionOptions options;
+  options.max_norm = 1.0f;
+  auto optimizer = std::make_shared<MixedPrecisionAdam>(std::vector<AdamGroup>{group}, options);
+  return [&dev, optimizer] { optimizer->step(dev.stream()); };
+}
+
 const std::vector<BenchOp>& bench_ops() {
   static const std::vector<BenchOp> ops = {
       {"zero", 4,
@@ -105,6 +119,9 @@ const std::vector<BenchOp>& bench_ops() {
        [](BenchDevice& dev, const Workload& w) { return prepare_adam(dev, w, DType::bf16, DType::bf16); }},
       // f32 LAMB, two passes: read w, g, m, v and write m, v; then read w, m, v and write w.
       {"lamb", 40, prepare_lamb},
+      // Mixed precision: read f16 grads in the check (2), then Adam on f32
+      // masters with f16 grads writing the f16 model copy (28).
+      {"fp16-adam", 30, prepare_fp16_adam},
   };
   return ops;
 }
@@ -238,7 +255,8 @@ double host_us_per_launch(BenchDevice& dev, const BenchOp& op, int count) {
 int run_bench(const std::vector<std::string>& args) {
   Options options("gradkit bench", "Time gradkit's operations against the copy bandwidth (and PyTorch).");
   options.add("device", "cpu", "cpu or cuda[:N]");
-  options.add("ops", "zero,accumulate,adam,adam-mixed,lamb", "comma-separated: zero, accumulate, adam, adam-mixed, lamb");
+  options.add("ops", "zero,accumulate,adam,adam-mixed,lamb,fp16-adam",
+              "comma-separated: zero, accumulate, adam, adam-mixed, lamb, fp16-adam");
   options.add("workloads", "big,bert,small", "comma-separated: big (256M elements), bert (BERT-large, 389 "
                                              "tensors), small (10,000 tensors of 1K-64K)");
   options.add("scale", "auto", "divide every tensor size by this (auto: 1 on CUDA, 8 on the CPU)");
