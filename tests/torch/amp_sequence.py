@@ -39,7 +39,9 @@ def main():
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=wd)
     scaler = torch.amp.GradScaler("cuda", init_scale=init_scale, growth_interval=interval)
     scales = []
+    loss = torch.ones((), device="cuda")
     for s in range(steps):
+        scaler.scale(loss)  # what a training step does before backward; it also sets up the scaler's state
         scale = scaler.get_scale()
         scales.append(scale)
         g = (base[s] * np.float32(scale)).astype(np.float16)
