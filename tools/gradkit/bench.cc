@@ -197,6 +197,8 @@ bool run_torch(const Settings& s, std::vector<Row>& rows, const std::map<std::st
     if (fields >> word && word == "case" && fields >> index >> ms && index < rows.size()) {
       rows[index].torch_ms = ms;
       any = true;
+    } else if (text.find("failed") != std::string::npos) {
+      std::fprintf(stderr, "  PyTorch: %s\n", text.c_str());
     }
   }
   if (!any && s.torch == "on") {
