@@ -1,0 +1,295 @@
+#include "train/trainer.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <type_traits>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <random>
+
+#include "gradkit/comm/communicator.h"
+#include "gradkit/comm/gradient_arena.h"
+#include "gradkit/core/error.h"
+#include "gradkit/ops/gradient.h"
+#include "gradkit/optim/adam.h"
+#include "gradkit/optim/lamb.h"
+#include "gradkit/optim/state_file.h"
+#include "train/fashion_mnist.h"
+#include "train/mlp.h"
+#include "train/progress.h"
+
+namespace gradkit::train {
+namespace {
+
+constexpr std::string_view kCheckpointKind = "gradkit-train";
+
+// The owning optimizers behind one interface.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual void step() = 0;
+  virtual void set_lr(float lr) = 0;
+  virtual void save_to(StateFile& file) const = 0;
+  virtual void check_state(const std::string& path, const StateFile& file) const = 0;
+  virtual void apply_state(const StateFile& file) = 0;
+};
+
+template <class T>
+class OptimizerOf final : public Optimizer {
+ public:
+  template <class... Args>
+  explicit OptimizerOf(Args&&... args) : optimizer_(std::forward<Args>(args)...) {}
+  void step() override { optimizer_.step(); }
+  void set_lr(float lr) override {
+    if constexpr (std::is_same_v<T, Adam>) optimizer_.set_lr(0, lr);
+    else optimizer_.set_eta(lr);
+  }
+  void save_to(StateFile& file) const override { optimizer_.save_to(file); }
+  void check_state(const std::string& path, const StateFile& file) const override { optimizer_.check_state(path, file); }
+  void apply_state(const StateFile& file) override { optimizer_.apply_state(file); }
+
+ private:
+  T optimizer_;
+};
+
+std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, std::span<const TensorView> params,
+                                          std::span<const TensorView> grads) {
+  if (o.optimizer == "adam") {
+    AdamGroup group;
+    group.params.assign(params.begin(), params.end());
+    group.grads.assign(grads.begin(), grads.end());
+    group.hyperparameters.lr = o.lr;
+    group.hyperparameters.weight_decay = o.weight_decay;
+    return std::make_unique<OptimizerOf<Adam>>(std::vector<AdamGroup>{group});
+  }
+  LambGroup group;
+  group.params.assign(params.begin(), params.end());
+  group.grads.assign(grads.begin(), grads.end());
+  group.hyperparameters.lambda = o.weight_decay;
+  return std::make_unique<OptimizerOf<Lamb>>(std::vector<LambGroup>{group}, LambOptions{.eta = o.lr});
+}
+
+// The order of the training images in `epoch`: the same on every rank and in
+// every run with the same seed, so a resumed run sees the same batches.
+std::vector<int64_t> epoch_order(uint64_t seed, int epoch, int64_t count) {
+  std::vector<int64_t> order(count);
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(epoch));
+  for (int64_t i = count - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+    std::swap(order[i], order[j]);
+  }
+  return order;
+}
+
+std::vector<uint8_t> bytes_of(const GradientArena& arena) {
+  const TensorView flat = arena.flat();
+  std::vector<uint8_t> out(flat.bytes());
+  copy_to_host(out.data(), flat.data, out.size(), flat.device);
+  return out;
+}
+
+struct CheckpointHeader {
+  int32_t completed_epochs;
+  int32_t ranks;
+  int32_t batch;
+  int32_t accumulate;
+  uint64_t seed;
+};
+
+void save_checkpoint(const std::string& path, const CheckpointHeader& header, const TrainOptions& o,
+                     const GradientArena& params, const Optimizer& optimizer) {
+  StateFile file;
+  file.add("kind", std::vector<uint8_t>(kCheckpointKind.begin(), kCheckpointKind.end()));
+  SectionWriter train;
+  train.put(header);
+  file.add("train", train.take());
+  file.add("optimizer_name", std::vector<uint8_t>(o.optimizer.begin(), o.optimizer.end()));
+  std::vector<uint8_t> widths(reinterpret_cast<const uint8_t*>(o.widths.data()),
+                              reinterpret_cast<const uint8_t*>(o.widths.data() + o.widths.size()));
+  file.add("widths", widths);
+  file.add("weights", bytes_of(params));
+  optimizer.save_to(file);
+  file.write(path);
+}
+
+// Checks the whole checkpoint against this run, then loads it; returns the
+// number of completed epochs.
+int load_checkpoint(const std::string& path, const CheckpointHeader& expected, const TrainOptions& o,
+                    const GradientArena& params, Optimizer& optimizer) {
+  const StateFile file = StateFile::read(path);
+  auto mismatch = [&](const std::string& what) {
+    throw Error(ErrorCode::io_error, "checkpoint '" + path + "' does not fit this run: " + what);
+  };
+  const std::vector<uint8_t>& kind = file.get("kind");
+  if (std::string(kind.begin(), kind.end()) != kCheckpointKind) mismatch("it is not a gradkit train checkpoint");
+  SectionReader reader(file.get("train"), "train");
+  const auto h = reader.get<CheckpointHeader>();
+  if (h.ranks != expected.ranks) {
+    mismatch("it was written by " + std::to_string(h.ranks) + " ranks, this run has " + std::to_string(expected.ranks));
+  }
+  if (h.batch != expected.batch || h.accumulate != expected.accumulate || h.seed != expected.seed) {
+    mismatch("its batch, accumulation or seed differ from this run's");
+  }
+  const std::vector<uint8_t>& name = file.get("optimizer_name");
+  if (std::string(name.begin(), name.end()) != o.optimizer) mismatch("it holds another optimizer's state");
+  const std::vector<uint8_t>& widths = file.get("widths");
+  if (widths.size() != o.widths.size() * sizeof(int) ||
+      std::memcmp(widths.data(), o.widths.data(), widths.size()) != 0) {
+    mismatch("its model has other layer widths");
+  }
+  if (file.get("weights").size() != params.flat().bytes()) mismatch("its weights have another size");
+  optimizer.check_state(path, file);
+  // Everything checked: load.
+  const TensorView flat = params.flat();
+  copy_from_host(flat.data, flat.device, file.get("weights").data(), flat.bytes());
+  optimizer.apply_state(file);
+  return h.completed_epochs;
+}
+
+// The CSV log: a header when a run starts afresh, one line per epoch
+// (appended, so a resumed run continues the file).
+void log_line(const std::string& path, const EpochResult* r) {
+  std::ofstream out(path, r == nullptr ? std::ios::trunc : std::ios::app);
+  if (r == nullptr) out << "epoch,train_loss,test_accuracy,samples_per_second,seconds\n";
+  else out << r->epoch << ',' << r->train_loss << ',' << r->test_accuracy << ',' << r->samples_per_second << ','
+           << r->seconds << '\n';
+  if (!out) throw Error(ErrorCode::io_error, "cannot write the log '" + path + "'");
+}
+
+void write_plot(const std::string& png, const std::string& csv) {
+  FILE* gnuplot = ::popen("gnuplot 2>&1", "w");
+  if (gnuplot == nullptr) throw Error(ErrorCode::io_error, "--plot: cannot start gnuplot (install gnuplot-nox)");
+  std::fprintf(gnuplot,
+               "set terminal pngcairo size 900,420 font ',10'\n"
+               "set output '%s'\n"
+               "set datafile separator ','\n"
+               "set multiplot layout 1,2 title 'gradkit train: MLP on Fashion-MNIST'\n"
+               "set xlabel 'epoch'; set grid\n"
+               "set ylabel 'train loss'; plot '%s' using 1:2 every ::1 with linespoints title 'train loss'\n"
+               "set ylabel 'test accuracy'; plot '%s' using 1:3 every ::1 with linespoints title 'test accuracy'\n"
+               "unset multiplot\n",
+               png.c_str(), csv.c_str(), csv.c_str());
+  if (::pclose(gnuplot) != 0) {
+    throw Error(ErrorCode::io_error, "--plot: gnuplot failed to write '" + png + "' (is gnuplot installed?)");
+  }
+}
+
+}  // namespace
+
+std::vector<EpochResult> run_training(const TrainOptions& o) {
+  openblas_set_num_threads(1);  // one core per rank: ranks are the parallelism
+  std::unique_ptr<Communicator> comm = create_mpi_communicator();
+  const int rank = comm->rank(), ranks = comm->size();
+  const bool lead = rank == 0;
+
+  const FashionMnist data = load_fashion_mnist(o.data_dir);
+  const int64_t train_count = o.limit > 0 ? std::min<int64_t>(o.limit, data.train.count) : data.train.count;
+  const int64_t per_step = int64_t{ranks} * o.batch * o.accumulate;
+  const int64_t steps = train_count / per_step;
+  if (steps == 0) {
+    throw_argument_error(ErrorCode::invalid_argument, "gradkit train", "--batch",
+                         "times --accumulate times the rank count (" + std::to_string(per_step) +
+                             ") exceeds the training images (" + std::to_string(train_count) + ")");
+  }
+
+  Mlp model(o.widths);
+  const std::vector<int64_t> sizes = model.parameter_sizes();
+  GradientArena params(Device::cpu(), DType::f32, sizes), grads(Device::cpu(), DType::f32, sizes),
+      micro(Device::cpu(), DType::f32, sizes);
+  model.initialize(params.gradients(), o.seed);
+  const AccumulatePlan accumulate(grads.gradients(), micro.gradients());
+  std::unique_ptr<Optimizer> optimizer = make_optimizer(o, params.gradients(), grads.gradients());
+
+  const CheckpointHeader header{0, ranks, o.batch, o.accumulate, o.seed};
+  int first_epoch = 1;
+  if (!o.resume.empty()) {
+    first_epoch = load_checkpoint(o.resume, header, o, params, *optimizer) + 1;
+    if (lead) std::printf("resumed from %s after epoch %d\n", o.resume.c_str(), first_epoch - 1);
+  }
+  if (lead) {
+    std::printf("gradkit train: MLP %s on Fashion-MNIST, %d rank(s), %s, %s, batch %d x %d micro-batch(es) per rank, "
+                "%lld steps per epoch\n",
+                [&] {
+                  std::string s;
+                  for (int w : o.widths) s += (s.empty() ? "" : "-") + std::to_string(w);
+                  return s;
+                }().c_str(),
+                ranks, o.optimizer.c_str(), o.reduce.c_str(), o.batch, o.accumulate, static_cast<long long>(steps));
+  }
+
+  if (lead && !o.log.empty() && o.resume.empty()) log_line(o.log, nullptr);
+  std::vector<float> images(static_cast<size_t>(o.batch) * 784);
+  std::vector<uint8_t> labels(o.batch);
+  std::vector<EpochResult> results;
+  const float micro_scale = 1.0f / static_cast<float>(o.accumulate);
+  for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<int64_t> order = epoch_order(o.seed, epoch, train_count);
+    // Cosine decay over the epochs: large steps first, fine ones at the end
+    // (the final accuracy then depends little on where the last step lands).
+    optimizer->set_lr(static_cast<float>(o.lr * 0.5 * (1 + std::cos(M_PI * (epoch - 1) / o.epochs))));
+    Progress progress(lead, o.progress, epoch, o.epochs, steps);
+    double loss_sum = 0;
+    for (int64_t step = 0; step < steps; ++step) {
+      for (int m = 0; m < o.accumulate; ++m) {
+        const int64_t offset = ((step * o.accumulate + m) * ranks + rank) * o.batch;
+        for (int b = 0; b < o.batch; ++b) {
+          const int64_t index = order[offset + b];
+          std::copy_n(data.train.images.data() + index * 784, 784, images.data() + static_cast<size_t>(b) * 784);
+          labels[b] = data.train.labels[index];
+        }
+        loss_sum += model.forward_backward(images.data(), labels.data(), o.batch, micro_scale, params.gradients(),
+                                           micro.gradients());
+        accumulate.accumulate_v2(Flag::host(m == 0));  // the first micro-batch overwrites
+      }
+      grads.all_reduce(*comm, ReduceOp::average);
+      optimizer->step();
+      progress.update(step + 1, loss_sum / static_cast<double>((step + 1) * o.batch * o.accumulate));
+    }
+    // Test accuracy: each rank evaluates every ranks-th image; the counts add up.
+    int64_t correct = 0;
+    std::vector<float> test_images;
+    std::vector<uint8_t> test_labels;
+    for (int64_t i = rank; i < data.test.count; i += ranks) {
+      test_images.insert(test_images.end(), data.test.images.begin() + i * 784, data.test.images.begin() + (i + 1) * 784);
+      test_labels.push_back(data.test.labels[i]);
+    }
+    for (size_t at = 0; at < test_labels.size(); at += 1000) {
+      const int n = static_cast<int>(std::min<size_t>(1000, test_labels.size() - at));
+      correct += model.count_correct(test_images.data() + at * 784, test_labels.data() + at, n, params.gradients());
+    }
+    double totals[2] = {loss_sum, static_cast<double>(correct)};
+    const TensorView totals_view = view(totals, 2);
+    comm->all_reduce_buffer(totals_view, totals_view, ReduceOp::sum);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const EpochResult result{epoch, totals[0] / static_cast<double>(steps * per_step),
+                             totals[1] / static_cast<double>(data.test.count),
+                             static_cast<double>(steps * per_step) / seconds, seconds};
+    results.push_back(result);
+    char summary[200];
+    std::snprintf(summary, sizeof summary, "epoch %d/%d: train loss %.4f, test accuracy %.4f, %.0f samples/s, %.1f s",
+                  epoch, o.epochs, result.train_loss, result.test_accuracy, result.samples_per_second, seconds);
+    progress.finish(summary);
+    if (lead && !o.log.empty()) log_line(o.log, &result);
+    if (lead && !o.save.empty()) {
+      CheckpointHeader h = header;
+      h.completed_epochs = epoch;
+      save_checkpoint(o.save, h, o, params, *optimizer);
+    }
+  }
+  if (lead && !o.plot.empty()) {
+    if (o.log.empty()) throw_argument_error(ErrorCode::invalid_argument, "gradkit train", "--plot", "needs --log");
+    write_plot(o.plot, o.log);
+    std::printf("wrote %s\n", o.plot.c_str());
+  }
+  return results;
+}
+
+}  // namespace gradkit::train
