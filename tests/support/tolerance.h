@@ -99,3 +99,26 @@ inline bool within_collective(double got, double want, double sum_magnitude, Col
 }
 
 }  // namespace gradkit::test
+
+namespace gradkit::test {
+
+// For Adasum compared with the float64 tree of pairwise combinations: each
+// level rounds its two coefficients to the compute type, rounds
+// ca·a + cb·b three times in it (two products, a sum) and once more to the
+// dtype, and the next level's dot products see the rounded values. Where
+// ca·a and cb·b cancel, those roundings are relative to the terms, not to
+// the result: the bound is on ||got - want|| per tensor, relative to the
+// norm of the terms' magnitudes (|ca| |a| + |cb| |b|, recursively through the
+// tree), and the errors add up about linearly with the levels (a
+// hierarchical run's sums within a node count as levels too).
+constexpr double adasum_tolerance(DType dtype, int levels) {
+  switch (dtype) {
+    case DType::f32: return 8 * levels * 0x1p-24;
+    case DType::f16: return 4 * levels * 0x1p-11;
+    case DType::bf16: return 4 * levels * 0x1p-8;
+    case DType::f64: return 8 * levels * 0x1p-53;
+  }
+  return 0;
+}
+
+}  // namespace gradkit::test

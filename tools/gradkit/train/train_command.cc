@@ -46,6 +46,7 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
   options.add("device", "cpu", "cpu");
   options.add("data", kDefaultDataDir, "directory of the Fashion-MNIST IDX files (Debian: dataset-fashion-mnist)");
   options.add("epochs", "12", "epochs to train");
+  options.add("stop-after", "0", "stop after this epoch, keeping the schedule of --epochs (0: train all epochs)");
   options.add("batch", "64", "images per micro-batch per rank");
   options.add("accumulate", "1", "micro-batches accumulated per step");
   options.add("optimizer", "adam", "adam or lamb");
@@ -69,6 +70,7 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
   TrainOptions o;
   o.data_dir = options.get("data");
   o.epochs = static_cast<int>(options.get_int("epochs", 1, 100000));
+  o.stop_after = static_cast<int>(options.get_int("stop-after", 0, o.epochs));
   o.batch = static_cast<int>(options.get_int("batch", 1, 1 << 16));
   o.accumulate = static_cast<int>(options.get_int("accumulate", 1, 1 << 16));
   o.optimizer = options.get_choice("optimizer", {"adam", "lamb"});

@@ -229,7 +229,8 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
   std::vector<uint8_t> labels(o.batch);
   std::vector<EpochResult> results;
   const float micro_scale = 1.0f / static_cast<float>(o.accumulate);
-  for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
+  const int last_epoch = o.stop_after > 0 ? std::min(o.stop_after, o.epochs) : o.epochs;
+  for (int epoch = first_epoch; epoch <= last_epoch; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
     const std::vector<int64_t> order = epoch_order(o.seed, epoch, train_count);
     // Cosine decay over the epochs: large steps first, fine ones at the end

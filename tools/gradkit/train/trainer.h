@@ -13,6 +13,7 @@ struct TrainOptions {
   std::string data_dir;
   std::vector<int> widths = {784, 256, 128, 10};
   int epochs = 12;
+  int stop_after = 0;      // stop after this epoch (0: run all); the schedule still spans `epochs`
   int batch = 64;          // images per micro-batch per rank
   int accumulate = 1;      // micro-batches per step
   std::string optimizer = "adam";   // adam | lamb

@@ -1,0 +1,205 @@
+// gradkit train's pieces: the data files' checks, gradient accumulation, and
+// exact resumption from a checkpoint. Runs as one MPI rank (singleton).
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cstdio>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gradkit/comm/communicator.h"
+#include "gradkit/core/error.h"
+#include "gradkit/optim/state_file.h"
+#include "train/fashion_mnist.h"
+#include "train/idx_file.h"
+#include "train/trainer.h"
+
+namespace gradkit::train {
+namespace {
+
+std::string temp(const std::string& name) { return ::testing::TempDir() + "gradkit_train_" + name; }
+
+void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  gzclose(f);
+}
+
+std::vector<uint8_t> idx_header(uint8_t type, std::vector<uint32_t> dims) {
+  std::vector<uint8_t> h = {0, 0, type, static_cast<uint8_t>(dims.size())};
+  for (uint32_t d : dims) {
+    for (int shift : {24, 16, 8, 0}) h.push_back(static_cast<uint8_t>(d >> shift));
+  }
+  return h;
+}
+
+void expect_io_error(const std::string& path, int rank, const std::string& fragment) {
+  try {
+    read_idx(path, rank);
+    ADD_FAILURE() << "expected an error mentioning " << fragment;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::io_error);
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+}
+
+TEST(IdxFile, ReadsAValidFile) {
+  std::vector<uint8_t> bytes = idx_header(0x08, {2, 3});
+  for (uint8_t v : {1, 2, 3, 4, 5, 6}) bytes.push_back(v);
+  write_gz(temp("ok.gz"), bytes);
+  const IdxArray a = read_idx(temp("ok.gz"), 2);
+  EXPECT_EQ(a.dims, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(a.data, (std::vector<uint8_t>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST(IdxFile, RejectsBadFiles) {
+  std::vector<uint8_t> good = idx_header(0x08, {2, 3});
+  good.resize(good.size() + 6, 7);
+  std::vector<uint8_t> truncated(good.begin(), good.end() - 2);
+  write_gz(temp("truncated.gz"), truncated);
+  expect_io_error(temp("truncated.gz"), 2, "truncated");
+  std::vector<uint8_t> magic = good;
+  magic[0] = 0x1f;
+  write_gz(temp("magic.gz"), magic);
+  expect_io_error(temp("magic.gz"), 2, "bad magic");
+  write_gz(temp("rank.gz"), good);
+  expect_io_error(temp("rank.gz"), 3, "has 2 dimensions, expected 3");
+  std::vector<uint8_t> type = good;
+  type[2] = 0x0d;
+  write_gz(temp("type.gz"), type);
+  expect_io_error(temp("type.gz"), 2, "expected unsigned bytes");
+  std::vector<uint8_t> extra = good;
+  extra.push_back(9);
+  write_gz(temp("extra.gz"), extra);
+  expect_io_error(temp("extra.gz"), 2, "past the");
+  expect_io_error(temp("missing.gz"), 2, "cannot be opened");
+  // Not gzip at all, and a gzip stream cut short.
+  std::ofstream(temp("corrupt.gz"), std::ios::binary) << std::string("\x1f\x8b\x08\x00garbage", 11);
+  expect_io_error(temp("corrupt.gz"), 2, "");
+}
+
+TEST(FashionMnist, ChecksTheDatasetsShape) {
+  const std::string dir = temp("dataset");
+  std::remove((dir + "/train-images-idx3-ubyte.gz").c_str());
+  ::mkdir(dir.c_str(), 0755);
+  std::vector<uint8_t> images = idx_header(0x08, {5, 28, 28});
+  images.resize(images.size() + 5 * 784, 1);
+  std::vector<uint8_t> labels = idx_header(0x08, {5});
+  labels.resize(labels.size() + 5, 3);
+  write_gz(dir + "/train-images-idx3-ubyte.gz", images);
+  write_gz(dir + "/train-labels-idx1-ubyte.gz", labels);
+  try {
+    load_fashion_mnist(dir);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 5 images, expected 60000"), std::string::npos) << e.what();
+  }
+}
+
+std::vector<float> checkpoint_floats(const std::string& path, const std::string& section) {
+  const StateFile file = StateFile::read(path);
+  const std::vector<uint8_t>& bytes = file.get(section);
+  std::vector<float> w(bytes.size() / 4);
+  std::memcpy(w.data(), bytes.data(), bytes.size());
+  return w;
+}
+
+bool have_dataset() {
+  return std::ifstream(std::string(kDefaultDataDir) + "/train-images-idx3-ubyte.gz").good();
+}
+
+TrainOptions small_run() {
+  TrainOptions o;
+  o.data_dir = kDefaultDataDir;
+  o.epochs = 2;
+  o.limit = 2048;
+  o.log = "";
+  o.progress = false;
+  return o;
+}
+
+// One batch of 128 and four accumulated micro-batches of 32 see the same
+// images: after one step the gradient, which Adam's first moment holds as
+// (1 - beta1) g, agrees to f32 rounding. (The weights are no witness: Adam
+// turns a gradient of 1e-12 and one of exactly 0 into steps of +-lr and 0.)
+TEST(Training, AccumulationMatchesOneLargerBatch) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TrainOptions big = small_run(), micro = small_run();
+  big.epochs = micro.epochs = 1;
+  big.limit = micro.limit = 128;  // one step
+  big.batch = 128;
+  big.save = temp("big.ckpt");
+  micro.batch = 32;
+  micro.accumulate = 4;
+  micro.save = temp("micro.ckpt");
+  run_training(big);
+  run_training(micro);
+  const auto a = checkpoint_floats(big.save, "exp_avg"), b = checkpoint_floats(micro.save, "exp_avg");
+  ASSERT_EQ(a.size(), b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i] - b[i]) * double(a[i] - b[i]);
+    norm += a[i] * double(a[i]);
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-5);
+  EXPECT_NE(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "the two runs must really differ in how they sum";
+}
+
+// Two epochs in one run, and one epoch then a resume for the second: the
+// same checkpoint, byte for byte (weights, moments, step count).
+TEST(Training, ResumeContinuesExactly) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  for (const char* optimizer : {"adam", "lamb"}) {
+    TrainOptions straight = small_run();
+    straight.optimizer = optimizer;
+    straight.save = temp(std::string(optimizer) + "_straight.ckpt");
+    run_training(straight);
+    TrainOptions first = small_run();  // 2 epochs' schedule, stopped after the first
+    first.optimizer = optimizer;
+    first.stop_after = 1;
+    first.save = temp(std::string(optimizer) + "_first.ckpt");
+    TrainOptions second = small_run();
+    second.optimizer = optimizer;
+    second.resume = first.save;
+    second.save = temp(std::string(optimizer) + "_second.ckpt");
+    run_training(first);
+    run_training(second);
+    std::ifstream a(straight.save, std::ios::binary), b(second.save, std::ios::binary);
+    const std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
+    EXPECT_FALSE(sa.empty());
+    EXPECT_EQ(sa, sb) << optimizer;
+  }
+}
+
+TEST(Training, RefusesACheckpointOfAnotherRun) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TrainOptions adam = small_run();
+  adam.epochs = 1;
+  adam.save = temp("adam.ckpt");
+  run_training(adam);
+  TrainOptions lamb = small_run();
+  lamb.optimizer = "lamb";
+  lamb.resume = adam.save;
+  try {
+    run_training(lamb);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another optimizer"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace gradkit::train
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  gradkit::MpiEnvironment mpi(&argc, &argv);
+  return RUN_ALL_TESTS();
+}
