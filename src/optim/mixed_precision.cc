@@ -115,18 +115,29 @@ void MixedPrecision<Optimizer>::save(const std::string& path) const {
   StateFile file;
   const std::string_view k = kind<Optimizer>();
   file.add("kind", std::vector<uint8_t>(k.begin(), k.end()));
-  optimizer_->save_to(file);
-  const StateSection masters[] = {{"masters", &masters_}};
-  add_sections(file, masters);
-  SectionWriter scaler;
-  scaler.put(scaler_.state());
-  file.add("scaler", scaler.take());
+  save_to(file);
   file.write(path);
 }
 
 template <class Optimizer>
 void MixedPrecision<Optimizer>::load(const std::string& path) {
   const StateFile file = read_state(path, kind<Optimizer>());
+  check_state(path, file);
+  apply_state(file);
+}
+
+template <class Optimizer>
+void MixedPrecision<Optimizer>::save_to(StateFile& file) const {
+  optimizer_->save_to(file);
+  const StateSection masters[] = {{"masters", &masters_}};
+  add_sections(file, masters);
+  SectionWriter scaler;
+  scaler.put(scaler_.state());
+  file.add("scaler", scaler.take());
+}
+
+template <class Optimizer>
+void MixedPrecision<Optimizer>::check_state(const std::string& path, const StateFile& file) const {
   const StateSection masters[] = {{"masters", &masters_}};
   check_sections(path, file, masters);
   SectionReader reader(file.get("scaler"), "scaler");
@@ -137,10 +148,15 @@ void MixedPrecision<Optimizer>::load(const std::string& path) {
     throw Error(ErrorCode::io_error, "state file '" + path + "' has a bad loss scaler state: " + e.what());
   }
   optimizer_->check_state(path, file);
-  // Everything checked: write.
+}
+
+template <class Optimizer>
+void MixedPrecision<Optimizer>::apply_state(const StateFile& file) {
   optimizer_->apply_state(file);
+  const StateSection masters[] = {{"masters", &masters_}};
   apply_sections(file, masters);
-  scaler_.set_state(scaler_state);
+  SectionReader reader(file.get("scaler"), "scaler");
+  scaler_.set_state(reader.get<LossScalerState>());
   cast_into(model_params_, masters_);
 }
 

@@ -56,6 +56,11 @@ class MixedPrecision {
   // loaded masters.
   void save(const std::string& path) const;
   void load(const std::string& path);
+  // As for Adam: the state as sections of a larger file. apply_state also
+  // rewrites the model's weights from the loaded masters.
+  void save_to(StateFile& file) const;
+  void check_state(const std::string& path, const StateFile& file) const;
+  void apply_state(const StateFile& file);
 
  private:
   std::vector<TensorView> model_params_;
