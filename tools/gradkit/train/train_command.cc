@@ -43,7 +43,7 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
   tool::Options options("gradkit train", "Train an MLP on Fashion-MNIST, data-parallel over MPI ranks, with gradkit doing "
                                    "everything after backward.");
   options.add("ranks", "auto", "ranks to start (auto: 2, or mpiexec's count when started under mpiexec)");
-  options.add("device", "cpu", "cpu");
+  options.add("device", "cpu", "cpu, or cuda (a GPU per rank, f16 with dynamic loss scaling, NCCL)");
   options.add("data", kDefaultDataDir, "directory of the Fashion-MNIST IDX files (Debian: dataset-fashion-mnist)");
   options.add("epochs", "12", "epochs to train");
   options.add("stop-after", "0", "stop after this epoch, keeping the schedule of --epochs (0: train all epochs)");
@@ -64,11 +64,12 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
 
   const std::string ranks_text = options.get("ranks");
   const int ranks = ranks_text == "auto" ? 2 : static_cast<int>(options.get_int("ranks", 1, 1024));
-  const std::string device = options.get_choice("device", {"cpu"});
+  const std::string device = options.get_choice("device", {"cpu", "cuda"});
   if (!under_mpi() && ranks > 1) relaunch(self, ranks, args);
 
   TrainOptions o;
   o.data_dir = options.get("data");
+  o.device = device;
   o.epochs = static_cast<int>(options.get_int("epochs", 1, 100000));
   o.stop_after = static_cast<int>(options.get_int("stop-after", 0, o.epochs));
   o.batch = static_cast<int>(options.get_int("batch", 1, 1 << 16));

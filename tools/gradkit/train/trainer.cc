@@ -20,6 +20,7 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/state_file.h"
+#include "train/backend.h"
 #include "train/fashion_mnist.h"
 #include "train/mlp.h"
 #include "train/progress.h"
@@ -28,52 +29,6 @@ namespace gradkit::train {
 namespace {
 
 constexpr std::string_view kCheckpointKind = "gradkit-train";
-
-// The owning optimizers behind one interface.
-class Optimizer {
- public:
-  virtual ~Optimizer() = default;
-  virtual void step() = 0;
-  virtual void set_lr(float lr) = 0;
-  virtual void save_to(StateFile& file) const = 0;
-  virtual void check_state(const std::string& path, const StateFile& file) const = 0;
-  virtual void apply_state(const StateFile& file) = 0;
-};
-
-template <class T>
-class OptimizerOf final : public Optimizer {
- public:
-  template <class... Args>
-  explicit OptimizerOf(Args&&... args) : optimizer_(std::forward<Args>(args)...) {}
-  void step() override { optimizer_.step(); }
-  void set_lr(float lr) override {
-    if constexpr (std::is_same_v<T, Adam>) optimizer_.set_lr(0, lr);
-    else optimizer_.set_eta(lr);
-  }
-  void save_to(StateFile& file) const override { optimizer_.save_to(file); }
-  void check_state(const std::string& path, const StateFile& file) const override { optimizer_.check_state(path, file); }
-  void apply_state(const StateFile& file) override { optimizer_.apply_state(file); }
-
- private:
-  T optimizer_;
-};
-
-std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, std::span<const TensorView> params,
-                                          std::span<const TensorView> grads) {
-  if (o.optimizer == "adam") {
-    AdamGroup group;
-    group.params.assign(params.begin(), params.end());
-    group.grads.assign(grads.begin(), grads.end());
-    group.hyperparameters.lr = o.lr;
-    group.hyperparameters.weight_decay = o.weight_decay;
-    return std::make_unique<OptimizerOf<Adam>>(std::vector<AdamGroup>{group});
-  }
-  LambGroup group;
-  group.params.assign(params.begin(), params.end());
-  group.grads.assign(grads.begin(), grads.end());
-  group.hyperparameters.lambda = o.weight_decay;
-  return std::make_unique<OptimizerOf<Lamb>>(std::vector<LambGroup>{group}, LambOptions{.eta = o.lr});
-}
 
 // The order of the training images in `epoch`: the same on every rank and in
 // every run with the same seed, so a resumed run sees the same batches.
@@ -185,7 +140,8 @@ void write_plot(const std::string& png, const std::string& csv) {
 
 std::vector<EpochResult> run_training(const TrainOptions& o) {
   openblas_set_num_threads(1);  // one core per rank: ranks are the parallelism
-  std::unique_ptr<Communicator> comm = create_mpi_communicator();
+  const bool cuda = o.device == "cuda";
+  std::unique_ptr<Communicator> comm = cuda ? create_nccl_communicator() : create_mpi_communicator();
   const int rank = comm->rank(), ranks = comm->size();
   const bool lead = rank == 0;
 
@@ -199,13 +155,18 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
                              ") exceeds the training images (" + std::to_string(train_count) + ")");
   }
 
-  Mlp model(o.widths);
-  const std::vector<int64_t> sizes = model.parameter_sizes();
-  GradientArena params(Device::cpu(), DType::f32, sizes), grads(Device::cpu(), DType::f32, sizes),
-      micro(Device::cpu(), DType::f32, sizes);
-  model.initialize(params.gradients(), o.seed);
+  std::unique_ptr<TrainBackend> backend =
+      cuda ? make_cuda_backend(o, data, comm->device()) : make_cpu_backend(o, data);
+  const Device device = backend->device();
+  const std::vector<int64_t> sizes = Mlp(o.widths).parameter_sizes();
+  // Parameters, the step's gradients (f32, all-reduced in one call), and one
+  // micro-batch's gradients, each in one allocation.
+  const GradientArena params(device, backend->parameter_dtype(), sizes), grads(device, DType::f32, sizes),
+      micro(device, backend->micro_gradient_dtype(), sizes);
+  backend->initialize(params.gradients(), o.seed);
   const AccumulatePlan accumulate(grads.gradients(), micro.gradients());
-  std::unique_ptr<Optimizer> optimizer = make_optimizer(o, params.gradients(), grads.gradients());
+  std::unique_ptr<Optimizer> optimizer = backend->make_optimizer(o, params.gradients(), grads.gradients());
+  Buffer totals_buffer(device, 2 * sizeof(double));
 
   const CheckpointHeader header{0, ranks, o.batch, o.accumulate, o.seed};
   int first_epoch = 1;
@@ -214,25 +175,21 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
     if (lead) std::printf("resumed from %s after epoch %d\n", o.resume.c_str(), first_epoch - 1);
   }
   if (lead) {
-    std::printf("gradkit train: MLP %s on Fashion-MNIST, %d rank(s), %s, %s, batch %d x %d micro-batch(es) per rank, "
-                "%lld steps per epoch\n",
-                [&] {
-                  std::string s;
-                  for (int w : o.widths) s += (s.empty() ? "" : "-") + std::to_string(w);
-                  return s;
-                }().c_str(),
-                ranks, o.optimizer.c_str(), o.reduce.c_str(), o.batch, o.accumulate, static_cast<long long>(steps));
+    std::string widths;
+    for (int w : o.widths) widths += (widths.empty() ? "" : "-") + std::to_string(w);
+    std::printf("gradkit train: MLP %s on Fashion-MNIST, %d rank(s) on %s%s, %s, %s, batch %d x %d micro-batch(es) "
+                "per rank, %lld steps per epoch\n",
+                widths.c_str(), ranks, cuda ? "cuda" : "cpu", cuda ? " (f16, dynamic loss scaling)" : "",
+                o.optimizer.c_str(), o.reduce.c_str(), o.batch, o.accumulate, static_cast<long long>(steps));
   }
-
   if (lead && !o.log.empty() && o.resume.empty()) log_line(o.log, nullptr);
-  std::vector<float> images(static_cast<size_t>(o.batch) * 784);
-  std::vector<uint8_t> labels(o.batch);
+
   std::vector<EpochResult> results;
   const float micro_scale = 1.0f / static_cast<float>(o.accumulate);
   const int last_epoch = o.stop_after > 0 ? std::min(o.stop_after, o.epochs) : o.epochs;
   for (int epoch = first_epoch; epoch <= last_epoch; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
-    const std::vector<int64_t> order = epoch_order(o.seed, epoch, train_count);
+    backend->start_epoch(epoch_order(o.seed, epoch, train_count));
     // Cosine decay over the epochs: large steps first, fine ones at the end
     // (the final accuracy then depends little on where the last step lands).
     optimizer->set_lr(static_cast<float>(o.lr * 0.5 * (1 + std::cos(M_PI * (epoch - 1) / o.epochs))));
@@ -241,42 +198,36 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
     for (int64_t step = 0; step < steps; ++step) {
       for (int m = 0; m < o.accumulate; ++m) {
         const int64_t offset = ((step * o.accumulate + m) * ranks + rank) * o.batch;
-        for (int b = 0; b < o.batch; ++b) {
-          const int64_t index = order[offset + b];
-          std::copy_n(data.train.images.data() + index * 784, 784, images.data() + static_cast<size_t>(b) * 784);
-          labels[b] = data.train.labels[index];
-        }
-        loss_sum += model.forward_backward(images.data(), labels.data(), o.batch, micro_scale, params.gradients(),
-                                           micro.gradients());
+        backend->forward_backward(offset, o.batch, micro_scale, params.gradients(), micro.gradients());
         accumulate.accumulate_v2(Flag::host(m == 0));  // the first micro-batch overwrites
       }
       grads.all_reduce(*comm, ReduceOp::average);
       optimizer->step();
-      progress.update(step + 1, loss_sum / static_cast<double>((step + 1) * o.batch * o.accumulate));
+      // The running loss costs a synchronization on a GPU: read it now and then.
+      if (lead && (step % 50 == 49 || step + 1 == steps)) {
+        loss_sum += backend->take_loss_sum();
+        progress.update(step + 1, loss_sum / static_cast<double>((step + 1) * o.batch * o.accumulate));
+      }
     }
+    loss_sum += backend->take_loss_sum();
     // Test accuracy: each rank evaluates every ranks-th image; the counts add up.
-    int64_t correct = 0;
-    std::vector<float> test_images;
-    std::vector<uint8_t> test_labels;
-    for (int64_t i = rank; i < data.test.count; i += ranks) {
-      test_images.insert(test_images.end(), data.test.images.begin() + i * 784, data.test.images.begin() + (i + 1) * 784);
-      test_labels.push_back(data.test.labels[i]);
-    }
-    for (size_t at = 0; at < test_labels.size(); at += 1000) {
-      const int n = static_cast<int>(std::min<size_t>(1000, test_labels.size() - at));
-      correct += model.count_correct(test_images.data() + at * 784, test_labels.data() + at, n, params.gradients());
-    }
+    const int64_t correct = backend->count_correct(rank, ranks, params.gradients());
     double totals[2] = {loss_sum, static_cast<double>(correct)};
-    const TensorView totals_view = view(totals, 2);
+    copy_from_host(totals_buffer.data(), device, totals, sizeof totals);
+    const TensorView totals_view = totals_buffer.view(DType::f64, 0, 2);
     comm->all_reduce_buffer(totals_view, totals_view, ReduceOp::sum);
+    copy_to_host(totals, totals_buffer.data(), sizeof totals, device);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const EpochResult result{epoch, totals[0] / static_cast<double>(steps * per_step),
                              totals[1] / static_cast<double>(data.test.count),
                              static_cast<double>(steps * per_step) / seconds, seconds};
     results.push_back(result);
-    char summary[200];
-    std::snprintf(summary, sizeof summary, "epoch %d/%d: train loss %.4f, test accuracy %.4f, %.0f samples/s, %.1f s",
-                  epoch, o.epochs, result.train_loss, result.test_accuracy, result.samples_per_second, seconds);
+    char summary[240];
+    const std::string note = optimizer->note();
+    std::snprintf(summary, sizeof summary,
+                  "epoch %d/%d: train loss %.4f, test accuracy %.4f, %.0f samples/s, %.1f s%s%s", epoch, o.epochs,
+                  result.train_loss, result.test_accuracy, result.samples_per_second, seconds,
+                  note.empty() ? "" : ", ", note.c_str());
     progress.finish(summary);
     if (lead && !o.log.empty()) log_line(o.log, &result);
     if (lead && !o.save.empty()) {

@@ -11,6 +11,7 @@ namespace gradkit::train {
 
 struct TrainOptions {
   std::string data_dir;
+  std::string device = "cpu";  // cpu | cuda (one GPU per rank, f16 with dynamic loss scaling)
   std::vector<int> widths = {784, 256, 128, 10};
   int epochs = 12;
   int stop_after = 0;      // stop after this epoch (0: run all); the schedule still spans `epochs`

@@ -1,0 +1,84 @@
+// The CUDA backend: f16 model (cuBLAS), f32 master weights and dynamic loss
+// scaling through gradkit::MixedPrecision over Adam or LAMB.
+#include <vector>
+
+#include "gradkit/core/half.h"
+#include "gradkit/core/memory.h"
+#include "train/backend.h"
+#include "train/mlp.h"
+#include "train/mlp_cuda.h"
+#include "train/optimizers.h"
+
+namespace gradkit::train {
+namespace {
+
+class CudaBackend final : public TrainBackend {
+ public:
+  CudaBackend(const TrainOptions& o, const FashionMnist& data, Device device)
+      : device_(device), widths_(o.widths), model_(o.widths, device) {
+    model_.upload(data.train, data.test);
+  }
+
+  Device device() const override { return device_; }
+  DType parameter_dtype() const override { return DType::f16; }
+  DType micro_gradient_dtype() const override { return DType::f16; }
+
+  void initialize(std::span<const TensorView> params, uint64_t seed) override {
+    // The CPU model's initial weights, rounded to f16: every backend starts alike.
+    const Mlp host(widths_);
+    std::vector<std::vector<float>> values;
+    std::vector<TensorView> views;
+    for (const TensorView& p : params) {
+      values.emplace_back(p.numel);
+      views.push_back(view(values.back().data(), p.numel));
+    }
+    host.initialize(views, seed);
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::vector<half> h(values[i].size());
+      for (size_t k = 0; k < h.size(); ++k) h[k] = half(values[i][k]);
+      copy_from_host(params[i].data, device_, h.data(), h.size() * sizeof(half));
+    }
+  }
+
+  void start_epoch(const std::vector<int64_t>& order) override { model_.set_order(order); }
+
+  void forward_backward(int64_t offset, int batch, float scale, std::span<const TensorView> params,
+                        std::span<const TensorView> grads) override {
+    model_.forward_backward(offset, batch, scale, loss_scale_, params, grads);
+  }
+
+  double take_loss_sum() override { return model_.take_loss_sum(); }
+
+  int64_t count_correct(int64_t first, int64_t step, std::span<const TensorView> params) override {
+    return model_.count_correct(first, step, params);
+  }
+
+  std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, std::span<const TensorView> params,
+                                            std::span<const TensorView> grads) override {
+    MixedPrecisionOptions mp;  // dynamic loss scaling with PyTorch's defaults
+    if (o.optimizer == "adam") {
+      auto opt = std::make_unique<OptimizerOf<MixedPrecisionAdam>>(
+          std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, mp);
+      loss_scale_ = opt->get().loss_scale_device();
+      return opt;
+    }
+    auto opt = std::make_unique<OptimizerOf<MixedPrecisionLamb>>(
+        std::vector<LambGroup>{one_group<LambGroup>(o, params, grads)}, mp, LambOptions{.eta = o.lr});
+    loss_scale_ = opt->get().loss_scale_device();
+    return opt;
+  }
+
+ private:
+  Device device_;
+  std::vector<int> widths_;
+  MlpCuda model_;
+  const float* loss_scale_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainBackend> make_cuda_backend(const TrainOptions& options, const FashionMnist& data, Device device) {
+  return std::make_unique<CudaBackend>(options, data, device);
+}
+
+}  // namespace gradkit::train

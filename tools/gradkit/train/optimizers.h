@@ -1,0 +1,68 @@
+// gradkit's owning optimizers behind train's Optimizer interface.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "gradkit/optim/adam.h"
+#include "gradkit/optim/lamb.h"
+#include "gradkit/optim/mixed_precision.h"
+#include "train/backend.h"
+
+namespace gradkit::train {
+
+template <class T>
+class OptimizerOf final : public Optimizer {
+ public:
+  template <class... Args>
+  explicit OptimizerOf(Args&&... args) : optimizer_(std::forward<Args>(args)...) {}
+  void step() override { optimizer_.step(); }
+  void set_lr(float lr) override {
+    if constexpr (std::is_same_v<T, Adam>) optimizer_.set_lr(0, lr);
+    else if constexpr (std::is_same_v<T, Lamb>) optimizer_.set_eta(lr);
+    else if constexpr (std::is_same_v<T, MixedPrecisionAdam>) optimizer_.optimizer().set_lr(0, lr);
+    else optimizer_.optimizer().set_eta(lr);
+  }
+  void save_to(StateFile& file) const override { optimizer_.save_to(file); }
+  void check_state(const std::string& path, const StateFile& file) const override { optimizer_.check_state(path, file); }
+  void apply_state(const StateFile& file) override { optimizer_.apply_state(file); }
+  std::string note() const override {
+    if constexpr (std::is_same_v<T, MixedPrecisionAdam> || std::is_same_v<T, MixedPrecisionLamb>) {
+      return "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.loss_scale()));
+    } else {
+      return "";
+    }
+  }
+  T& get() { return optimizer_; }
+
+ private:
+  T optimizer_;
+};
+
+// One group over every parameter, with the run's hyperparameters.
+template <class Group>
+Group one_group(const TrainOptions& o, std::span<const TensorView> params, std::span<const TensorView> grads) {
+  Group group;
+  group.params.assign(params.begin(), params.end());
+  group.grads.assign(grads.begin(), grads.end());
+  if constexpr (std::is_same_v<Group, AdamGroup>) {
+    group.hyperparameters.lr = o.lr;
+    group.hyperparameters.weight_decay = o.weight_decay;
+  } else {
+    group.hyperparameters.lambda = o.weight_decay;
+  }
+  return group;
+}
+
+inline std::unique_ptr<Optimizer> make_plain_optimizer(const TrainOptions& o, std::span<const TensorView> params,
+                                                       std::span<const TensorView> grads) {
+  if (o.optimizer == "adam") {
+    return std::make_unique<OptimizerOf<Adam>>(std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)});
+  }
+  return std::make_unique<OptimizerOf<Lamb>>(std::vector<LambGroup>{one_group<LambGroup>(o, params, grads)},
+                                             LambOptions{.eta = o.lr});
+}
+
+}  // namespace gradkit::train
