@@ -12,6 +12,9 @@ if(NOT MPI_CXX_FOUND)
 endif()
 
 target_sources(gradkit PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/adasum/adasum_cpu.cc
+  ${CMAKE_CURRENT_LIST_DIR}/adasum/adasum_plan.cc
+  ${CMAKE_CURRENT_LIST_DIR}/adasum/schedule.cc
   ${CMAKE_CURRENT_LIST_DIR}/communicator.cc
   ${CMAKE_CURRENT_LIST_DIR}/fingerprint.cc
   ${CMAKE_CURRENT_LIST_DIR}/gradient_arena.cc
@@ -36,7 +39,9 @@ endif()
 
 if(GRADKIT_WITH_NCCL)
   target_sources(gradkit PRIVATE
+    ${CMAKE_CURRENT_LIST_DIR}/adasum/adasum_cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/nccl/divide.cu
+    ${CMAKE_CURRENT_LIST_DIR}/nccl/fusion_copy.cu
     ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_communicator.cc
     ${CMAKE_CURRENT_LIST_DIR}/nccl/stream_order.cc
   )
@@ -45,7 +50,7 @@ if(GRADKIT_WITH_NCCL)
   target_compile_definitions(gradkit PUBLIC GRADKIT_WITH_NCCL=1)
   message(STATUS "gradkit: communication layer with MPI and NCCL (${GRADKIT_NCCL_LIBRARY})")
 else()
-  target_sources(gradkit PRIVATE ${CMAKE_CURRENT_LIST_DIR}/no_nccl.cc)
+  target_sources(gradkit PRIVATE ${CMAKE_CURRENT_LIST_DIR}/no_nccl.cc ${CMAKE_CURRENT_LIST_DIR}/adasum/no_cuda.cc)
   message(STATUS "gradkit: communication layer with MPI only (NCCL needs the CUDA backend and nccl.h/libnccl)")
 endif()
 set_property(GLOBAL PROPERTY GRADKIT_WITH_MPI ON)

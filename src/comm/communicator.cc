@@ -43,7 +43,8 @@ Communicator::Communicator(int rank, int size, int local_rank, int local_size, D
       local_size_(local_size),
       device_(device),
       checked_(options.checked),
-      timeout_(options.timeout) {}
+      timeout_(options.timeout),
+      fusion_pipeline_bytes_(options.fusion_pipeline_bytes) {}
 
 Communicator::~Communicator() = default;
 
@@ -66,12 +67,12 @@ void* Communicator::fusion_bytes(size_t bytes) {
   return fusion_.data();
 }
 
-void Communicator::pack(std::span<const TensorView> inputs, unsigned char* fusion, DType dtype, Stream stream) {
-  int64_t offset = 0;
-  for (const TensorView& t : inputs) {
-    if (t.numel > 0) copy(at(fusion, offset, dtype), t.data, t.bytes(), stream);
-    offset += t.numel;
-  }
+void Communicator::pack(std::span<const TensorView> inputs, unsigned char* fusion, int64_t begin, int64_t end,
+                        Stream stream) {
+  comm::for_each_piece(inputs, begin, end, [&](const TensorView& t, int64_t in_tensor, int64_t flat, int64_t n) {
+    copy(at(fusion, flat, t.dtype), at(static_cast<unsigned char*>(t.data), in_tensor, t.dtype),
+         static_cast<size_t>(n) * dtype_size(t.dtype), stream);
+  });
 }
 
 void Communicator::unpack(const unsigned char* fusion, std::span<const TensorView> outputs, int64_t begin,
@@ -84,7 +85,12 @@ void Communicator::unpack(const unsigned char* fusion, std::span<const TensorVie
 
 void Communicator::check_fingerprint(std::string_view op, int kind, ReduceOp reduce,
                                      std::span<const TensorView> tensors) {
-  const comm::Fingerprint mine = comm::fingerprint_of(static_cast<CallKind>(kind), reduce, tensors);
+  check_fingerprint(op, kind, static_cast<uint32_t>(reduce), tensors);
+}
+
+void Communicator::check_fingerprint(std::string_view op, int kind, uint32_t variant,
+                                     std::span<const TensorView> tensors) {
+  const comm::Fingerprint mine = comm::fingerprint_of(static_cast<CallKind>(kind), variant, tensors);
   std::vector<comm::Fingerprint> all(static_cast<size_t>(size_));
   host_all_gather(&mine, all.data(), sizeof(mine));
   const std::optional<comm::Mismatch> mismatch = comm::find_mismatch(all);
@@ -144,16 +150,22 @@ void Communicator::reduce_list(std::string_view op, std::span<const TensorView> 
   // side is used where it lies.
   auto* fusion = static_cast<unsigned char*>(fusion_bytes(bytes));
   fusion_begin(stream);
-  const unsigned char* source = in.base;
-  if (!in.contiguous) {
-    pack(inputs, fusion, dtype, stream);
-    source = fusion;
-  }
-  unsigned char* destination = out.contiguous ? out.base : fusion;
-  do_all_reduce(source, destination, in.total, dtype, stream);
-  if (reduce == ReduceOp::average) divide(destination, in.total, dtype, size_, stream);
-  if (!out.contiguous) unpack(fusion, outputs, 0, in.total, stream);
+  fused_all_reduce({inputs, outputs, in.contiguous ? in.base : nullptr, out.contiguous ? out.base : nullptr, fusion,
+                    in.total, dtype, reduce},
+                   stream);
   fusion_end(stream);
+}
+
+void Communicator::fused_all_reduce(const FusedReduce& r, Stream stream) {
+  const unsigned char* source = r.source;
+  if (source == nullptr) {
+    pack(r.inputs, r.fusion, 0, r.total, stream);
+    source = r.fusion;
+  }
+  unsigned char* destination = r.destination != nullptr ? r.destination : r.fusion;
+  do_all_reduce(source, destination, r.total, r.dtype, stream);
+  if (r.reduce == ReduceOp::average) divide(destination, r.total, r.dtype, size_, stream);
+  if (r.destination == nullptr) unpack(r.fusion, r.outputs, 0, r.total, stream);
 }
 
 // ---- all-gather
@@ -195,11 +207,7 @@ void Communicator::gather_list(std::string_view op, std::span<const TensorView> 
   fusion_begin(stream);
   // This rank's slice goes to its place in the fusion buffer; its padding is
   // zeroed so that no uninitialized bytes travel.
-  comm::for_each_piece(inputs, mine, layout.end(rank_),
-                       [&](const TensorView& t, int64_t in_tensor, int64_t flat, int64_t n) {
-                         copy(at(fusion, flat, dtype), at(static_cast<unsigned char*>(t.data), in_tensor, dtype),
-                              static_cast<size_t>(n) * dtype_size(dtype), stream);
-                       });
+  pack(inputs, fusion, mine, layout.end(rank_), stream);
   const int64_t padding_begin = std::max(layout.total, rank_ * layout.shard);
   const int64_t padding_end = (rank_ + 1) * layout.shard;
   if (padding_begin < padding_end) {
@@ -249,7 +257,7 @@ void Communicator::scatter_list(std::string_view op, std::span<const TensorView>
   }
   auto* fusion = static_cast<unsigned char*>(fusion_bytes(static_cast<size_t>(layout.padded_total) * dtype_size(dtype)));
   fusion_begin(stream);
-  pack(inputs, fusion, dtype, stream);
+  pack(inputs, fusion, 0, layout.total, stream);
   if (layout.padded_total > layout.total) {
     fill_zero(at(fusion, layout.total, dtype),
               static_cast<size_t>(layout.padded_total - layout.total) * dtype_size(dtype), stream);
@@ -361,6 +369,36 @@ void Communicator::exchange(const TensorView& send, const TensorView& receive, i
   check_not_overlapping(name, receive, send, "separate send and receive buffers");
   if (send.numel == 0) return;
   do_exchange(send.data, receive.data, send.bytes(), peer, stream);
+}
+
+namespace {
+
+void check_peer(std::string_view op, int peer, int rank, int size) {
+  if (peer < 0 || peer >= size || peer == rank) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "peer",
+                         "is " + std::to_string(peer) + ", expected another rank in [0, " + std::to_string(size) +
+                             ") than this one (" + std::to_string(rank) + ")");
+  }
+}
+
+}  // namespace
+
+void Communicator::send(const TensorView& data, int peer, Stream stream) {
+  constexpr std::string_view name = "send";
+  require_usable(name);
+  check_peer(name, peer, rank_, size_);
+  check_buffer(name, "data", data, device_);
+  if (data.numel == 0) return;
+  do_send(data.data, data.bytes(), peer, stream);
+}
+
+void Communicator::receive(const TensorView& data, int peer, Stream stream) {
+  constexpr std::string_view name = "receive";
+  require_usable(name);
+  check_peer(name, peer, rank_, size_);
+  check_buffer(name, "data", data, device_);
+  if (data.numel == 0) return;
+  do_receive(data.data, data.bytes(), peer, stream);
 }
 
 void Communicator::barrier() {

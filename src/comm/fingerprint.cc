@@ -6,8 +6,11 @@ namespace {
 
 std::string call_name(const Fingerprint& f) {
   static constexpr const char* kNames[] = {"?",          "all_reduce",        "all_gather",           "reduce_scatter",
-                                           "all_reduce_buffer", "all_gather_buffer", "reduce_scatter_buffer"};
+                                           "all_reduce_buffer", "all_gather_buffer", "reduce_scatter_buffer", "adasum"};
   std::string name = f.kind < std::size(kNames) ? kNames[f.kind] : "?";
+  if (f.kind == static_cast<uint32_t>(CallKind::adasum)) {
+    return f.reduce == 0 ? name : name + "(hierarchical, " + std::to_string(f.reduce) + " ranks per node)";
+  }
   const bool reduces = f.kind == 1 || f.kind == 3 || f.kind == 4 || f.kind == 6;
   if (reduces) name += f.reduce == static_cast<uint32_t>(ReduceOp::average) ? "(average)" : "(sum)";
   return name;
@@ -15,10 +18,10 @@ std::string call_name(const Fingerprint& f) {
 
 }  // namespace
 
-Fingerprint fingerprint_of(CallKind kind, ReduceOp reduce, std::span<const TensorView> tensors) {
+Fingerprint fingerprint_of(CallKind kind, uint32_t variant, std::span<const TensorView> tensors) {
   Fingerprint f;
   f.kind = static_cast<uint32_t>(kind);
-  f.reduce = static_cast<uint32_t>(reduce);
+  f.reduce = variant;
   f.dtype = tensors.empty() ? 0 : static_cast<uint32_t>(tensors[0].dtype);
   f.count = static_cast<int64_t>(tensors.size());
   // FNV-1a over the element counts: order matters, and a collision between

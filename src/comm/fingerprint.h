@@ -20,6 +20,7 @@ enum class CallKind : uint32_t {
   all_reduce_buffer,
   all_gather_buffer,
   reduce_scatter_buffer,
+  adasum,  // `reduce`: 0 for flat Adasum, the ranks per node for hierarchical
 };
 
 struct Fingerprint {
@@ -33,7 +34,8 @@ struct Fingerprint {
 };
 static_assert(sizeof(Fingerprint) == 40);
 
-Fingerprint fingerprint_of(CallKind kind, ReduceOp reduce, std::span<const TensorView> tensors);
+// `variant`: the ReduceOp of a reducing collective, Adasum's ranks per node.
+Fingerprint fingerprint_of(CallKind kind, uint32_t variant, std::span<const TensorView> tensors);
 
 struct Mismatch {
   int rank = 0;        // the first rank whose call differs from rank 0's

@@ -319,7 +319,7 @@ std::vector<size_t> mib_list(const Options& options, const std::string& name, bo
     char* end = nullptr;
     const long long v = std::strtoll(item.c_str(), &end, 10);
     if (end == item.c_str() || *end != '\0' || v < (allow_zero ? 0 : 1) || v > (1 << 16)) {
-      throw Error(ErrorCode::invalid_argument, "gradkit-bench-comm: argument '--" + name + "' has '" + item +
+      throw Error(ErrorCode::invalid_argument, "argument '--" + name + "' has '" + item +
                                                    "', expected a whole number of MiB" +
                                                    (allow_zero ? " (0 allowed)" : " >= 1"));
     }
@@ -347,7 +347,7 @@ int run(int argc, char** argv) {
   s.collectives = options.get_list("collectives");
   for (const std::string& c : s.collectives) {
     if (c != "all-reduce" && c != "all-gather" && c != "reduce-scatter") {
-      throw Error(ErrorCode::invalid_argument, "gradkit-bench-comm: argument '--collectives' has '" + c +
+      throw Error(ErrorCode::invalid_argument, "argument '--collectives' has '" + c +
                                                    "', expected all-reduce, all-gather or reduce-scatter");
     }
   }
@@ -398,10 +398,14 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   gradkit::MpiEnvironment mpi(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // Rank 0 prints the report (and --help); every rank prints its errors.
+  if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return 1;
   try {
     return gradkit::tool::run(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gradkit-bench-comm: %s\n", e.what());
+    std::fprintf(stderr, "gradkit-bench-comm (rank %d): %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }

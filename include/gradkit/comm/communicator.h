@@ -44,6 +44,11 @@ struct CommunicatorOptions {
   bool checked = false;
   // NCCL only: the CUDA ordinal this rank uses; -1 means local_rank().
   int cuda_device = -1;
+  // NCCL only: a scattered list of more than twice this many bytes is
+  // all-reduced through the fusion buffer in pieces of about this size, so
+  // that packing piece i + 1 and unpacking piece i - 1 overlap the collective
+  // on piece i. 0 means one piece (pack, collective, unpack in turn).
+  size_t fusion_pipeline_bytes = size_t{128} << 20;
 };
 
 // An MPI communicator passed through gradkit's API without mpi.h: wrap one
@@ -134,6 +139,11 @@ class Communicator {
   // Sends `send` to rank `peer` and receives the same number of bytes from it
   // into `receive` (the peer calls exchange with this rank). Not in place.
   void exchange(const TensorView& send, const TensorView& receive, int peer, Stream stream = {});
+  // One-way transfers: `data` goes to rank `peer`, which calls receive() from
+  // this rank with a buffer of the same number of bytes (Adasum's fold of the
+  // ranks past a power of two, and the result's way back).
+  void send(const TensorView& data, int peer, Stream stream = {});
+  void receive(const TensorView& data, int peer, Stream stream = {});
   // Returns when every rank has called it (host-side; waits for nothing on a stream).
   void barrier();
   // Returns when the work this communicator enqueued on `stream` has
@@ -144,6 +154,12 @@ class Communicator {
 
   // Bytes currently held by the fusion buffer (for tests and for sizing).
   size_t fusion_buffer_bytes() const { return fusion_.bytes(); }
+  // How many copy plans the fusion-buffer path has built (NCCL: one per
+  // distinct list, kept for the next calls with the same list; MPI: none).
+  // A count that grows every step means the lists move between steps.
+  virtual size_t fusion_plans_built() const { return 0; }
+  size_t fusion_pipeline_bytes() const { return fusion_pipeline_bytes_; }
+  void set_fusion_pipeline_bytes(size_t bytes) { fusion_pipeline_bytes_ = bytes; }
 
  protected:
   Communicator(int rank, int size, int local_rank, int local_size, Device device,
@@ -157,6 +173,8 @@ class Communicator {
   virtual void do_reduce_scatter(const void* input, void* output, int64_t count_per_rank, DType dtype,
                                  Stream stream) = 0;
   virtual void do_exchange(const void* send, void* receive, size_t bytes, int peer, Stream stream) = 0;
+  virtual void do_send(const void* data, size_t bytes, int peer, Stream stream) = 0;
+  virtual void do_receive(void* data, size_t bytes, int peer, Stream stream) = 0;
   virtual void do_barrier() = 0;
   // A blocking all-gather of `bytes` host bytes from each rank, for the
   // fingerprints of checked mode; bounded by the timeout.
@@ -171,19 +189,43 @@ class Communicator {
   // different streams do not overlap (NCCL orders them with an event).
   virtual void fusion_begin(Stream) {}
   virtual void fusion_end(Stream) {}
+  // The elements [begin, end) of the list's concatenation into the fusion
+  // buffer (element k at fusion + k * dtype size), and back. The defaults
+  // copy piece by piece with copy(); NCCL copies with one kernel.
+  virtual void pack(std::span<const TensorView> inputs, unsigned char* fusion, int64_t begin, int64_t end,
+                    Stream stream);
+  virtual void unpack(const unsigned char* fusion, std::span<const TensorView> outputs, int64_t begin, int64_t end,
+                      Stream stream);
+  // The fusion-buffer all-reduce, after validation: `source` is the
+  // contiguous input, or null to pack `inputs` into `fusion`; `destination`
+  // the contiguous output, or null to reduce into `fusion` and unpack into
+  // `outputs`. The default packs, reduces, divides and unpacks in turn on
+  // `stream`; NCCL overlaps them piece by piece (fusion_pipeline_bytes).
+  struct FusedReduce {
+    std::span<const TensorView> inputs;
+    std::span<const TensorView> outputs;
+    const unsigned char* source;
+    unsigned char* destination;
+    unsigned char* fusion;
+    int64_t total;
+    DType dtype;
+    ReduceOp reduce;
+  };
+  virtual void fused_all_reduce(const FusedReduce& r, Stream stream);
 
   // Throws if an earlier timeout or failure made this communicator unusable.
   void require_usable(std::string_view op) const;
   void mark_unusable(const std::string& why) { failure_ = why; }
 
  private:
+  // Adasum (adasum.h) checks its calls' fingerprints and the node layout
+  // through the same host exchanges as the collectives.
+  friend class AdasumPlan;
+
   void* fusion_bytes(size_t bytes);
-  // The list, back to back, into the fusion buffer; and the fusion buffer's
-  // elements [begin, end) back to the list's.
-  void pack(std::span<const TensorView> inputs, unsigned char* fusion, DType dtype, Stream stream);
-  void unpack(const unsigned char* fusion, std::span<const TensorView> outputs, int64_t begin, int64_t end,
-              Stream stream);
   void check_fingerprint(std::string_view op, int kind, ReduceOp reduce, std::span<const TensorView> tensors);
+  // `variant` is the call's reduction, or what else tells two calls of one kind apart.
+  void check_fingerprint(std::string_view op, int kind, uint32_t variant, std::span<const TensorView> tensors);
   void reduce_list(std::string_view op, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
                    ReduceOp reduce, Stream stream);
   void gather_list(std::string_view op, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
@@ -200,6 +242,7 @@ class Communicator {
   std::chrono::milliseconds timeout_;
   std::string failure_;
   Buffer fusion_;  // grow-only: reallocated only when a call needs more
+  size_t fusion_pipeline_bytes_;
 };
 
 // How all-gather and reduce-scatter split a list among ranks (ONNX Runtime's

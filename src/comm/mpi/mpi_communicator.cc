@@ -79,7 +79,6 @@ class MpiCommunicator final : public Communicator {
 
   void do_exchange(const void* send, void* receive, size_t bytes, int peer, Stream) override {
     const int n = comm::mpi_count("exchange", static_cast<int64_t>(bytes));
-    constexpr int kTag = 0x6b;  // gradkit's own communicator: one tag is enough
     MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     GRADKIT_MPI_CHECK(MPI_Irecv(receive, n, MPI_BYTE, peer, kTag, channel_->comm(), &requests[0]));
     GRADKIT_MPI_CHECK(MPI_Isend(send, n, MPI_BYTE, peer, kTag, channel_->comm(), &requests[1]));
@@ -89,6 +88,20 @@ class MpiCommunicator final : public Communicator {
       mark_unusable(e.what());
       throw;
     }
+  }
+
+  void do_send(const void* data, size_t bytes, int peer, Stream) override {
+    MPI_Request request = MPI_REQUEST_NULL;
+    GRADKIT_MPI_CHECK(MPI_Isend(data, comm::mpi_count("send", static_cast<int64_t>(bytes)), MPI_BYTE, peer, kTag,
+                                channel_->comm(), &request));
+    wait_for(request, "MPI_Isend");
+  }
+
+  void do_receive(void* data, size_t bytes, int peer, Stream) override {
+    MPI_Request request = MPI_REQUEST_NULL;
+    GRADKIT_MPI_CHECK(MPI_Irecv(data, comm::mpi_count("receive", static_cast<int64_t>(bytes)), MPI_BYTE, peer, kTag,
+                                channel_->comm(), &request));
+    wait_for(request, "MPI_Irecv");
   }
 
   void do_barrier() override {
@@ -118,6 +131,10 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // gradkit's own communicator, and point-to-point messages between two
+  // ranks arrive in the order sent: one tag is enough.
+  static constexpr int kTag = 0x6b;
+
   void wait_for(MPI_Request& request, const char* call) {
     try {
       channel_->wait(request, call);

@@ -5,6 +5,7 @@
 // every call is followed by polling ncclCommGetAsyncError, bounded by the
 // timeout, and a communicator that runs out of time or reports an error is
 // aborted (ncclCommAbort) and throws.
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -12,6 +13,7 @@
 #include "backend/cuda_runtime.h"
 #include "comm/mpi/mpi_channel.h"
 #include "comm/nccl/divide.h"
+#include "comm/nccl/fusion_copy.h"
 #include "comm/nccl/nccl_check.h"
 #include "cuda/check.h"
 
@@ -62,6 +64,12 @@ class NcclCommunicator final : public Communicator {
         else ncclCommAbort(comm_);
       }
       if (fusion_free_ != nullptr) cudaEventDestroy(fusion_free_);
+      for (cudaEvent_t e : {fork_, packed_, reduced_, reduce_done_, unpack_done_}) {
+        if (e != nullptr) cudaEventDestroy(e);
+      }
+      for (cudaStream_t s : {pack_stream_, reduce_stream_, unpack_stream_}) {
+        if (s != nullptr) cudaStreamDestroy(s);
+      }
     } catch (...) {
       // A destructor must not throw; the device is gone or unusable anyway.
     }
@@ -124,6 +132,16 @@ class NcclCommunicator final : public Communicator {
     settle(ended, "ncclGroupEnd", __FILE__, __LINE__);
   }
 
+  void do_send(const void* data, size_t bytes, int peer, Stream stream) override {
+    cuda::DeviceGuard guard(device().index);
+    settle(ncclSend(data, bytes, ncclUint8, peer, comm_, cuda::native(stream)), "ncclSend", __FILE__, __LINE__);
+  }
+
+  void do_receive(void* data, size_t bytes, int peer, Stream stream) override {
+    cuda::DeviceGuard guard(device().index);
+    settle(ncclRecv(data, bytes, ncclUint8, peer, comm_, cuda::native(stream)), "ncclRecv", __FILE__, __LINE__);
+  }
+
   void do_barrier() override { guarded([&] { channel_->barrier(); }); }
 
   void host_all_gather(const void* input, void* output, size_t bytes) override {
@@ -154,6 +172,80 @@ class NcclCommunicator final : public Communicator {
   void fusion_end(Stream stream) override {
     cuda::DeviceGuard guard(device().index);
     GRADKIT_CUDA_CHECK(cudaEventRecord(fusion_free_, cuda::native(stream)));
+  }
+
+  size_t fusion_plans_built() const override { return plans_.plans_built(); }
+
+  // One multi-tensor kernel each way, from a plan cached per list.
+  void pack(std::span<const TensorView> inputs, unsigned char* fusion, int64_t begin, int64_t end,
+            Stream stream) override {
+    if (begin >= end) return;
+    plans_.get(inputs, fusion, inputs[0].dtype)->copy(begin, end, /*to_fusion=*/true, cuda::native(stream));
+  }
+  void unpack(const unsigned char* fusion, std::span<const TensorView> outputs, int64_t begin, int64_t end,
+              Stream stream) override {
+    if (begin >= end) return;
+    plans_.get(outputs, const_cast<unsigned char*>(fusion), outputs[0].dtype)
+        ->copy(begin, end, /*to_fusion=*/false, cuda::native(stream));
+  }
+
+  // A large list goes in pieces through three streams: pack (piece i into
+  // the fusion buffer), reduce (the collective and the average's division on
+  // piece i once it is packed; the highest priority, so that NCCL's blocks
+  // are scheduled before waiting copy blocks) and unpack (piece i back once
+  // it is reduced). Pieces are disjoint ranges of the concatenation, so no
+  // copy of one piece touches what another stage works on. The caller's
+  // stream forks into the three and joins them at the end.
+  void fused_all_reduce(const FusedReduce& r, Stream stream) override {
+    const size_t element = dtype_size(r.dtype);
+    const size_t piece_bytes = fusion_pipeline_bytes();
+    if (piece_bytes == 0 || static_cast<size_t>(r.total) * element <= 2 * piece_bytes) {
+      Communicator::fused_all_reduce(r, stream);
+      return;
+    }
+    // Pieces of equal size (the last one shorter) starting on 256-byte
+    // boundaries of the fusion buffer.
+    const auto unit = static_cast<int64_t>(256 / element);
+    const auto pieces = static_cast<int64_t>((static_cast<size_t>(r.total) * element + piece_bytes - 1) / piece_bytes);
+    const int64_t piece = ((r.total + pieces - 1) / pieces + unit - 1) / unit * unit;
+
+    cuda::DeviceGuard guard(device().index);
+    create_pipeline();
+    std::shared_ptr<const comm::FusionCopyPlan> in_plan, out_plan;
+    if (r.source == nullptr) in_plan = plans_.get(r.inputs, r.fusion, r.dtype);
+    if (r.destination == nullptr) out_plan = plans_.get(r.outputs, r.fusion, r.dtype);
+
+    const cudaStream_t caller = cuda::native(stream);
+    GRADKIT_CUDA_CHECK(cudaEventRecord(fork_, caller));
+    for (cudaStream_t s : {pack_stream_, reduce_stream_, unpack_stream_}) {
+      GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(s, fork_, 0));
+    }
+    // An event is re-recorded for each piece: every wait is enqueued right
+    // after the record it must see, which is the one it waits for.
+    for (int64_t begin = 0; begin < r.total; begin += piece) {
+      const int64_t end = std::min(r.total, begin + piece);
+      const size_t at = static_cast<size_t>(begin) * element;
+      if (in_plan) {
+        in_plan->copy(begin, end, /*to_fusion=*/true, pack_stream_);
+        GRADKIT_CUDA_CHECK(cudaEventRecord(packed_, pack_stream_));
+        GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(reduce_stream_, packed_, 0));
+      }
+      const unsigned char* source = (r.source != nullptr ? r.source : r.fusion) + at;
+      unsigned char* destination = (r.destination != nullptr ? r.destination : r.fusion) + at;
+      do_all_reduce(source, destination, end - begin, r.dtype, Stream{reduce_stream_});
+      if (r.reduce == ReduceOp::average) divide(destination, end - begin, r.dtype, size(), Stream{reduce_stream_});
+      if (out_plan) {
+        GRADKIT_CUDA_CHECK(cudaEventRecord(reduced_, reduce_stream_));
+        GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(unpack_stream_, reduced_, 0));
+        out_plan->copy(begin, end, /*to_fusion=*/false, unpack_stream_);
+      }
+    }
+    // Every pack precedes a collective on the reduce stream, so joining the
+    // reduce and unpack streams joins all three.
+    GRADKIT_CUDA_CHECK(cudaEventRecord(reduce_done_, reduce_stream_));
+    GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(caller, reduce_done_, 0));
+    GRADKIT_CUDA_CHECK(cudaEventRecord(unpack_done_, unpack_stream_));
+    GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(caller, unpack_done_, 0));
   }
 
  private:
@@ -202,6 +294,25 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<comm::MpiChannel> channel_;
   ncclComm_t comm_ = nullptr;
   cudaEvent_t fusion_free_ = nullptr;
+
+  // The streams and events of the pipelined fusion path, made on first use.
+  void create_pipeline() {
+    if (reduce_stream_ != nullptr) return;
+    int least = 0, greatest = 0;
+    GRADKIT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    GRADKIT_CUDA_CHECK(cudaStreamCreateWithPriority(&pack_stream_, cudaStreamNonBlocking, least));
+    GRADKIT_CUDA_CHECK(cudaStreamCreateWithPriority(&unpack_stream_, cudaStreamNonBlocking, least));
+    for (cudaEvent_t* e : {&fork_, &packed_, &reduced_, &reduce_done_, &unpack_done_}) {
+      GRADKIT_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    }
+    // Last: it marks the whole set as made.
+    GRADKIT_CUDA_CHECK(cudaStreamCreateWithPriority(&reduce_stream_, cudaStreamNonBlocking, greatest));
+  }
+
+  comm::FusionPlanCache plans_{8};
+  cudaStream_t pack_stream_ = nullptr, reduce_stream_ = nullptr, unpack_stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, packed_ = nullptr, reduced_ = nullptr, reduce_done_ = nullptr,
+              unpack_done_ = nullptr;
 };
 
 }  // namespace

@@ -52,7 +52,7 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
   options.add("optimizer", "adam", "adam or lamb");
   options.add("lr", "auto", "learning rate (auto: 1e-3 for adam, 5e-3 for lamb)");
   options.add("weight-decay", "0", "weight decay (AdamW's decoupled decay; LAMB's lambda)");
-  options.add("reduce", "allreduce", "how ranks combine gradients: allreduce (average)");
+  options.add("reduce", "allreduce", "how ranks combine gradients: allreduce (average) or adasum");
   options.add("seed", "1", "seed of the initial weights and the data order");
   options.add("limit", "0", "train on the first N images only (0: all 60,000)");
   options.add("save", "", "checkpoint file, written atomically after every epoch");
@@ -78,7 +78,7 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
   o.lr = options.get("lr") == "auto" ? (o.optimizer == "adam" ? 1e-3f : 5e-3f)
                                      : static_cast<float>(options.get_double("lr", 0.0, 10.0));
   o.weight_decay = static_cast<float>(options.get_double("weight-decay", 0.0, 1.0));
-  o.reduce = options.get_choice("reduce", {"allreduce"});
+  o.reduce = options.get_choice("reduce", {"allreduce", "adasum"});
   o.seed = static_cast<uint64_t>(options.get_int("seed", 0, INT64_MAX));
   o.limit = options.get_int("limit", 0, INT64_MAX);
   o.save = options.get("save");

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 
+#include "gradkit/comm/adasum.h"
 #include "gradkit/comm/communicator.h"
 #include "gradkit/comm/gradient_arena.h"
 #include "gradkit/core/error.h"
@@ -167,6 +168,11 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
   const AccumulatePlan accumulate(grads.gradients(), micro.gradients());
   std::unique_ptr<Optimizer> optimizer = backend->make_optimizer(o, params.gradients(), grads.gradients());
   Buffer totals_buffer(device, 2 * sizeof(double));
+  // How the ranks combine their gradients: the average, or Adasum (which
+  // keeps a gradient's size where ranks agree and adds where they are
+  // orthogonal). Both planned once for the arena.
+  std::unique_ptr<AdasumPlan> adasum;
+  if (o.reduce == "adasum") adasum = std::make_unique<AdasumPlan>(*comm, grads.gradients());
 
   const CheckpointHeader header{0, ranks, o.batch, o.accumulate, o.seed};
   int first_epoch = 1;
@@ -201,7 +207,8 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
         backend->forward_backward(offset, o.batch, micro_scale, params.gradients(), micro.gradients());
         accumulate.accumulate_v2(Flag::host(m == 0));  // the first micro-batch overwrites
       }
-      grads.all_reduce(*comm, ReduceOp::average);
+      if (adasum) adasum->run();
+      else grads.all_reduce(*comm, ReduceOp::average);
       optimizer->step();
       // The running loss costs a synchronization on a GPU: read it now and then.
       if (lead && (step % 50 == 49 || step + 1 == steps)) {
