@@ -8,6 +8,7 @@
 #include "backend/cuda_runtime.h"
 #include "gradkit/core/error.h"
 #include "ops/device_scalar.h"
+#include "ops/optimizer_dtypes.h"
 
 namespace gradkit {
 namespace {
@@ -17,31 +18,6 @@ constexpr std::string_view kOp = "adam_step";
 void check_range(bool ok, const std::string& arg, const std::string& what, double value) {
   if (!ok) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, arg, "is " + std::to_string(value) + ", expected " + what);
-  }
-}
-
-void check_dtypes(const MultiTensorPlan& plan, int max_list, int copy_list) {
-  if (plan.num_tensors() == 0) return;
-  const DType w = plan.dtype(0), g = plan.dtype(1), m = plan.dtype(2), v = plan.dtype(3);
-  auto fail = [](std::string_view arg, DType got, const std::string& expected) {
-    throw_argument_error(ErrorCode::dtype_unsupported, kOp, arg,
-                         "has dtype " + std::string(dtype_name(got)) + ", expected " + expected);
-  };
-  if (w == DType::f64) {
-    if (g != DType::f64) fail("grads", g, "f64 (the dtype of the weights)");
-    if (m != DType::f64) fail("exp_avg", m, "f64 (the dtype of the weights)");
-    if (v != DType::f64) fail("exp_avg_sq", v, "f64 (the dtype of the weights)");
-    if (max_list >= 0 && plan.dtype(max_list) != DType::f64) fail("max_exp_avg_sq", plan.dtype(max_list), "f64");
-    if (copy_list >= 0) fail("model_copy", plan.dtype(copy_list), "no model copy with f64 weights");
-    return;
-  }
-  if (w != DType::f32) fail("weights", w, "f32 (master weights) or f64");
-  if (g == DType::f64) fail("grads", g, "f32, f16 or bf16 with f32 weights");
-  if (m != DType::f32 && m != DType::bf16) fail("exp_avg", m, "f32 or bf16");
-  if (v != m) fail("exp_avg_sq", v, std::string(dtype_name(m)) + " (the dtype of exp_avg)");
-  if (max_list >= 0 && plan.dtype(max_list) != m) fail("max_exp_avg_sq", plan.dtype(max_list), std::string(dtype_name(m)));
-  if (copy_list >= 0 && plan.dtype(copy_list) != DType::f16 && plan.dtype(copy_list) != DType::bf16) {
-    fail("model_copy", plan.dtype(copy_list), "f16 or bf16");
   }
 }
 
@@ -89,7 +65,7 @@ AdamPlan::AdamPlan(const AdamTensors& t, std::span<const AdamHyperparameters> hy
   }
   plan_ = MultiTensorPlan(kOp, lists, MultiTensorPlan::kDefaultChunkElements, groups,
                           static_cast<int32_t>(hyperparameters.size()));
-  check_dtypes(plan_, max_list, copy_list);
+  ops::check_optimizer_dtypes(kOp, plan_, {.max_exp_avg_sq = max_list, .model_copy = copy_list});
   has_max_ = max_list >= 0;
   has_copy_ = copy_list >= 0;
   set_hyperparameters(hyperparameters);

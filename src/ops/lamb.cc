@@ -8,6 +8,7 @@
 #include "backend/lamb.h"
 #include "gradkit/core/error.h"
 #include "ops/device_scalar.h"
+#include "ops/optimizer_dtypes.h"
 
 namespace gradkit {
 namespace {
@@ -17,32 +18,6 @@ constexpr std::string_view kOp = "lamb_step";
 void check(bool ok, const std::string& arg, const std::string& what, double value) {
   if (!ok) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, arg, "is " + std::to_string(value) + ", expected " + what);
-  }
-}
-
-void check_dtypes(const MultiTensorPlan& plan, int copy_list, int update_list) {
-  if (plan.num_tensors() == 0) return;
-  const DType w = plan.dtype(0), g = plan.dtype(1), m = plan.dtype(2), v = plan.dtype(3);
-  auto fail = [](std::string_view arg, DType got, const std::string& expected) {
-    throw_argument_error(ErrorCode::dtype_unsupported, kOp, arg,
-                         "has dtype " + std::string(dtype_name(got)) + ", expected " + expected);
-  };
-  if (update_list >= 0 && plan.dtype(update_list) != w) {
-    fail("update", plan.dtype(update_list), std::string(dtype_name(w)) + " (the dtype of the weights)");
-  }
-  if (w == DType::f64) {
-    if (g != DType::f64) fail("grads", g, "f64 (the dtype of the weights)");
-    if (m != DType::f64) fail("exp_avg", m, "f64 (the dtype of the weights)");
-    if (v != DType::f64) fail("exp_avg_sq", v, "f64 (the dtype of the weights)");
-    if (copy_list >= 0) fail("model_copy", plan.dtype(copy_list), "no model copy with f64 weights");
-    return;
-  }
-  if (w != DType::f32) fail("weights", w, "f32 (master weights) or f64");
-  if (g == DType::f64) fail("grads", g, "f32, f16 or bf16 with f32 weights");
-  if (m != DType::f32 && m != DType::bf16) fail("exp_avg", m, "f32 or bf16");
-  if (v != m) fail("exp_avg_sq", v, std::string(dtype_name(m)) + " (the dtype of exp_avg)");
-  if (copy_list >= 0 && plan.dtype(copy_list) != DType::f16 && plan.dtype(copy_list) != DType::bf16) {
-    fail("model_copy", plan.dtype(copy_list), "f16 or bf16");
   }
 }
 
@@ -86,7 +61,7 @@ LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hy
   }
   plan_ = MultiTensorPlan(kOp, lists, MultiTensorPlan::kDefaultChunkElements, groups,
                           static_cast<int32_t>(hyperparameters.size()));
-  check_dtypes(plan_, copy_list_, update_list_);
+  ops::check_optimizer_dtypes(kOp, plan_, {.model_copy = copy_list_, .update = update_list_});
   scratch_ = Buffer(plan_.device(), (2 * sizeof(double)) * plan_.chunks().size() + sizeof(float) * plan_.num_tensors());
   set_hyperparameters(hyperparameters);
 }

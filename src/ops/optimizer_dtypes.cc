@@ -1,0 +1,41 @@
+#include "ops/optimizer_dtypes.h"
+
+#include <string>
+
+#include "gradkit/core/error.h"
+
+namespace gradkit::ops {
+
+void check_optimizer_dtypes(std::string_view op, const MultiTensorPlan& plan, const OptionalLists& lists) {
+  if (plan.num_tensors() == 0) return;
+  const DType w = plan.dtype(0), g = plan.dtype(1), m = plan.dtype(2), v = plan.dtype(3);
+  auto fail = [op](std::string_view arg, DType got, const std::string& expected) {
+    throw_argument_error(ErrorCode::dtype_unsupported, op, arg,
+                         "has dtype " + std::string(dtype_name(got)) + ", expected " + expected);
+  };
+  if (lists.update >= 0 && plan.dtype(lists.update) != w) {
+    fail("update", plan.dtype(lists.update), std::string(dtype_name(w)) + " (the dtype of the weights)");
+  }
+  if (w == DType::f64) {
+    if (g != DType::f64) fail("grads", g, "f64 (the dtype of the weights)");
+    if (m != DType::f64) fail("exp_avg", m, "f64 (the dtype of the weights)");
+    if (v != DType::f64) fail("exp_avg_sq", v, "f64 (the dtype of the weights)");
+    if (lists.max_exp_avg_sq >= 0 && plan.dtype(lists.max_exp_avg_sq) != DType::f64) {
+      fail("max_exp_avg_sq", plan.dtype(lists.max_exp_avg_sq), "f64");
+    }
+    if (lists.model_copy >= 0) fail("model_copy", plan.dtype(lists.model_copy), "no model copy with f64 weights");
+    return;
+  }
+  if (w != DType::f32) fail("weights", w, "f32 (master weights) or f64");
+  if (g == DType::f64) fail("grads", g, "f32, f16 or bf16 with f32 weights");
+  if (m != DType::f32 && m != DType::bf16) fail("exp_avg", m, "f32 or bf16");
+  if (v != m) fail("exp_avg_sq", v, std::string(dtype_name(m)) + " (the dtype of exp_avg)");
+  if (lists.max_exp_avg_sq >= 0 && plan.dtype(lists.max_exp_avg_sq) != m) {
+    fail("max_exp_avg_sq", plan.dtype(lists.max_exp_avg_sq), std::string(dtype_name(m)));
+  }
+  if (lists.model_copy >= 0 && plan.dtype(lists.model_copy) != DType::f16 && plan.dtype(lists.model_copy) != DType::bf16) {
+    fail("model_copy", plan.dtype(lists.model_copy), "f16 or bf16");
+  }
+}
+
+}  // namespace gradkit::ops
