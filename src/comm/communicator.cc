@@ -126,16 +126,7 @@ void Communicator::all_reduce(std::span<const TensorView> inputs, std::span<cons
 void Communicator::reduce_list(std::string_view op, std::span<const TensorView> inputs,
                                std::span<const TensorView> outputs, ReduceOp reduce, Stream stream) {
   require_usable(op);
-  const bool in_place = comm::same_tensors(inputs, outputs);
-  const ListInfo in = comm::inspect_list(op, in_place ? "tensors" : "inputs", inputs, device_);
-  ListInfo out = in;
-  if (!in_place) {
-    out = comm::inspect_list(op, "outputs", outputs, device_);
-    comm::check_matching(op, inputs, outputs);
-    comm::check_no_overlap(op, outputs, inputs);
-  } else {
-    comm::check_no_overlap(op, inputs, {});
-  }
+  const auto [in, out] = comm::inspect_lists(op, inputs, outputs, device_);
   if (checked_) check_fingerprint(op, static_cast<int>(CallKind::all_reduce), reduce, inputs);
   if (in.total == 0) return;
 
@@ -181,16 +172,7 @@ void Communicator::all_gather(std::span<const TensorView> inputs, std::span<cons
 void Communicator::gather_list(std::string_view op, std::span<const TensorView> inputs,
                                std::span<const TensorView> outputs, Stream stream) {
   require_usable(op);
-  const bool in_place = comm::same_tensors(inputs, outputs);
-  const ListInfo in = comm::inspect_list(op, in_place ? "tensors" : "inputs", inputs, device_);
-  ListInfo out = in;
-  if (!in_place) {
-    out = comm::inspect_list(op, "outputs", outputs, device_);
-    comm::check_matching(op, inputs, outputs);
-    comm::check_no_overlap(op, outputs, inputs);
-  } else {
-    comm::check_no_overlap(op, inputs, {});
-  }
+  const auto [in, out] = comm::inspect_lists(op, inputs, outputs, device_);
   if (checked_) check_fingerprint(op, static_cast<int>(CallKind::all_gather), ReduceOp::sum, inputs);
   if (in.total == 0) return;
 
@@ -233,16 +215,7 @@ void Communicator::reduce_scatter(std::span<const TensorView> inputs, std::span<
 void Communicator::scatter_list(std::string_view op, std::span<const TensorView> inputs,
                                 std::span<const TensorView> outputs, ReduceOp reduce, Stream stream) {
   require_usable(op);
-  const bool in_place = comm::same_tensors(inputs, outputs);
-  const ListInfo in = comm::inspect_list(op, in_place ? "tensors" : "inputs", inputs, device_);
-  ListInfo out = in;
-  if (!in_place) {
-    out = comm::inspect_list(op, "outputs", outputs, device_);
-    comm::check_matching(op, inputs, outputs);
-    comm::check_no_overlap(op, outputs, inputs);
-  } else {
-    comm::check_no_overlap(op, inputs, {});
-  }
+  const auto [in, out] = comm::inspect_lists(op, inputs, outputs, device_);
   if (checked_) check_fingerprint(op, static_cast<int>(CallKind::reduce_scatter), reduce, inputs);
   if (in.total == 0) return;
 

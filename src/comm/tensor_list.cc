@@ -129,4 +129,20 @@ void check_no_overlap(std::string_view op, std::span<const TensorView> outputs, 
   }
 }
 
+ListPair inspect_lists(std::string_view op, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                       Device device) {
+  const bool in_place = same_tensors(inputs, outputs);
+  ListPair lists;
+  lists.in = inspect_list(op, in_place ? "tensors" : "inputs", inputs, device);
+  lists.out = lists.in;
+  if (!in_place) {
+    lists.out = inspect_list(op, "outputs", outputs, device);
+    check_matching(op, inputs, outputs);
+    check_no_overlap(op, outputs, inputs);
+  } else {
+    check_no_overlap(op, inputs, {});
+  }
+  return lists;
+}
+
 }  // namespace gradkit::comm

@@ -37,6 +37,16 @@ bool same_tensors(std::span<const TensorView> inputs, std::span<const TensorView
 // no output may overlap any input either.
 void check_no_overlap(std::string_view op, std::span<const TensorView> outputs, std::span<const TensorView> inputs);
 
+struct ListPair {
+  ListInfo in, out;
+};
+
+// The checks every list collective makes on its (inputs, outputs): each list
+// inspected (in place: one list, named "tensors"), sizes and dtypes
+// matching, no forbidden overlap.
+ListPair inspect_lists(std::string_view op, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                       Device device);
+
 // Visits the pieces of the list's elements [begin, end) of its
 // concatenation: piece(tensor, offset in the tensor, offset in the
 // concatenation, count), in order.
