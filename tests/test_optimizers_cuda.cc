@@ -9,6 +9,7 @@
 
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
+#include "gradkit/optim/mixed_precision.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {
@@ -137,6 +138,65 @@ TEST(CudaLamb, WholeStepCapturedInAGraphMatchesEagerSteps) {
   CHECK_CUDA(cudaStreamSynchronize(stream));
   EXPECT_EQ(a.step_count(), 4);
   EXPECT_EQ(graphed.bits(), eager.bits());
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+// The whole mixed-precision step (check, update, scaler) in one graph: the
+// replays match eager steps bit for bit, an overflow replay skips and backs
+// the scale off, all decided on the device.
+TEST(CudaMixedPrecision, WholeStepCapturedInAGraphMatchesEagerSteps) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  std::mt19937_64 rng(5);
+  struct Model {
+    std::vector<TestTensor> w, g;
+  } graphed, eager;
+  for (int64_t n : {4096, 65536 + 3}) {
+    const auto w0 = random_values(rng, n), g0 = random_values(rng, n, 100.0);
+    for (Model* m : {&graphed, &eager}) {
+      m->w.emplace_back(Device::cuda(0), DType::f16, w0);
+      m->g.emplace_back(Device::cuda(0), DType::f16, g0);
+    }
+  }
+  auto groups = [](const Model& m) {
+    AdamGroup g;
+    for (size_t i = 0; i < m.w.size(); ++i) {
+      g.params.push_back(m.w[i].view());
+      g.grads.push_back(m.g[i].view());
+    }
+    return std::vector<AdamGroup>{g};
+  };
+  MixedPrecisionOptions options;
+  options.max_norm = 1.0f;
+  options.scaler.initial_scale = 256.0f;
+  options.scaler.growth_interval = 2;
+  MixedPrecisionAdam a(groups(graphed), options), b(groups(eager), options);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  a.step(Stream{stream});
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 5; ++replay) {
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    b.step();
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  EXPECT_EQ(a.loss_scale(), b.loss_scale());
+  EXPECT_EQ(a.loss_scale(), 256.0f * 4);
+  for (size_t i = 0; i < graphed.w.size(); ++i) EXPECT_EQ(graphed.w[i].bytes(), eager.w[i].bytes());
+  // Poison a gradient on the device: the replay skips, the scale halves.
+  const auto before = graphed.w[0].bytes();
+  const half inf(INFINITY);
+  CHECK_CUDA(cudaMemcpyAsync(graphed.g[1].view().data, &inf, sizeof inf, cudaMemcpyHostToDevice, stream));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  EXPECT_TRUE(a.last_step_skipped());
+  EXPECT_EQ(a.loss_scale(), 512.0f);
+  EXPECT_EQ(graphed.w[0].bytes(), before);
   CHECK_CUDA(cudaGraphExecDestroy(exec));
   CHECK_CUDA(cudaGraphDestroy(graph));
   CHECK_CUDA(cudaStreamDestroy(stream));
