@@ -44,7 +44,8 @@ Communicator::Communicator(int rank, int size, int local_rank, int local_size, D
       device_(device),
       checked_(options.checked),
       timeout_(options.timeout),
-      fusion_pipeline_bytes_(options.fusion_pipeline_bytes) {}
+      fusion_pipeline_bytes_(options.fusion_pipeline_bytes),
+      list_checks_(std::make_unique<comm::ListCheckCache>()) {}
 
 Communicator::~Communicator() = default;
 
@@ -126,7 +127,7 @@ void Communicator::all_reduce(std::span<const TensorView> inputs, std::span<cons
 void Communicator::reduce_list(std::string_view op, std::span<const TensorView> inputs,
                                std::span<const TensorView> outputs, ReduceOp reduce, Stream stream) {
   require_usable(op);
-  const auto [in, out] = comm::inspect_lists(op, inputs, outputs, device_);
+  const auto [in, out] = list_checks_->inspect(op, inputs, outputs, device_);
   if (checked_) check_fingerprint(op, static_cast<int>(CallKind::all_reduce), reduce, inputs);
   if (in.total == 0) return;
 
@@ -172,7 +173,7 @@ void Communicator::all_gather(std::span<const TensorView> inputs, std::span<cons
 void Communicator::gather_list(std::string_view op, std::span<const TensorView> inputs,
                                std::span<const TensorView> outputs, Stream stream) {
   require_usable(op);
-  const auto [in, out] = comm::inspect_lists(op, inputs, outputs, device_);
+  const auto [in, out] = list_checks_->inspect(op, inputs, outputs, device_);
   if (checked_) check_fingerprint(op, static_cast<int>(CallKind::all_gather), ReduceOp::sum, inputs);
   if (in.total == 0) return;
 
@@ -215,7 +216,7 @@ void Communicator::reduce_scatter(std::span<const TensorView> inputs, std::span<
 void Communicator::scatter_list(std::string_view op, std::span<const TensorView> inputs,
                                 std::span<const TensorView> outputs, ReduceOp reduce, Stream stream) {
   require_usable(op);
-  const auto [in, out] = comm::inspect_lists(op, inputs, outputs, device_);
+  const auto [in, out] = list_checks_->inspect(op, inputs, outputs, device_);
   if (checked_) check_fingerprint(op, static_cast<int>(CallKind::reduce_scatter), reduce, inputs);
   if (in.total == 0) return;
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "gradkit/core/tensor.h"
 
@@ -46,6 +47,26 @@ struct ListPair {
 // matching, no forbidden overlap.
 ListPair inspect_lists(std::string_view op, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
                        Device device);
+
+// Remembers the last few (inputs, outputs) pairs that passed
+// inspect_lists, so that a training loop that passes the same lists every
+// step pays one comparison of its views instead of a CUDA pointer query per
+// tensor: the host cost of a repeated call no longer grows with CUDA calls
+// per tensor. A view equal in every field (pointer, count, dtype, device) to
+// one checked before is taken as checked.
+class ListCheckCache {
+ public:
+  ListPair inspect(std::string_view op, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                   Device device);
+
+ private:
+  struct Entry {
+    std::vector<TensorView> inputs, outputs;
+    ListPair result;
+  };
+  static constexpr size_t kEntries = 8;
+  std::vector<Entry> entries_;  // most recent first
+};
 
 // Visits the pieces of the list's elements [begin, end) of its
 // concatenation: piece(tensor, offset in the tensor, offset in the

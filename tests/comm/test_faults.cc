@@ -120,6 +120,23 @@ TEST_P(Faults, InvalidArgumentsAreRejectedBeforeAnythingIsWritten) {
 }
 
 // The last rank joins 1.5 s late; the others give up after 300 ms.
+// A list validated once is remembered, so repeated calls skip the per-tensor
+// pointer queries; a list that differs in any view is still checked in full.
+TEST_P(Faults, RememberedListsDoNotHideErrors) {
+  Communicator& c = comm();
+  TestList list(c.device(), DType::f32, {8, 9}, Layout::back_to_back);
+  std::vector<TensorView> views(list.views().begin(), list.views().end());
+  c.all_reduce(views);  // checked and remembered
+  c.all_reduce(views);  // remembered
+  std::vector<TensorView> longer = views;
+  longer[1].numel = 1 << 30;  // same pointers, another count: checked again
+  longer[1].device = c.device().is_cuda() ? Device::cpu() : Device::cuda(0);
+  expect_error([&] { c.all_reduce(longer); }, ErrorCode::device_mismatch, {"'tensors[1]'"});
+  TestList out(c.device(), DType::f32, {8, 10}, Layout::back_to_back);
+  expect_error([&] { c.all_reduce(views, out.views()); }, ErrorCode::size_mismatch, {"'outputs[1]'"});
+  c.wait();
+}
+
 TEST(MpiFaults, ARankThatDoesNotJoinMakesTheOthersThrowWithinTheTimeout) {
   CommunicatorOptions options;
   options.timeout = std::chrono::milliseconds(300);

@@ -28,6 +28,10 @@
 
 namespace gradkit {
 
+namespace comm {
+class ListCheckCache;  // src/comm/tensor_list.h
+}
+
 enum class ReduceOp : uint8_t {
   sum,
   average,  // the sum divided by size(), in f32 (f64 for f64), rounded once
@@ -243,6 +247,7 @@ class Communicator {
   std::string failure_;
   Buffer fusion_;  // grow-only: reallocated only when a call needs more
   size_t fusion_pipeline_bytes_;
+  std::unique_ptr<comm::ListCheckCache> list_checks_;  // lists already validated
 };
 
 // How all-gather and reduce-scatter split a list among ranks (ONNX Runtime's
