@@ -1,5 +1,6 @@
 #include "gradkit/core/error.h"
 
+#include <cstdio>
 #include <string>
 
 namespace gradkit {
@@ -32,6 +33,13 @@ void throw_argument_error(ErrorCode code, std::string_view op, std::string_view 
   message += "' ";
   message += what;
   throw Error(code, message);
+}
+
+void check_value(bool ok, std::string_view op, std::string_view arg, double value, const std::string& expected) {
+  if (ok) return;
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", value);
+  throw_argument_error(ErrorCode::invalid_argument, op, arg, std::string("is ") + text + ", expected " + expected);
 }
 
 }  // namespace gradkit

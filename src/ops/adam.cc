@@ -15,24 +15,18 @@ namespace {
 
 constexpr std::string_view kOp = "adam_step";
 
-void check_range(bool ok, const std::string& arg, const std::string& what, double value) {
-  if (!ok) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, arg, "is " + std::to_string(value) + ", expected " + what);
-  }
-}
 
 }  // namespace
 
 void validate(const AdamHyperparameters& h, std::string_view op, const std::string& arg) {
   (void)op;
-  check_range(std::isfinite(h.lr) && h.lr >= 0, arg + ".lr", "a finite value >= 0", h.lr);
-  check_range(h.beta1 >= 0 && h.beta1 < 1, arg + ".beta1", "a value in [0, 1)", h.beta1);
-  check_range(h.beta2 >= 0 && h.beta2 < 1, arg + ".beta2", "a value in [0, 1)", h.beta2);
-  check_range(std::isfinite(h.eps) && h.eps > 0, arg + ".eps", "a finite value > 0", h.eps);
-  check_range(std::isfinite(h.weight_decay) && h.weight_decay >= 0, arg + ".weight_decay", "a finite value >= 0",
-              h.weight_decay);
+  check_value(std::isfinite(h.lr) && h.lr >= 0, kOp, arg + ".lr", h.lr, "a finite value >= 0");
+  check_value(h.beta1 >= 0 && h.beta1 < 1, kOp, arg + ".beta1", h.beta1, "a value in [0, 1)");
+  check_value(h.beta2 >= 0 && h.beta2 < 1, kOp, arg + ".beta2", h.beta2, "a value in [0, 1)");
+  check_value(std::isfinite(h.eps) && h.eps > 0, kOp, arg + ".eps", h.eps, "a finite value > 0");
+  check_value(std::isfinite(h.weight_decay) && h.weight_decay >= 0, kOp, arg + ".weight_decay", h.weight_decay, "a finite value >= 0");
   const auto decay = static_cast<int32_t>(h.decay);
-  check_range(decay >= 0 && decay <= 2, arg + ".decay", "l2, decoupled or hugging_face", decay);
+  check_value(decay >= 0 && decay <= 2, kOp, arg + ".decay", decay, "l2, decoupled or hugging_face");
 }
 
 AdamPlan::AdamPlan(const AdamTensors& t, std::span<const AdamHyperparameters> hyperparameters,

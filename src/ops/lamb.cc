@@ -15,23 +15,17 @@ namespace {
 
 constexpr std::string_view kOp = "lamb_step";
 
-void check(bool ok, const std::string& arg, const std::string& what, double value) {
-  if (!ok) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, arg, "is " + std::to_string(value) + ", expected " + what);
-  }
-}
 
 }  // namespace
 
 void validate(const LambHyperparameters& h, std::string_view, const std::string& arg) {
-  check(h.alpha >= 0 && h.alpha < 1, arg + ".alpha", "a value in [0, 1)", h.alpha);
-  check(h.beta >= 0 && h.beta < 1, arg + ".beta", "a value in [0, 1)", h.beta);
-  check(std::isfinite(h.lambda) && h.lambda >= 0, arg + ".lambda", "a finite value >= 0", h.lambda);
-  check(std::isfinite(h.epsilon) && h.epsilon > 0, arg + ".epsilon", "a finite value > 0", h.epsilon);
-  check(!std::isnan(h.ratio_min), arg + ".ratio_min", "a number (not NaN)", h.ratio_min);
-  check(!std::isnan(h.ratio_max) && h.ratio_max >= h.ratio_min, arg + ".ratio_max", "a number >= ratio_min",
-        h.ratio_max);
-  check(std::isfinite(h.max_norm), arg + ".max_norm", "a finite value (<= 0 turns clipping off)", h.max_norm);
+  check_value(h.alpha >= 0 && h.alpha < 1, kOp, arg + ".alpha", h.alpha, "a value in [0, 1)");
+  check_value(h.beta >= 0 && h.beta < 1, kOp, arg + ".beta", h.beta, "a value in [0, 1)");
+  check_value(std::isfinite(h.lambda) && h.lambda >= 0, kOp, arg + ".lambda", h.lambda, "a finite value >= 0");
+  check_value(std::isfinite(h.epsilon) && h.epsilon > 0, kOp, arg + ".epsilon", h.epsilon, "a finite value > 0");
+  check_value(!std::isnan(h.ratio_min), kOp, arg + ".ratio_min", h.ratio_min, "a number (not NaN)");
+  check_value(!std::isnan(h.ratio_max) && h.ratio_max >= h.ratio_min, kOp, arg + ".ratio_max", h.ratio_max, "a number >= ratio_min");
+  check_value(std::isfinite(h.max_norm), kOp, arg + ".max_norm", h.max_norm, "a finite value (<= 0 turns clipping off)");
 }
 
 LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hyperparameters,
@@ -83,14 +77,14 @@ void LambPlan::set_hyperparameters(std::span<const LambHyperparameters> hyperpar
 
 void LambPlan::validate_inputs(const LambStepInputs& in) const {
   const Device device = plan_.device();
-  if (in.eta_device == nullptr) check(std::isfinite(in.eta) && in.eta >= 0, "eta", "a finite value >= 0", in.eta);
+  if (in.eta_device == nullptr) check_value(std::isfinite(in.eta) && in.eta >= 0, kOp, "eta", in.eta, "a finite value >= 0");
   if (in.loss_scale_device == nullptr) {
-    check(std::isfinite(in.loss_scale) && in.loss_scale > 0, "loss_scale", "a finite value > 0", in.loss_scale);
+    check_value(std::isfinite(in.loss_scale) && in.loss_scale > 0, kOp, "loss_scale", in.loss_scale, "a finite value > 0");
   }
   if (in.gradient_norm_device == nullptr) {
-    check(!std::isnan(in.gradient_norm), "gradient_norm", "a norm >= 0, or < 0 for none", in.gradient_norm);
+    check_value(!std::isnan(in.gradient_norm), kOp, "gradient_norm", in.gradient_norm, "a norm >= 0, or < 0 for none");
   }
-  if (in.step_device == nullptr) check(in.step >= 1, "step", "a count >= 1", static_cast<double>(in.step));
+  if (in.step_device == nullptr) check_value(in.step >= 1, kOp, "step", static_cast<double>(in.step), "a count >= 1");
   ops::check_device_scalar(kOp, "eta_device", in.eta_device, device);
   ops::check_device_scalar(kOp, "loss_scale_device", in.loss_scale_device, device);
   ops::check_device_scalar(kOp, "gradient_norm_device", in.gradient_norm_device, device);

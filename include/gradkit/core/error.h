@@ -36,4 +36,8 @@ class Error : public std::runtime_error {
 [[noreturn]] void throw_argument_error(ErrorCode code, std::string_view op, std::string_view arg,
                                        const std::string& what);
 
+// Unless `ok`: throws Error(invalid_argument, "<op>: argument '<arg>' is
+// <value>, expected <expected>"), the value printed with %.9g.
+void check_value(bool ok, std::string_view op, std::string_view arg, double value, const std::string& expected);
+
 }  // namespace gradkit
