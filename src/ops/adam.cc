@@ -89,10 +89,8 @@ void AdamPlan::validate_inputs(const AdamStepInputs& in) const {
   if (in.step_device == nullptr && in.step < 1) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "step", "is " + std::to_string(in.step) + ", expected >= 1");
   }
-  if (in.grad_scale_device == nullptr && !(std::isfinite(in.grad_scale) && in.grad_scale > 0)) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, "grad_scale",
-                         "is " + std::to_string(in.grad_scale) + ", expected a finite value > 0");
-  }
+  check_value(in.grad_scale_device != nullptr || (std::isfinite(in.grad_scale) && in.grad_scale > 0), kOp,
+              "grad_scale", in.grad_scale, "a finite value > 0");
   ops::check_device_scalar(kOp, "step_device", in.step_device, device);
   ops::check_device_scalar(kOp, "lr_device", in.lr_device, device);
   ops::check_device_scalar(kOp, "grad_scale_device", in.grad_scale_device, device);

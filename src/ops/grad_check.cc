@@ -16,10 +16,8 @@ constexpr std::string_view kOp = "check_gradients";
 
 GradientCheckPlan::GradientCheckPlan(std::span<const TensorView> grads, GradientCheckOptions options)
     : options_(options) {
-  if (!std::isfinite(options.max_norm) || options.max_norm < 0) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, "options.max_norm",
-                         "is " + std::to_string(options.max_norm) + ", expected a finite value >= 0 (0: no clipping)");
-  }
+  check_value(std::isfinite(options.max_norm) && options.max_norm >= 0, kOp, "options.max_norm", options.max_norm,
+              "a finite value >= 0 (0: no clipping)");
   if (options.norm != NormType::l2 && options.norm != NormType::infinity) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "options.norm", "is not l2 or infinity");
   }
@@ -35,10 +33,8 @@ GradientCheckPlan::GradientCheckPlan(std::span<const TensorView> grads, Gradient
 void GradientCheckPlan::check(const GradientCheckOutputs& out, float loss_scale, const float* loss_scale_device,
                               Stream stream) const {
   const Device device = plan_.num_tensors() > 0 ? plan_.device() : Device::cpu();
-  if (loss_scale_device == nullptr && !(std::isfinite(loss_scale) && loss_scale > 0)) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, "loss_scale",
-                         "is " + std::to_string(loss_scale) + ", expected a finite value > 0");
-  }
+  check_value(loss_scale_device != nullptr || (std::isfinite(loss_scale) && loss_scale > 0), kOp, "loss_scale",
+              loss_scale, "a finite value > 0");
   ops::check_device_scalar(kOp, "loss_scale_device", loss_scale_device, device);
   ops::check_device_scalar(kOp, "found_inf", out.found_inf, device);
   ops::check_device_scalar(kOp, "grad_divisor", out.grad_divisor, device);

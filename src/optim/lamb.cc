@@ -22,10 +22,7 @@ Lamb::Lamb(std::vector<LambGroup> groups, LambOptions options) : groups_(std::mo
     throw_argument_error(ErrorCode::dtype_unsupported, kOp, "options.moment_dtype",
                          "is " + std::string(dtype_name(options_.moment_dtype)) + ", expected f32 or bf16");
   }
-  if (!(options_.eta >= 0 && options_.eta < INFINITY)) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, "options.eta",
-                         "is " + std::to_string(options_.eta) + ", expected a finite value >= 0");
-  }
+  check_value(options_.eta >= 0 && options_.eta < INFINITY, kOp, "options.eta", options_.eta, "a finite value >= 0");
   const ParameterLists lists = flatten_groups(kOp, groups_);
   device_ = lists.device;
   const DType moment = lists.params.empty() || lists.params[0].dtype != DType::f64 ? options_.moment_dtype : DType::f64;
@@ -68,9 +65,7 @@ float Lamb::eta() const {
 }
 
 void Lamb::set_eta(float eta) {
-  if (!(eta >= 0 && eta < INFINITY)) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, "eta", "is " + std::to_string(eta) + ", expected a finite value >= 0");
-  }
+  check_value(eta >= 0 && eta < INFINITY, kOp, "eta", eta, "a finite value >= 0");
   options_.eta = eta;
   copy_from_host(eta_.data(), device_, &eta, sizeof eta);
 }
