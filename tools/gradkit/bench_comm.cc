@@ -334,7 +334,7 @@ int run(int argc, char** argv) {
   options.add("sizes", "1,16,256,1024", "flat buffer sizes in MiB (f32)");
   options.add("collectives", "all-reduce,all-gather,reduce-scatter", "comma-separated");
   options.add("bert", "on", "the BERT-large list (389 tensors, 1274 MiB f32) all-reduced three ways: on or off");
-  options.add("pipeline-mib", "128,64,256,0",
+  options.add("pipeline-mib", "256,128,512,0",
               "fusion_pipeline_bytes (MiB) to time the scattered list with; 0 = one piece");
   options.add("warmup", "5", "untimed calls before each row");
   options.add("reps", "20", "timed calls per row (the median is reported)");

@@ -51,8 +51,10 @@ struct CommunicatorOptions {
   // NCCL only: a scattered list of more than twice this many bytes is
   // all-reduced through the fusion buffer in pieces of about this size, so
   // that packing piece i + 1 and unpacking piece i - 1 overlap the collective
-  // on piece i. 0 means one piece (pack, collective, unpack in turn).
-  size_t fusion_pipeline_bytes = size_t{128} << 20;
+  // on piece i. 0 means one piece (pack, collective, unpack in turn). 256 MiB
+  // was the best of 64, 128, 256 MiB and one piece for the BERT-large list on
+  // 2x H200 (bench/RESULTS.md).
+  size_t fusion_pipeline_bytes = size_t{256} << 20;
 };
 
 // An MPI communicator passed through gradkit's API without mpi.h: wrap one
