@@ -290,6 +290,9 @@ TEST_P(Adam, RejectsBadInputsWithoutWriting) {
   expect_error([&] { plan.step({.step = 0}); }, ErrorCode::invalid_argument, "'step'");
   expect_error([&] { plan.step({.step = 1, .grad_scale = 0.0f}); }, ErrorCode::invalid_argument, "'grad_scale'");
   expect_error([&] { plan.step({.step = 1, .grad_scale = INFINITY}); }, ErrorCode::invalid_argument, "'grad_scale'");
+  TestTensor steps(device(), DType::f64, {1.0, 2.0});
+  auto* misaligned = reinterpret_cast<int64_t*>(static_cast<char*>(steps.view().data) + 4);
+  expect_error([&] { plan.step({.step_device = misaligned}); }, ErrorCode::invalid_argument, "'step_device'");
 
   AdamTensors short_grads = f.tensors();
   short_grads.grads = std::span(f.gv).first(2);

@@ -120,6 +120,38 @@ TEST_P(GradientCheck, OneBadElementAmongTenThousandTensorsIsCaught) {
   EXPECT_TRUE(found.read());
 }
 
+// A NaN is caught by the infinity norm too, and makes its own tensor's norm
+// NaN while the others stay finite.
+TEST_P(GradientCheck, ANonFiniteTensorHasANaNNorm) {
+  for (NormType type : {NormType::l2, NormType::infinity}) {
+    TestTensor a(device(), DType::f32, {1.0, NAN, 2.0}), b(device(), DType::f32, {3.0, -4.0});
+    const TensorView views[] = {a.view(), b.view()};
+    TestTensor out(device(), DType::f32, {0.0, 0.0, 0.0});
+    TestFlag found(device(), false);
+    float* o = out.view().as<float>();
+    GradientCheckPlan(views, {type}).check({found.pointer(), nullptr, o, o + 1});
+    synchronize(device());
+    const auto got = out.read();
+    EXPECT_TRUE(found.read());
+    EXPECT_TRUE(std::isnan(got[0]));
+    EXPECT_TRUE(std::isnan(got[1]));
+    EXPECT_EQ(got[2], type == NormType::l2 ? 5.0 : 4.0);
+  }
+}
+
+TEST(DefaultConstructed, ObjectsAreEmptyOrSayWhatIsMissing) {
+  EXPECT_NO_THROW(AdamPlan{}.step({}));
+  EXPECT_NO_THROW(LambPlan{}.step({}));
+  EXPECT_NO_THROW(GradientCheckPlan{}.check({}));
+  bool flag = false;
+  try {
+    LossScaler{}.update(&flag);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("default-constructed"), std::string::npos) << e.what();
+  }
+}
+
 TEST_P(GradientCheck, WriteUnscaledMultipliesByTheInverseScale) {
   std::mt19937_64 rng(3);
   const auto values = round_to(DType::bf16, random_values(rng, 5000, 64.0));

@@ -152,6 +152,16 @@ TEST_P(Validation, NullDeviceFlag) {
                   ErrorCode::null_pointer, {"'updated'"}, {&b});
 }
 
+TEST_P(Validation, MisalignedOrHugeViewsAreRejected) {
+  std::mt19937_64 rng(21);
+  TestTensor b(device(), DType::f32, random_values(rng, 64)), v(device(), DType::f32, random_values(rng, 64));
+  const TensorView misaligned{static_cast<char*>(b.view().data) + 2, 10, DType::f32, device()};
+  expect_rejected([&] { zero(misaligned); }, ErrorCode::invalid_argument, {"'buffers[0]'", "4-byte elements"}, {&b});
+  const TensorView huge{b.view().data, int64_t{1} << 61, DType::f64, device()};
+  expect_rejected([&] { zero(huge); }, ErrorCode::invalid_argument, {"'buffers[0]'", "2^60"}, {&b});
+  EXPECT_THROW(Buffer(Device::cpu(), 16).view(DType::f32, 0, int64_t{1} << 62), Error);
+}
+
 TEST(ParseDevice, AcceptsAndRejects) {
   EXPECT_EQ(parse_device("cpu"), Device::cpu());
   EXPECT_EQ(parse_device("cuda"), Device::cuda(0));

@@ -25,9 +25,11 @@ GradientArena::GradientArena(Device device, DType dtype, std::span<const int64_t
   std::vector<size_t> offsets(numels.size());
   size_t end = 0;
   for (size_t i = 0; i < numels.size(); ++i) {
-    if (numels[i] < 0) {
+    // The running total stays below 2^62 bytes, so nothing here can wrap.
+    constexpr size_t kMaxBytes = size_t{1} << 62;
+    if (numels[i] < 0 || static_cast<size_t>(numels[i]) > (kMaxBytes - round_up(end, alignment)) / element) {
       throw_argument_error(ErrorCode::invalid_argument, op, "numels[" + std::to_string(i) + "]",
-                           "is " + std::to_string(numels[i]) + ", expected a count >= 0");
+                           "is " + std::to_string(numels[i]) + ", expected a count >= 0 that keeps the arena below 2^62 bytes");
     }
     offsets[i] = round_up(end, alignment);
     end = offsets[i] + static_cast<size_t>(numels[i]) * element;

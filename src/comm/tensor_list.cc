@@ -52,14 +52,18 @@ ListInfo inspect_list(std::string_view op, std::string_view arg, std::span<const
                                std::string(dtype_name(info.dtype)) + " (one dtype per list, that of " +
                                std::string(arg) + "[0])");
     }
-    if (t.numel < 0) {
+    if (t.numel < 0 || t.numel > (int64_t{1} << 60)) {
       throw_argument_error(ErrorCode::invalid_argument, op, element_name(arg, i),
-                           "has " + std::to_string(t.numel) + " elements, expected a count >= 0");
+                           "has " + std::to_string(t.numel) + " elements, expected a count from 0 to 2^60");
     }
     if (t.numel == 0) continue;
     if (t.data == nullptr) {
       throw_argument_error(ErrorCode::null_pointer, op, element_name(arg, i),
                            "has null data and " + std::to_string(t.numel) + " elements");
+    }
+    if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0) {
+      throw_argument_error(ErrorCode::invalid_argument, op, element_name(arg, i),
+                           "starts at an address that is not a multiple of its element size; expected aligned data");
     }
     backend::check_memory_location(op, arg, i, t);
     auto* begin = static_cast<unsigned char*>(t.data);

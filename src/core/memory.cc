@@ -22,7 +22,7 @@ Buffer::Buffer(Device device, size_t bytes) : bytes_(bytes), device_(device) {
 }
 
 TensorView Buffer::view(DType dtype, size_t byte_offset, int64_t numel) const {
-  if (numel < 0 || byte_offset + static_cast<size_t>(numel) * dtype_size(dtype) > bytes_) {
+  if (numel < 0 || byte_offset > bytes_ || static_cast<size_t>(numel) > (bytes_ - byte_offset) / dtype_size(dtype)) {
     throw_argument_error(ErrorCode::invalid_argument, "Buffer::view", "numel",
                          "is " + std::to_string(numel) + " at byte offset " + std::to_string(byte_offset) +
                              ", expected the view to fit in the buffer's " + std::to_string(bytes_) + " bytes");

@@ -10,6 +10,9 @@
 namespace gradkit {
 namespace {
 
+// Beyond this, element counts times element sizes could overflow 64 bits.
+constexpr int64_t kMaxElements = int64_t{1} << 60;
+
 std::string element_name(std::string_view list, size_t index) {
   return std::string(list) + "[" + std::to_string(index) + "]";
 }
@@ -91,9 +94,9 @@ MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> 
     for (size_t i = 0; i < n; ++i) {
       const TensorView& t = list.tensors[i];
       const int64_t expected = first.tensors[i].numel;
-      if (t.numel < 0) {
+      if (t.numel < 0 || t.numel > kMaxElements) {
         throw_argument_error(ErrorCode::invalid_argument, op, element_name(list.name, i),
-                             "has " + std::to_string(t.numel) + " elements, expected a count >= 0");
+                             "has " + std::to_string(t.numel) + " elements, expected a count from 0 to 2^60");
       }
       if (t.numel != expected) {
         throw_argument_error(ErrorCode::size_mismatch, op, element_name(list.name, i),
@@ -116,6 +119,11 @@ MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> 
         throw_argument_error(ErrorCode::null_pointer, op, element_name(list.name, i),
                              "is null with " + std::to_string(t.numel) +
                                  " elements; expected a valid pointer");
+      }
+      if (t.numel > 0 && reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0) {
+        throw_argument_error(ErrorCode::invalid_argument, op, element_name(list.name, i),
+                             "starts at an address that is not a multiple of its " +
+                                 std::to_string(dtype_size(t.dtype)) + "-byte elements; expected aligned data");
       }
       if (t.numel > 0) backend::check_memory_location(op, list.name, i, t);
       impl->pointers[l * n + i] = t.data;

@@ -38,16 +38,20 @@ void grad_check_cpu(const MultiTensorPlan& plan, const GradCheckLaunch& l) {
   }
   const auto chunks = plan.chunks();
   std::vector<double> per_tensor(plan.num_tensors(), 0.0);
+  std::vector<bool> tensor_nonfinite(plan.num_tensors(), false);
   double global = 0;
   bool nonfinite = false;
   for (size_t c = 0; c < chunks.size(); ++c) {
     per_tensor[chunks[c].tensor] = norm_combine(per_tensor[chunks[c].tensor], l.partial_norms[c], type);
+    if (l.partial_flags[c]) tensor_nonfinite[chunks[c].tensor] = true;
     global = norm_combine(global, l.partial_norms[c], type);
     nonfinite = nonfinite || l.partial_flags[c];
   }
   const GradientCheckOutputs& out = l.outputs;
   if (out.tensor_norms != nullptr) {
-    for (size_t t = 0; t < per_tensor.size(); ++t) out.tensor_norms[t] = static_cast<float>(norm_finish(per_tensor[t], type));
+    for (size_t t = 0; t < per_tensor.size(); ++t) {
+      out.tensor_norms[t] = tensor_nonfinite[t] ? NAN : static_cast<float>(norm_finish(per_tensor[t], type));
+    }
   }
   const double norm = nonfinite ? NAN : norm_finish(global, type);
   if (out.found_inf != nullptr) *out.found_inf = nonfinite;

@@ -73,11 +73,14 @@ __global__ void tensor_norms_kernel(PlanArgs plan, GradCheckLaunch launch) {
   const NormType type = launch.options.norm;
   const auto combine = [type](double a, double b) { return norm_combine(a, b, type); };
   double partial = 0;
+  bool nonfinite = false;
   for (int64_t c = plan.first_chunk(t) + lane, end = plan.first_chunk(t + 1); c < end; c += 32) {
     partial = combine(partial, launch.partial_norms[c]);
+    nonfinite |= launch.partial_flags[c];
   }
   partial = cuda::warp_reduce(partial, combine);
-  if (lane == 0) launch.outputs.tensor_norms[t] = static_cast<float>(norm_finish(partial, type));
+  nonfinite = __any_sync(0xffffffffu, nonfinite);
+  if (lane == 0) launch.outputs.tensor_norms[t] = nonfinite ? NAN : static_cast<float>(norm_finish(partial, type));
 }
 
 // One block: thread k combines chunks k, k + blockDim.x, ... in order, then

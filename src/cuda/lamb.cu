@@ -51,7 +51,7 @@ struct NormsPass {
 
   // Pass 1 for one element: new moments (or the old ones, marked, where d is
   // not finite) and the element's contributions to |w|^2 and |d|^2.
-  __device__ static void element(W wi, G gi, M& mi, M& vi, const LambCoefficients<C>& c, float& w2, float& d2) {
+  __device__ static void element(W wi, G gi, M& mi, M& vi, const LambCoefficients<C>& c, C& w2, C& d2) {
     const C w = cuda::to_compute<C>(wi);
     C m = cuda::to_compute<C>(mi), v = cuda::to_compute<C>(vi);
     lamb_moments(cuda::to_compute<C>(gi), m, v, c);
@@ -60,11 +60,11 @@ struct NormsPass {
     if (finite(d)) {
       mi = m_stored;
       vi = v_stored;
-      d2 += static_cast<float>(d * d);
+      d2 += d * d;
     } else {
       vi = cuda::from_compute<M>(-cuda::to_compute<C>(vi));  // mark: old v with its sign bit set
     }
-    w2 += static_cast<float>(w * w);
+    w2 += w * w;
   }
 
   __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
@@ -76,7 +76,7 @@ struct NormsPass {
     M* v = plan.tensor<M>(3, chunk);
     const bool vectorized = cuda::vector_aligned<N>(w) && cuda::vector_aligned<N>(g) &&
                             cuda::vector_aligned<N>(m) && cuda::vector_aligned<N>(v);
-    float w2 = 0, d2 = 0;
+    C w2 = 0, d2 = 0;  // f32 sums in a block (f64 for f64 data), f64 across chunks
     cuda::for_each_group<N, 2>(
         chunk.length, vectorized,
         [&]<int U>(int i, int stride, bool vec) {

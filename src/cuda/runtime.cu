@@ -100,15 +100,21 @@ std::shared_ptr<void> upload(Device device, const void* host, size_t bytes) {
   return owned;
 }
 
+// "Synchronous" copies wait for all work on the device first: a plain
+// cudaMemcpy orders only with the legacy stream, and a kernel on a
+// non-blocking stream could still be writing what is read, or reading what
+// is written (a step reading its learning rate, say).
 void copy_to_host(void* host, const void* device_source, size_t bytes, Device device) {
   if (bytes == 0) return;
   cuda::DeviceGuard guard(device.index);
+  GRADKIT_CUDA_CHECK(cudaDeviceSynchronize());
   GRADKIT_CUDA_CHECK(cudaMemcpy(host, device_source, bytes, cudaMemcpyDeviceToHost));
 }
 
 void copy_from_host(void* device_destination, const void* host, size_t bytes, Device device) {
   if (bytes == 0) return;
   cuda::DeviceGuard guard(device.index);
+  GRADKIT_CUDA_CHECK(cudaDeviceSynchronize());
   GRADKIT_CUDA_CHECK(cudaMemcpy(device_destination, host, bytes, cudaMemcpyHostToDevice));
   finish_legacy_stream();
 }

@@ -7,6 +7,7 @@
 #include "backend/adam.h"
 #include "backend/cuda_runtime.h"
 #include "gradkit/core/error.h"
+#include "gradkit/core/memory.h"
 #include "ops/device_scalar.h"
 #include "ops/optimizer_dtypes.h"
 
@@ -79,9 +80,11 @@ void AdamPlan::set_hyperparameters(std::span<const AdamHyperparameters> hyperpar
     }
   }
   hyper_.assign(hyperparameters.begin(), hyperparameters.end());
-  if (plan_.device().is_cuda()) {
-    hyper_device_ = backend::upload(plan_.device(), hyper_.data(), hyper_.size() * sizeof(AdamHyperparameters));
-  }
+  // Rewritten in place: a CUDA graph captured earlier holds this pointer.
+  const size_t bytes = hyper_.size() * sizeof(AdamHyperparameters);
+  if (!plan_.device().is_cuda()) return;
+  if (hyper_device_) copy_from_host(hyper_device_.get(), plan_.device(), hyper_.data(), bytes);
+  else hyper_device_ = backend::upload(plan_.device(), hyper_.data(), bytes);
 }
 
 void AdamPlan::validate_inputs(const AdamStepInputs& in) const {

@@ -7,6 +7,7 @@
 #include "backend/cuda_runtime.h"
 #include "backend/lamb.h"
 #include "gradkit/core/error.h"
+#include "gradkit/core/memory.h"
 #include "ops/device_scalar.h"
 #include "ops/optimizer_dtypes.h"
 
@@ -70,9 +71,11 @@ void LambPlan::set_hyperparameters(std::span<const LambHyperparameters> hyperpar
     validate(hyperparameters[i], kOp, "hyperparameters[" + std::to_string(i) + "]");
   }
   hyper_.assign(hyperparameters.begin(), hyperparameters.end());
-  if (plan_.device().is_cuda()) {
-    hyper_device_ = backend::upload(plan_.device(), hyper_.data(), hyper_.size() * sizeof(LambHyperparameters));
-  }
+  // Rewritten in place: a CUDA graph captured earlier holds this pointer.
+  const size_t bytes = hyper_.size() * sizeof(LambHyperparameters);
+  if (!plan_.device().is_cuda()) return;
+  if (hyper_device_) copy_from_host(hyper_device_.get(), plan_.device(), hyper_.data(), bytes);
+  else hyper_device_ = backend::upload(plan_.device(), hyper_.data(), bytes);
 }
 
 void LambPlan::validate_inputs(const LambStepInputs& in) const {
@@ -82,7 +85,8 @@ void LambPlan::validate_inputs(const LambStepInputs& in) const {
     check_value(std::isfinite(in.loss_scale) && in.loss_scale > 0, kOp, "loss_scale", in.loss_scale, "a finite value > 0");
   }
   if (in.gradient_norm_device == nullptr) {
-    check_value(!std::isnan(in.gradient_norm), kOp, "gradient_norm", in.gradient_norm, "a norm >= 0, or < 0 for none");
+    check_value(!std::isnan(in.gradient_norm) && in.gradient_norm < INFINITY, kOp, "gradient_norm", in.gradient_norm,
+                "a finite norm >= 0, or < 0 for none");
   }
   if (in.step_device == nullptr) check_value(in.step >= 1, kOp, "step", static_cast<double>(in.step), "a count >= 1");
   ops::check_device_scalar(kOp, "eta_device", in.eta_device, device);

@@ -30,6 +30,7 @@ LossScaler::LossScaler(Device device, LossScalerOptions o) : options_(o) {
 }
 
 void LossScaler::update(const bool* found_inf, Stream stream) {
+  require_state("update");
   ops::check_device_scalar(kOp, "found_inf", found_inf, state_.device(), false);
   if (state_.device().is_cuda()) {
     backend::update_loss_scale_cuda(state_device(), found_inf, options_, state_.device(), stream);
@@ -38,13 +39,22 @@ void LossScaler::update(const bool* found_inf, Stream stream) {
   }
 }
 
+void LossScaler::require_state(std::string_view call) const {
+  if (state_.data() == nullptr) {
+    throw Error(ErrorCode::invalid_argument, std::string(kOp) + "::" + std::string(call) +
+                                                 ": this scaler was default-constructed; construct it with a device");
+  }
+}
+
 LossScalerState LossScaler::state() const {
+  require_state("state");
   LossScalerState s{};
   copy_to_host(&s, state_.data(), sizeof s, state_.device());
   return s;
 }
 
 void LossScaler::set_state(const LossScalerState& s) {
+  require_state("set_state");
   check_state(s);
   copy_from_host(state_.data(), state_.device(), &s, sizeof s);
 }

@@ -21,11 +21,14 @@ struct ParameterLists {
 };
 
 // Concatenates the groups' lists. Each group needs as many grads as params;
-// model copies are given for every group or for none.
+// model copies are given for every param or for none.
 template <class Group>
 ParameterLists flatten_groups(std::string_view op, const std::vector<Group>& groups) {
   ParameterLists out;
-  const bool copies = !groups[0].model_copy.empty();
+  // Model copies are used when any group gives them; then every group gives
+  // one per param (a group without params, none).
+  bool copies = false;
+  for (const Group& group : groups) copies = copies || !group.model_copy.empty();
   for (size_t g = 0; g < groups.size(); ++g) {
     const Group& group = groups[g];
     const std::string name = "groups[" + std::to_string(g) + "]";
@@ -34,15 +37,13 @@ ParameterLists flatten_groups(std::string_view op, const std::vector<Group>& gro
                            "has " + std::to_string(group.grads.size()) + " tensors, expected " +
                                std::to_string(group.params.size()) + " (one per param)");
     }
-    if (group.model_copy.empty() == copies && copies && group.model_copy.size() != group.params.size()) {
+    const size_t expected_copies = copies ? group.params.size() : 0;
+    if (group.model_copy.size() != expected_copies) {
       throw_argument_error(ErrorCode::size_mismatch, op, name + ".model_copy",
                            "has " + std::to_string(group.model_copy.size()) + " tensors, expected " +
-                               std::to_string(group.params.size()) + " (one per param)");
-    }
-    if (group.model_copy.empty() == copies) {
-      throw_argument_error(ErrorCode::invalid_argument, op, name + ".model_copy",
-                           copies ? "is empty, expected a copy per param (groups[0] has copies)"
-                                  : "is given, expected none (groups[0] has no copies)");
+                               std::to_string(expected_copies) +
+                               (copies ? " (one per param: another group gives model copies)"
+                                       : " (no group gives model copies)"));
     }
     out.params.insert(out.params.end(), group.params.begin(), group.params.end());
     out.grads.insert(out.grads.end(), group.grads.begin(), group.grads.end());

@@ -118,6 +118,7 @@ StateFile StateFile::read(const std::string& path) {
   for (uint32_t s = 0; s < count; ++s) {
     uint32_t name_length;
     take(&name_length, 4);
+    if (name_length > end - at) fail(path, "is truncated in a section name");
     std::string name(name_length, '\0');
     take(name.data(), name_length);
     uint64_t size;

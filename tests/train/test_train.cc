@@ -181,18 +181,27 @@ TEST(Training, ResumeContinuesExactly) {
 TEST(Training, RefusesACheckpointOfAnotherRun) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   TrainOptions adam = small_run();
-  adam.epochs = 1;
+  adam.stop_after = 1;
   adam.save = temp("adam.ckpt");
   run_training(adam);
+  auto expect_refused = [&](TrainOptions o, const std::string& fragment) {
+    o.resume = adam.save;
+    try {
+      run_training(o);
+      ADD_FAILURE() << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
   TrainOptions lamb = small_run();
   lamb.optimizer = "lamb";
-  lamb.resume = adam.save;
-  try {
-    run_training(lamb);
-    ADD_FAILURE();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("another optimizer"), std::string::npos) << e.what();
-  }
+  expect_refused(lamb, "another optimizer");
+  TrainOptions longer = small_run();
+  longer.epochs = 3;
+  expect_refused(longer, "schedule");
+  TrainOptions other_batch = small_run();
+  other_batch.batch = 32;
+  expect_refused(other_batch, "batch");
 }
 
 }  // namespace

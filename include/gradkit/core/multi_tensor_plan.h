@@ -51,23 +51,24 @@ class MultiTensorPlan {
                   int64_t chunk_elements = kDefaultChunkElements,
                   std::span<const int32_t> groups = {}, int32_t num_groups = 1);
 
+  // A default-constructed plan is an empty plan on the CPU.
   bool empty() const { return !impl_ || impl_->chunks.empty(); }
-  Device device() const { return impl_->device; }
-  int num_lists() const { return static_cast<int>(impl_->dtypes.size()); }
-  size_t num_tensors() const { return impl_->num_tensors; }
-  DType dtype(int list) const { return impl_->dtypes[list]; }
-  int64_t total_elements() const { return impl_->total_elements; }
-  int64_t chunk_elements() const { return impl_->chunk_elements; }
+  Device device() const { return impl_ ? impl_->device : Device::cpu(); }
+  int num_lists() const { return impl_ ? static_cast<int>(impl_->dtypes.size()) : 0; }
+  size_t num_tensors() const { return impl_ ? impl_->num_tensors : 0; }
+  DType dtype(int list) const { return impl_->dtypes.at(static_cast<size_t>(list)); }
+  int64_t total_elements() const { return impl_ ? impl_->total_elements : 0; }
+  int64_t chunk_elements() const { return impl_ ? impl_->chunk_elements : kDefaultChunkElements; }
 
   // Host copies of the tables: chunks in tensor order; pointers list-major
   // (tensor t of list l at pointers()[l * num_tensors() + t]).
-  std::span<const PlanChunk> chunks() const { return impl_->chunks; }
-  std::span<void* const> pointers() const { return impl_->pointers; }
-  std::span<const int64_t> numels() const { return impl_->numels; }
-  std::span<const int32_t> groups() const { return impl_->groups; }  // one per tensor
+  std::span<const PlanChunk> chunks() const { return impl_ ? std::span<const PlanChunk>(impl_->chunks) : std::span<const PlanChunk>(); }
+  std::span<void* const> pointers() const { return impl_ ? std::span<void* const>(impl_->pointers) : std::span<void* const>(); }
+  std::span<const int64_t> numels() const { return impl_ ? std::span<const int64_t>(impl_->numels) : std::span<const int64_t>(); }
+  std::span<const int32_t> groups() const { return impl_ ? std::span<const int32_t>(impl_->groups) : std::span<const int32_t>(); }
 
   // The device copy (chunks, then pointers, then groups) for CUDA plans; null for CPU.
-  const void* device_table() const { return impl_->device_table.get(); }
+  const void* device_table() const { return impl_ ? impl_->device_table.get() : nullptr; }
 
  private:
   struct Impl {

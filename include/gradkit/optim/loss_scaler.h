@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 #include "gradkit/core/memory.h"
@@ -56,6 +57,7 @@ class LossScaler {
   Device device() const { return state_.device(); }
 
  private:
+  void require_state(std::string_view call) const;
   LossScalerState* state_device() const { return static_cast<LossScalerState*>(state_.data()); }
   LossScalerOptions options_;
   Buffer state_;

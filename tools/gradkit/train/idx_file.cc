@@ -61,6 +61,7 @@ IdxArray read_idx(const std::string& path, int rank) {
     if (n == 0 || n > (1u << 28)) fail(path, "has dimension " + std::to_string(d) + " of size " + std::to_string(n));
     array.dims.push_back(n);
     total *= n;
+    if (total > (size_t{1} << 32)) fail(path, "announces more than 2^32 bytes of data");
   }
   array.data.resize(total);
   if (!read_exact(file.get(), array.data.data(), total, path)) fail(path, "has a header but no data");

@@ -53,6 +53,7 @@ std::vector<uint8_t> bytes_of(const GradientArena& arena) {
 
 struct CheckpointHeader {
   int32_t completed_epochs;
+  int32_t epochs;  // the schedule's length: a resumed run must keep it
   int32_t ranks;
   int32_t batch;
   int32_t accumulate;
@@ -93,6 +94,11 @@ int load_checkpoint(const std::string& path, const CheckpointHeader& expected, c
   if (h.batch != expected.batch || h.accumulate != expected.accumulate || h.seed != expected.seed) {
     mismatch("its batch, accumulation or seed differ from this run's");
   }
+  if (h.epochs != expected.epochs) {
+    mismatch("it was written by a run of " + std::to_string(h.epochs) + " epochs (the learning-rate schedule's length), " +
+             "this run has " + std::to_string(expected.epochs));
+  }
+  if (h.completed_epochs < 1 || h.completed_epochs > h.epochs) mismatch("its epoch count is out of range");
   const std::vector<uint8_t>& name = file.get("optimizer_name");
   if (std::string(name.begin(), name.end()) != o.optimizer) mismatch("it holds another optimizer's state");
   const std::vector<uint8_t>& widths = file.get("widths");
@@ -174,7 +180,7 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
   std::unique_ptr<AdasumPlan> adasum;
   if (o.reduce == "adasum") adasum = std::make_unique<AdasumPlan>(*comm, grads.gradients());
 
-  const CheckpointHeader header{0, ranks, o.batch, o.accumulate, o.seed};
+  const CheckpointHeader header{0, o.epochs, ranks, o.batch, o.accumulate, o.seed};
   int first_epoch = 1;
   if (!o.resume.empty()) {
     first_epoch = load_checkpoint(o.resume, header, o, params, *optimizer) + 1;
