@@ -67,24 +67,13 @@ AdamPlan::AdamPlan(const AdamTensors& t, std::span<const AdamHyperparameters> hy
 }
 
 void AdamPlan::set_hyperparameters(std::span<const AdamHyperparameters> hyperparameters) {
-  if (!hyper_.empty() && hyperparameters.size() != hyper_.size()) {
-    throw_argument_error(ErrorCode::size_mismatch, kOp, "hyperparameters",
-                         "has " + std::to_string(hyperparameters.size()) + " groups, expected " +
-                             std::to_string(hyper_.size()));
-  }
   for (size_t i = 0; i < hyperparameters.size(); ++i) {
-    validate(hyperparameters[i], kOp, "hyperparameters[" + std::to_string(i) + "]");
     if (hyperparameters[i].amsgrad && !has_max_ && !hyper_.empty()) {
       throw_argument_error(ErrorCode::invalid_argument, kOp, "hyperparameters[" + std::to_string(i) + "].amsgrad",
                            "is true, but the plan was made without max_exp_avg_sq");
     }
   }
-  hyper_.assign(hyperparameters.begin(), hyperparameters.end());
-  // Rewritten in place: a CUDA graph captured earlier holds this pointer.
-  const size_t bytes = hyper_.size() * sizeof(AdamHyperparameters);
-  if (!plan_.device().is_cuda()) return;
-  if (hyper_device_) copy_from_host(hyper_device_.get(), plan_.device(), hyper_.data(), bytes);
-  else hyper_device_ = backend::upload(plan_.device(), hyper_.data(), bytes);
+  hyper_.set(kOp, hyperparameters, plan_.device());
 }
 
 void AdamPlan::validate_inputs(const AdamStepInputs& in) const {
@@ -109,13 +98,9 @@ void AdamPlan::step(const AdamStepInputs& in, Stream stream) const {
   launch.inputs = in;
   launch.max_list = has_max_ ? 4 : -1;
   launch.copy_list = has_copy_ ? (has_max_ ? 5 : 4) : -1;
-  if (device.is_cuda()) {
-    launch.groups = static_cast<const AdamHyperparameters*>(hyper_device_.get());
-    backend::adam_cuda(plan_, launch, stream);
-  } else {
-    launch.groups = hyper_.data();
-    backend::adam_cpu(plan_, launch);
-  }
+  launch.groups = hyper_.on(device);
+  if (device.is_cuda()) backend::adam_cuda(plan_, launch, stream);
+  else backend::adam_cpu(plan_, launch);
 }
 
 void adam_step(const AdamTensors& tensors, const AdamHyperparameters& hyperparameters, const AdamStepInputs& inputs,

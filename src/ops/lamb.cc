@@ -62,20 +62,7 @@ LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hy
 }
 
 void LambPlan::set_hyperparameters(std::span<const LambHyperparameters> hyperparameters) {
-  if (!hyper_.empty() && hyperparameters.size() != hyper_.size()) {
-    throw_argument_error(ErrorCode::size_mismatch, kOp, "hyperparameters",
-                         "has " + std::to_string(hyperparameters.size()) + " groups, expected " +
-                             std::to_string(hyper_.size()));
-  }
-  for (size_t i = 0; i < hyperparameters.size(); ++i) {
-    validate(hyperparameters[i], kOp, "hyperparameters[" + std::to_string(i) + "]");
-  }
-  hyper_.assign(hyperparameters.begin(), hyperparameters.end());
-  // Rewritten in place: a CUDA graph captured earlier holds this pointer.
-  const size_t bytes = hyper_.size() * sizeof(LambHyperparameters);
-  if (!plan_.device().is_cuda()) return;
-  if (hyper_device_) copy_from_host(hyper_device_.get(), plan_.device(), hyper_.data(), bytes);
-  else hyper_device_ = backend::upload(plan_.device(), hyper_.data(), bytes);
+  hyper_.set(kOp, hyperparameters, plan_.device());
 }
 
 void LambPlan::validate_inputs(const LambStepInputs& in) const {
@@ -109,13 +96,9 @@ void LambPlan::step(const LambStepInputs& in, Stream stream) const {
   launch.ratios = reinterpret_cast<float*>(launch.partials + 2 * plan_.chunks().size());
   launch.copy_list = copy_list_;
   launch.update_list = update_list_;
-  if (plan_.device().is_cuda()) {
-    launch.groups = static_cast<const LambHyperparameters*>(hyper_device_.get());
-    backend::lamb_cuda(plan_, launch, stream);
-  } else {
-    launch.groups = hyper_.data();
-    backend::lamb_cpu(plan_, launch);
-  }
+  launch.groups = hyper_.on(plan_.device());
+  if (plan_.device().is_cuda()) backend::lamb_cuda(plan_, launch, stream);
+  else backend::lamb_cpu(plan_, launch);
 }
 
 void lamb_step(const LambTensors& tensors, const LambHyperparameters& hyperparameters, const LambStepInputs& inputs,

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "gradkit/core/error.h"
 #include "gradkit/core/multi_tensor_plan.h"
 #include "gradkit/core/tensor.h"
 
@@ -34,6 +35,12 @@ struct AdamHyperparameters {
 // Throws Error naming `arg` (e.g. "groups[1].beta1") unless every field is in
 // range: lr >= 0, 0 <= beta < 1, eps > 0, weight_decay >= 0, all finite.
 void validate(const AdamHyperparameters& h, std::string_view op, const std::string& arg);
+
+}  // namespace gradkit
+
+#include "gradkit/ops/detail/group_table.h"
+
+namespace gradkit {
 
 // The lists an update reads and writes; tensor i of each list belongs to the
 // same parameter. Supported dtypes: weights f32 with gradients f32/f16/bf16,
@@ -77,14 +84,13 @@ class AdamPlan {
   void set_hyperparameters(std::span<const AdamHyperparameters> hyperparameters);
 
   const MultiTensorPlan& plan() const { return plan_; }
-  std::span<const AdamHyperparameters> hyperparameters() const { return hyper_; }
+  std::span<const AdamHyperparameters> hyperparameters() const { return hyper_.host(); }
   bool has_model_copy() const { return has_copy_; }
   bool has_max_exp_avg_sq() const { return has_max_; }
 
  private:
   MultiTensorPlan plan_;
-  std::vector<AdamHyperparameters> hyper_;
-  std::shared_ptr<void> hyper_device_;
+  detail::GroupTable<AdamHyperparameters> hyper_;
   bool has_copy_ = false;
   bool has_max_ = false;
 };

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
 #include "gradkit/core/multi_tensor_plan.h"
 #include "gradkit/core/tensor.h"
@@ -31,6 +32,12 @@ struct LambHyperparameters {
 // Throws Error naming `arg` unless 0 <= alpha, beta < 1, epsilon > 0,
 // lambda >= 0, ratio_min <= ratio_max (neither NaN), max_norm finite.
 void validate(const LambHyperparameters& h, std::string_view op, const std::string& arg);
+
+}  // namespace gradkit
+
+#include "gradkit/ops/detail/group_table.h"
+
+namespace gradkit {
 
 // Weights f32 with gradients f32/f16/bf16, moments f32 or bf16 (both alike),
 // optional model copy f16/bf16; or everything f64. `update` (f32, or f64)
@@ -71,12 +78,11 @@ class LambPlan {
   void set_hyperparameters(std::span<const LambHyperparameters> hyperparameters);
 
   const MultiTensorPlan& plan() const { return plan_; }
-  std::span<const LambHyperparameters> hyperparameters() const { return hyper_; }
+  std::span<const LambHyperparameters> hyperparameters() const { return hyper_.host(); }
 
  private:
   MultiTensorPlan plan_;
-  std::vector<LambHyperparameters> hyper_;
-  std::shared_ptr<void> hyper_device_;
+  detail::GroupTable<LambHyperparameters> hyper_;
   Buffer scratch_;  // per-chunk partial sums of squares, then per-tensor trust ratios
   int copy_list_ = -1;
   int update_list_ = -1;

@@ -1,0 +1,12 @@
+#include "gradkit/ops/detail/group_table.h"
+
+#include "backend/cuda_runtime.h"
+
+namespace gradkit::detail {
+
+void write_group_table(std::shared_ptr<void>& device_copy, Device device, const void* host, size_t bytes) {
+  if (device_copy) copy_from_host(device_copy.get(), device, host, bytes);
+  else device_copy = backend::upload(device, host, bytes);
+}
+
+}  // namespace gradkit::detail
