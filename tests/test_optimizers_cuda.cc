@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gradkit/optim/adam.h"
@@ -72,13 +74,24 @@ TEST(CudaAdam, WholeStepCapturedInAGraphMatchesEagerSteps) {
   EXPECT_EQ(a.step_count(), 5);
   EXPECT_EQ(graphed.bits(), eager.bits());
 
+  // Loading a state rewrites the hyperparameter table in place: the graph,
+  // which holds the table's address, replays with the loaded values.
+  const std::string path = ::testing::TempDir() + "gradkit_graph_load_" + std::to_string(::getpid());
+  b.save(path);
+  a.load(path);
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  b.step({}, nullptr, nullptr, 4.0f);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  EXPECT_EQ(graphed.bits(), eager.bits());
+  std::remove(path.c_str());
+
   // found_inf set on the device: a replay changes nothing, the counter included.
   const auto before = graphed.bits();
   CHECK_CUDA(cudaMemsetAsync(found_inf.pointer(), 1, 1, stream));
   CHECK_CUDA(cudaGraphLaunch(exec, stream));
   CHECK_CUDA(cudaStreamSynchronize(stream));
   EXPECT_EQ(graphed.bits(), before);
-  EXPECT_EQ(a.step_count(), 5);
+  EXPECT_EQ(a.step_count(), 6);
 
   CHECK_CUDA(cudaGraphExecDestroy(exec));
   CHECK_CUDA(cudaGraphDestroy(graph));
