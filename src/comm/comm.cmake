@@ -43,6 +43,7 @@ if(GRADKIT_WITH_NCCL)
     ${CMAKE_CURRENT_LIST_DIR}/nccl/divide.cu
     ${CMAKE_CURRENT_LIST_DIR}/nccl/fusion_copy.cu
     ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_communicator.cc
+    ${CMAKE_CURRENT_LIST_DIR}/nccl/split_plan.cc
     ${CMAKE_CURRENT_LIST_DIR}/nccl/stream_order.cc
   )
   target_include_directories(gradkit PRIVATE ${GRADKIT_NCCL_INCLUDE_DIR})

@@ -45,6 +45,7 @@ Communicator::Communicator(int rank, int size, int local_rank, int local_size, D
       checked_(options.checked),
       timeout_(options.timeout),
       fusion_pipeline_bytes_(options.fusion_pipeline_bytes),
+      direct_tensor_bytes_(options.direct_tensor_bytes),
       list_checks_(std::make_unique<comm::ListCheckCache>()) {}
 
 Communicator::~Communicator() = default;
@@ -56,7 +57,7 @@ void Communicator::require_usable(std::string_view op) const {
   }
 }
 
-void* Communicator::fusion_bytes(size_t bytes) {
+unsigned char* Communicator::fusion_bytes(size_t bytes) {
   if (fusion_.bytes() < bytes) {
     // Grow-only, in whole MiB past the first MiB, so that a list that grows a
     // little from step to step does not reallocate each time.
@@ -65,7 +66,7 @@ void* Communicator::fusion_bytes(size_t bytes) {
     fusion_ = Buffer();  // free the old one first: peak memory is the new size
     fusion_ = Buffer(device_, rounded);
   }
-  return fusion_.data();
+  return static_cast<unsigned char*>(fusion_.data());
 }
 
 void Communicator::pack(std::span<const TensorView> inputs, unsigned char* fusion, int64_t begin, int64_t end,
@@ -132,7 +133,6 @@ void Communicator::reduce_list(std::string_view op, std::span<const TensorView> 
   if (in.total == 0) return;
 
   const DType dtype = in.dtype;
-  const size_t bytes = static_cast<size_t>(in.total) * dtype_size(dtype);
   if (in.contiguous && out.contiguous) {
     do_all_reduce(in.base, out.base, in.total, dtype, stream);
     if (reduce == ReduceOp::average) divide(out.base, in.total, dtype, size_, stream);
@@ -140,24 +140,24 @@ void Communicator::reduce_list(std::string_view op, std::span<const TensorView> 
   }
   // Whichever side is scattered goes through the fusion buffer; a contiguous
   // side is used where it lies.
-  auto* fusion = static_cast<unsigned char*>(fusion_bytes(bytes));
   fusion_begin(stream);
-  fused_all_reduce({inputs, outputs, in.contiguous ? in.base : nullptr, out.contiguous ? out.base : nullptr, fusion,
-                    in.total, dtype, reduce},
+  fused_all_reduce({inputs, outputs, in.contiguous ? in.base : nullptr, out.contiguous ? out.base : nullptr, in.total,
+                    dtype, reduce},
                    stream);
   fusion_end(stream);
 }
 
 void Communicator::fused_all_reduce(const FusedReduce& r, Stream stream) {
+  unsigned char* fusion = fusion_bytes(static_cast<size_t>(r.total) * dtype_size(r.dtype));
   const unsigned char* source = r.source;
   if (source == nullptr) {
-    pack(r.inputs, r.fusion, 0, r.total, stream);
-    source = r.fusion;
+    pack(r.inputs, fusion, 0, r.total, stream);
+    source = fusion;
   }
-  unsigned char* destination = r.destination != nullptr ? r.destination : r.fusion;
+  unsigned char* destination = r.destination != nullptr ? r.destination : fusion;
   do_all_reduce(source, destination, r.total, r.dtype, stream);
   if (r.reduce == ReduceOp::average) divide(destination, r.total, r.dtype, size_, stream);
-  if (r.destination == nullptr) unpack(r.fusion, r.outputs, 0, r.total, stream);
+  if (r.destination == nullptr) unpack(fusion, r.outputs, 0, r.total, stream);
 }
 
 // ---- all-gather
@@ -186,7 +186,7 @@ void Communicator::gather_list(std::string_view op, std::span<const TensorView> 
     do_all_gather(at(in.base, mine, dtype), out.base, layout.shard, dtype, stream);
     return;
   }
-  auto* fusion = static_cast<unsigned char*>(fusion_bytes(static_cast<size_t>(layout.padded_total) * dtype_size(dtype)));
+  unsigned char* fusion = fusion_bytes(static_cast<size_t>(layout.padded_total) * dtype_size(dtype));
   fusion_begin(stream);
   // This rank's slice goes to its place in the fusion buffer; its padding is
   // zeroed so that no uninitialized bytes travel.
@@ -229,7 +229,7 @@ void Communicator::scatter_list(std::string_view op, std::span<const TensorView>
     if (reduce == ReduceOp::average) divide(destination, layout.shard, dtype, size_, stream);
     return;
   }
-  auto* fusion = static_cast<unsigned char*>(fusion_bytes(static_cast<size_t>(layout.padded_total) * dtype_size(dtype)));
+  unsigned char* fusion = fusion_bytes(static_cast<size_t>(layout.padded_total) * dtype_size(dtype));
   fusion_begin(stream);
   pack(inputs, fusion, 0, layout.total, stream);
   if (layout.padded_total > layout.total) {

@@ -1,7 +1,8 @@
-// The NCCL communicator's fusion-buffer path: copy plans cached per list
-// (the same list again builds none, another list builds one), and the
-// pipelined all-reduce (pieces whose pack, collective and unpack overlap),
-// with piece boundaries inside tensors, compared with a float64 reference.
+// The NCCL communicator's path for lists that are not contiguous: copy plans
+// cached per list (the same list again builds none, another list builds
+// one), the pipelined all-reduce (pieces whose pack, collective and unpack
+// overlap, piece boundaries inside tensors), and large tensors reduced where
+// they lie beside packed small ones, compared with a float64 reference.
 // These run where every local rank has a GPU; elsewhere they skip.
 #include <gtest/gtest.h>
 
@@ -88,11 +89,10 @@ TEST_F(Fusion, OutOfPlaceListsHaveAPlanEach) {
   EXPECT_EQ(c->fusion_plans_built(), 2u) << "one plan for the inputs, one for the outputs, built once";
 }
 
-TEST_F(Fusion, PipelinedAllReduceMatchesTheFloat64Sum) {
-  CommunicatorOptions options;
-  options.fusion_pipeline_bytes = 1024;
-  std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
-  ASSERT_EQ(c->fusion_pipeline_bytes(), 1024u);
+// Every dtype, in place and out of place, scattered and contiguous sides,
+// sum and average, each case twice (the second call runs on cached plans):
+// `sizes` all-reduced by `c` and compared with the float64 reference.
+void check_every_placement(Communicator& c, const std::vector<int64_t>& sizes, uint64_t seed) {
   struct Placement {
     Layout in;
     Layout out;
@@ -104,11 +104,9 @@ TEST_F(Fusion, PipelinedAllReduceMatchesTheFloat64Sum) {
       {Layout::back_to_back, Layout::with_gaps, false},
       {Layout::with_gaps, Layout::back_to_back, false},
   };
-  uint64_t seed = 500;
   for (DType dtype : kAllDTypes) {
     for (const Placement& p : placements) {
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
-        // Twice each: the second call runs on the cached plans.
         for (int call = 0; call < 2; ++call) {
           ++seed;
           const std::string what = std::string(dtype_name(dtype)) + (p.in_place ? " in place" : " out of place") +
@@ -116,24 +114,80 @@ TEST_F(Fusion, PipelinedAllReduceMatchesTheFloat64Sum) {
                                    (p.out == Layout::with_gaps ? "gaps" : "back-to-back") +
                                    (op == ReduceOp::average ? " average" : " sum") + " call " +
                                    std::to_string(call);
-          TestList in(c->device(), dtype, kLarge, p.in);
-          const std::vector<double> mine = rank_input(seed, c->rank(), in.total(), dtype);
+          TestList in(c.device(), dtype, sizes, p.in);
+          const std::vector<double> mine = rank_input(seed, c.rank(), in.total(), dtype);
           in.write(mine);
           if (p.in_place) {
-            c->all_reduce(in.views(), op);
-            c->wait();
-            expect_reduced(in.read(), seed, c->size(), dtype, op == ReduceOp::average, 0, in.total(), what);
+            c.all_reduce(in.views(), op);
+            c.wait();
+            expect_reduced(in.read(), seed, c.size(), dtype, op == ReduceOp::average, 0, in.total(), what);
           } else {
-            TestList out(c->device(), dtype, kLarge, p.out);
-            out.write(rank_input(seed + 77777, c->rank(), in.total(), dtype));
-            c->all_reduce(in.views(), out.views(), op);
-            c->wait();
-            expect_reduced(out.read(), seed, c->size(), dtype, op == ReduceOp::average, 0, in.total(), what);
+            TestList out(c.device(), dtype, sizes, p.out);
+            out.write(rank_input(seed + 77777, c.rank(), in.total(), dtype));
+            c.all_reduce(in.views(), out.views(), op);
+            c.wait();
+            expect_reduced(out.read(), seed, c.size(), dtype, op == ReduceOp::average, 0, in.total(), what);
             expect_equal(in.read(), mine, 0, in.total(), what + " (input untouched)");
           }
         }
       }
     }
+  }
+}
+
+TEST_F(Fusion, PipelinedAllReduceMatchesTheFloat64Sum) {
+  CommunicatorOptions options;
+  options.fusion_pipeline_bytes = 1024;
+  options.direct_tensor_bytes = 0;  // everything packed
+  std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
+  ASSERT_EQ(c->fusion_pipeline_bytes(), 1024u);
+  check_every_placement(*c, kLarge, 500);
+}
+
+// Tensors of at least direct_tensor_bytes are reduced where they lie, the
+// rest packed: with 4 KiB, every dtype has both kinds in kMixed (2048
+// elements of f16 is exactly 4 KiB and goes direct). With 1 byte, every
+// tensor goes direct and the fusion buffer is not used.
+const std::vector<int64_t> kMixed = {5000, 1, 3001, 777, 0, 3566, 2048, 17};
+
+TEST_F(Fusion, LargeTensorsReducedWhereTheyLieMatchTheFloat64Sum) {
+  for (size_t direct : {size_t{4096}, size_t{1}}) {
+    SCOPED_TRACE("direct_tensor_bytes = " + std::to_string(direct));
+    CommunicatorOptions options;
+    options.direct_tensor_bytes = direct;
+    std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
+    check_every_placement(*c, kMixed, 700 + direct);
+    if (direct == 1) EXPECT_EQ(c->fusion_buffer_bytes(), 0u) << "every tensor went direct";
+  }
+}
+
+TEST_F(Fusion, TheFusionBufferHoldsOnlyThePackedTensors) {
+  CommunicatorOptions options;
+  options.direct_tensor_bytes = 4096;
+  std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
+  TestList list(c->device(), DType::f32, kMixed, Layout::with_gaps);
+  all_reduce_and_check(*c, list, 800, "mixed list, first call");
+  // f32 tensors under 4 KiB: 1, 777 and 17 elements.
+  EXPECT_EQ(c->fusion_buffer_bytes(), (1 + 777 + 17) * sizeof(float));
+  const size_t plans = c->fusion_plans_built();
+  EXPECT_EQ(plans, 2u) << "one split of the list and one copy plan for its packed tensors";
+  all_reduce_and_check(*c, list, 801, "mixed list, second call");
+  EXPECT_EQ(c->fusion_plans_built(), plans) << "the same list again must reuse its plans";
+}
+
+// More direct tensors than one NCCL group takes (1024 per group): the list
+// is reduced in several groups.
+TEST_F(Fusion, ManyDirectTensorsTakeSeveralGroups) {
+  CommunicatorOptions options;
+  options.direct_tensor_bytes = 1;
+  std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
+  TestList list(c->device(), DType::f32, std::vector<int64_t>(2500, 3), Layout::with_gaps);
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+    list.write(rank_input(900, c->rank(), list.total(), DType::f32));
+    c->all_reduce(list.views(), op);
+    c->wait();
+    expect_reduced(list.read(), 900, c->size(), DType::f32, op == ReduceOp::average, 0, list.total(),
+                   "2500 direct tensors");
   }
 }
 

@@ -116,6 +116,7 @@ std::map<std::string, double> read_torch_results(const std::string& path) {
 }
 
 std::string size_name(size_t bytes) {
+  if (bytes < (size_t{1} << 20)) return std::to_string(bytes >> 10) + " KiB";
   if (bytes >= (size_t{1} << 30) && bytes % (size_t{1} << 30) == 0) return std::to_string(bytes >> 30) + " GiB";
   return std::to_string(bytes >> 20) + " MiB";
 }
@@ -125,8 +126,9 @@ double bus_gbs(size_t bytes, double ms, double factor) { return ms > 0 ? bytes *
 struct Settings {
   std::vector<size_t> sizes;  // bytes
   std::vector<std::string> collectives;
-  bool bert;
-  std::vector<size_t> pipelines;  // fusion_pipeline_bytes to try on the scattered list
+  std::vector<std::string> lists;  // "bert", "small"
+  std::vector<size_t> directs;    // direct_tensor_bytes to try on the scattered list
+  std::vector<size_t> pipelines;  // fusion_pipeline_bytes to try with everything packed
   int warmup;
   int reps;
   std::map<std::string, double> torch;
@@ -148,13 +150,15 @@ class CommBench {
     }
   }
 
-  void bert_rows() {
-    const Workload w = bert_large();
+  // The list `w` all-reduced every way: one flat buffer, the arena, the
+  // scattered tensors with each direct threshold and each pipeline; the
+  // issue's targets (and torch's rows) for BERT-large.
+  void list_rows(const Workload& w, bool bert) {
     const int64_t total = w.total();
     const size_t bytes = static_cast<size_t>(total) * sizeof(float);
     const double factor = 2.0 * (n_ - 1) / n_;
     if (root_) {
-      std::printf("\nall-reduce of the BERT-large gradients: %zu f32 tensors, %lld elements (%.1f MiB)\n",
+      std::printf("\nall-reduce of the %s list: %zu f32 tensors, %lld elements (%.1f MiB)\n", w.name.c_str(),
                   w.sizes.size(), static_cast<long long>(total), bytes / 1048576.0);
       std::printf("  %-44s %10s %10s %8s %10s\n", "way", "ms", "busbw GB/s", "x flat", "host us");
     }
@@ -179,7 +183,10 @@ class CommBench {
       print("gradkit GradientArena (contiguous, 1 call)", t, raw.ms);
       if (root_) {
         std::printf("    (the arena's range, 256-byte gaps included, is %.1f MiB)\n", range.bytes() / 1048576.0);
-        std::printf("    target <= 1.03x flat: %s (%.3fx)\n", t.ms <= 1.03 * raw.ms ? "met" : "NOT met", t.ms / raw.ms);
+        if (bert) {
+          std::printf("    target <= 1.03x flat: %s (%.3fx)\n", t.ms <= 1.03 * raw.ms ? "met" : "NOT met",
+                      t.ms / raw.ms);
+        }
       }
     }
 
@@ -196,35 +203,48 @@ class CommBench {
     std::vector<TensorView> list;
     for (size_t i = 0; i < w.sizes.size(); ++i) list.push_back({base + offsets[i], w.sizes[i], DType::f32, comm_.device()});
 
+    // Each (direct threshold, pipeline piece) pair: large tensors where they
+    // lie with the rest packed; then, with no direct tensors, everything
+    // through the fusion buffer in pieces.
+    std::vector<std::pair<size_t, size_t>> ways;
+    for (size_t direct : s_.directs) {
+      if (direct > 0) ways.emplace_back(direct, CommunicatorOptions{}.fusion_pipeline_bytes);
+    }
+    for (size_t pipeline : s_.pipelines) ways.emplace_back(0, pipeline);
     double best = 0;
-    for (size_t pipeline : s_.pipelines) {
+    for (const auto& [direct, pipeline] : ways) {
+      comm_.set_direct_tensor_bytes(direct);
       comm_.set_fusion_pipeline_bytes(pipeline);
       comm_.all_reduce(list, ReduceOp::sum, dev_.stream());  // the list's first call plans it
       BENCH_CUDA(cudaStreamSynchronize(stream_));
       const size_t plans_before = comm_.fusion_plans_built();
       const Timing t = timer_.time([&] { comm_.all_reduce(list, ReduceOp::sum, dev_.stream()); });
       const size_t new_plans = comm_.fusion_plans_built() - plans_before;
-      const std::string way = "gradkit scattered, fusion buffer, " +
-                              (pipeline == 0 ? std::string("1 piece") : "pieces of " + size_name(pipeline));
+      const std::string way =
+          direct > 0 ? "gradkit scattered, tensors >= " + size_name(direct) + " direct"
+                     : "gradkit scattered, all packed, " +
+                           (pipeline == 0 ? std::string("1 piece") : "pieces of " + size_name(pipeline));
       print(way, t, raw.ms);
       const double error = check_scattered(list, flat, total);
       if (root_) {
-        std::printf("    plans built during the timed calls: %zu; result vs the raw flat all-reduce of the same "
-                    "inputs: max |diff| / max |x| = %.2e %s\n",
-                    new_plans, error, error <= 1e-5 ? "(ok)" : "(WRONG)");
+        std::printf("    plans built during the timed calls: %zu; fusion buffer %.1f MiB; result vs the raw flat "
+                    "all-reduce of the same inputs: max |diff| / max |x| = %.2e %s\n",
+                    new_plans, comm_.fusion_buffer_bytes() / 1048576.0, error, error <= 1e-5 ? "(ok)" : "(WRONG)");
       }
       if (best == 0 || t.ms < best) best = t.ms;
     }
+    comm_.set_direct_tensor_bytes(CommunicatorOptions{}.direct_tensor_bytes);
     comm_.set_fusion_pipeline_bytes(CommunicatorOptions{}.fusion_pipeline_bytes);
-    if (root_ && best > 0) {
+    if (root_ && bert && best > 0) {
       std::printf("    target <= 1.10x flat (best of the above): %s (%.3fx)\n", best <= 1.10 * raw.ms ? "met" : "NOT met",
                   best / raw.ms);
     }
 
-    for (const auto& [key, way] : std::vector<std::pair<std::string, std::string>>{
+    for (const auto& [key, way] : bert ? std::vector<std::pair<std::string, std::string>>{
              {"bert-flat", "torch all_reduce, one flat buffer"},
              {"bert-coalesced", "torch all_reduce_coalesced"},
-             {"bert-per-tensor", "torch all_reduce, tensor by tensor"}}) {
+             {"bert-per-tensor", "torch all_reduce, tensor by tensor"}}
+                                      : std::vector<std::pair<std::string, std::string>>{}) {
       const auto it = s_.torch.find(key);
       if (it != s_.torch.end()) print(way, Timing{it->second, 0}, raw.ms);
     }
@@ -313,17 +333,20 @@ class CommBench {
   bool root_;
 };
 
-std::vector<size_t> mib_list(const Options& options, const std::string& name, bool allow_zero) {
+// A comma-separated list of whole numbers of `unit` (KiB or MiB), in bytes.
+std::vector<size_t> byte_list(const Options& options, const std::string& name, bool allow_zero,
+                              const std::string& unit) {
+  const int shift = unit == "KiB" ? 10 : 20;
   std::vector<size_t> out;
   for (const std::string& item : options.get_list(name)) {
     char* end = nullptr;
     const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (end == item.c_str() || *end != '\0' || v < (allow_zero ? 0 : 1) || v > (1 << 16)) {
+    if (end == item.c_str() || *end != '\0' || v < (allow_zero ? 0 : 1) || v > (1 << 20)) {
       throw Error(ErrorCode::invalid_argument, "argument '--" + name + "' has '" + item +
-                                                   "', expected a whole number of MiB" +
+                                                   "', expected a whole number of " + unit +
                                                    (allow_zero ? " (0 allowed)" : " >= 1"));
     }
-    out.push_back(static_cast<size_t>(v) << 20);
+    out.push_back(static_cast<size_t>(v) << shift);
   }
   return out;
 }
@@ -333,9 +356,14 @@ int run(int argc, char** argv) {
                   "Time gradkit's NCCL collectives beside raw NCCL and torch.distributed (run under mpiexec).");
   options.add("sizes", "1,16,256,1024", "flat buffer sizes in MiB (f32)");
   options.add("collectives", "all-reduce,all-gather,reduce-scatter", "comma-separated");
-  options.add("bert", "on", "the BERT-large list (389 tensors, 1274 MiB f32) all-reduced three ways: on or off");
-  options.add("pipeline-mib", "256,128,512,0",
-              "fusion_pipeline_bytes (MiB) to time the scattered list with; 0 = one piece");
+  options.add("lists", "bert,small",
+              "tensor lists to all-reduce in several ways: bert (BERT-large, 389 tensors, 1274 MiB f32), small "
+              "(10,000 tensors of 1K-64K elements); none for neither");
+  options.add("direct-kib", "1024,64,4096",
+              "direct_tensor_bytes (KiB) to time the scattered list with: tensors this large are reduced where "
+              "they lie");
+  options.add("pipeline-mib", "256,128,0",
+              "fusion_pipeline_bytes (MiB) to time the scattered list with when everything is packed; 0 = one piece");
   options.add("warmup", "5", "untimed calls before each row");
   options.add("reps", "20", "timed calls per row (the median is reported)");
   options.add("torch-results", "", "results of bench/torch_dist_bench.py to print beside (optional)");
@@ -343,7 +371,7 @@ int run(int argc, char** argv) {
   if (!options.parse(args)) return options.exit_code();
 
   Settings s;
-  s.sizes = mib_list(options, "sizes", false);
+  s.sizes = byte_list(options, "sizes", false, "MiB");
   s.collectives = options.get_list("collectives");
   for (const std::string& c : s.collectives) {
     if (c != "all-reduce" && c != "all-gather" && c != "reduce-scatter") {
@@ -351,8 +379,14 @@ int run(int argc, char** argv) {
                                                    "', expected all-reduce, all-gather or reduce-scatter");
     }
   }
-  s.bert = options.get_choice("bert", {"on", "off"}) == "on";
-  s.pipelines = mib_list(options, "pipeline-mib", true);
+  for (const std::string& l : options.get_list("lists")) {
+    if (l != "bert" && l != "small" && l != "none") {
+      throw Error(ErrorCode::invalid_argument, "argument '--lists' has '" + l + "', expected bert, small or none");
+    }
+    if (l != "none") s.lists.push_back(l);
+  }
+  s.directs = byte_list(options, "direct-kib", false, "KiB");
+  s.pipelines = byte_list(options, "pipeline-mib", true, "MiB");
   s.warmup = static_cast<int>(options.get_int("warmup", 0, 1000));
   s.reps = static_cast<int>(options.get_int("reps", 1, 100000));
   s.torch = read_torch_results(options.get("torch-results"));
@@ -384,7 +418,7 @@ int run(int argc, char** argv) {
   {
     CommBench bench(s, *comm, *dev, raw);
     bench.flat_rows();
-    if (s.bert) bench.bert_rows();
+    for (const std::string& l : s.lists) bench.list_rows(l == "bert" ? bert_large() : small_tensors(10000), l == "bert");
   }
   BENCH_CUDA(cudaDeviceSynchronize());
   ncclCommDestroy(raw);

@@ -55,6 +55,12 @@ struct CommunicatorOptions {
   // was the best of 64, 128, 256 MiB and one piece for the BERT-large list on
   // 2x H200 (bench/RESULTS.md).
   size_t fusion_pipeline_bytes = size_t{256} << 20;
+  // NCCL only: in a list that is not contiguous, each tensor of at least
+  // this many bytes is all-reduced where it lies (one collective each, all
+  // in one NCCL group) instead of going through the fusion buffer; the
+  // smaller ones are still packed. 0 packs everything. 1 MiB: the BERT-large
+  // list ran at 0.98x the flat buffer's time on 2x H200 (bench/RESULTS.md).
+  size_t direct_tensor_bytes = size_t{1} << 20;
 };
 
 // An MPI communicator passed through gradkit's API without mpi.h: wrap one
@@ -166,6 +172,8 @@ class Communicator {
   virtual size_t fusion_plans_built() const { return 0; }
   size_t fusion_pipeline_bytes() const { return fusion_pipeline_bytes_; }
   void set_fusion_pipeline_bytes(size_t bytes) { fusion_pipeline_bytes_ = bytes; }
+  size_t direct_tensor_bytes() const { return direct_tensor_bytes_; }
+  void set_direct_tensor_bytes(size_t bytes) { direct_tensor_bytes_ = bytes; }
 
  protected:
   Communicator(int rank, int size, int local_rank, int local_size, Device device,
@@ -202,22 +210,26 @@ class Communicator {
                     Stream stream);
   virtual void unpack(const unsigned char* fusion, std::span<const TensorView> outputs, int64_t begin, int64_t end,
                       Stream stream);
-  // The fusion-buffer all-reduce, after validation: `source` is the
-  // contiguous input, or null to pack `inputs` into `fusion`; `destination`
-  // the contiguous output, or null to reduce into `fusion` and unpack into
-  // `outputs`. The default packs, reduces, divides and unpacks in turn on
-  // `stream`; NCCL overlaps them piece by piece (fusion_pipeline_bytes).
+  // The all-reduce of a list that is not contiguous on both sides, after
+  // validation: `source` is the contiguous input, or null to pack `inputs`
+  // into the fusion buffer; `destination` the contiguous output, or null to
+  // reduce into the fusion buffer and unpack into `outputs`. The default
+  // packs, reduces, divides and unpacks in turn on `stream`; NCCL reduces
+  // large tensors where they lie and overlaps the rest piece by piece
+  // (direct_tensor_bytes, fusion_pipeline_bytes).
   struct FusedReduce {
     std::span<const TensorView> inputs;
     std::span<const TensorView> outputs;
     const unsigned char* source;
     unsigned char* destination;
-    unsigned char* fusion;
     int64_t total;
     DType dtype;
     ReduceOp reduce;
   };
   virtual void fused_all_reduce(const FusedReduce& r, Stream stream);
+  // The fusion buffer, at least `bytes` long (grow-only: reallocated only
+  // when a call needs more).
+  unsigned char* fusion_bytes(size_t bytes);
 
   // Throws if an earlier timeout or failure made this communicator unusable.
   void require_usable(std::string_view op) const;
@@ -228,7 +240,6 @@ class Communicator {
   // through the same host exchanges as the collectives.
   friend class AdasumPlan;
 
-  void* fusion_bytes(size_t bytes);
   void check_fingerprint(std::string_view op, int kind, ReduceOp reduce, std::span<const TensorView> tensors);
   // `variant` is the call's reduction, or what else tells two calls of one kind apart.
   void check_fingerprint(std::string_view op, int kind, uint32_t variant, std::span<const TensorView> tensors);
@@ -249,6 +260,7 @@ class Communicator {
   std::string failure_;
   Buffer fusion_;  // grow-only: reallocated only when a call needs more
   size_t fusion_pipeline_bytes_;
+  size_t direct_tensor_bytes_;
   std::unique_ptr<comm::ListCheckCache> list_checks_;  // lists already validated
 };
 

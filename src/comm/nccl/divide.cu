@@ -7,6 +7,7 @@
 #include "comm/nccl/divide.h"
 #include "gradkit/core/device.h"
 #include "cuda/check.h"
+#include "cuda/multi_tensor.cuh"
 
 namespace gradkit::comm {
 
@@ -22,14 +23,46 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 }
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 
+// The one rounding rule of the average, shared by both kernels.
+template <class T>
+__device__ __forceinline__ T divided(T x, int divisor) {
+  if constexpr (std::is_same_v<T, double>) return x / static_cast<double>(divisor);
+  else return from_float<T>(__fdiv_rn(to_float(x), static_cast<float>(divisor)));
+}
+
 template <class T>
 __global__ void divide_kernel(T* data, int64_t count, int divisor) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-    if constexpr (std::is_same_v<T, double>) data[i] = data[i] / static_cast<double>(divisor);
-    else data[i] = from_float<T>(__fdiv_rn(to_float(data[i]), static_cast<float>(divisor)));
+    data[i] = divided(data[i], divisor);
   }
 }
+
+// The same over every tensor of a plan's list 0, one block per chunk.
+template <class T>
+struct DivideOp {
+  static constexpr int N = 16 / sizeof(T);
+  int divisor;
+
+  __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& c) const {
+    T* data = plan.tensor<T>(0, c);
+    const bool vectorized = cuda::vector_aligned<N>(data);
+    cuda::for_each_group<N, 4>(
+        c.length, vectorized,
+        [&]<int U>(int i, int stride, bool vec) {
+          T v[U][N];
+#pragma unroll
+          for (int u = 0; u < U; ++u) cuda::load<N>(v[u], data + i + u * stride, vec);
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int k = 0; k < N; ++k) v[u][k] = divided(v[u][k], divisor);
+            cuda::store<N>(data + i + u * stride, v[u], vec);
+          }
+        },
+        [&](int j) { data[j] = divided(data[j], divisor); });
+  }
+};
 
 template <class T>
 void launch(void* data, int64_t count, int divisor, cudaStream_t stream) {
@@ -41,7 +74,22 @@ void launch(void* data, int64_t count, int divisor, cudaStream_t stream) {
   GRADKIT_CUDA_CHECK_LAUNCH();
 }
 
+template <class T>
+void launch_list(const MultiTensorPlan& plan, int divisor, cudaStream_t stream) {
+  cuda::launch_multi_tensor(plan, DivideOp<T>{divisor}, Stream{stream});
+}
+
 }  // namespace
+
+void divide_on_device(const MultiTensorPlan& plan, int divisor, cudaStream_t stream) {
+  if (plan.empty()) return;
+  switch (plan.dtype(0)) {
+    case DType::f32: return launch_list<float>(plan, divisor, stream);
+    case DType::f16: return launch_list<__half>(plan, divisor, stream);
+    case DType::bf16: return launch_list<__nv_bfloat16>(plan, divisor, stream);
+    case DType::f64: return launch_list<double>(plan, divisor, stream);
+  }
+}
 
 void divide_on_device(void* data, int64_t count, DType dtype, int divisor, cudaStream_t stream) {
   if (count == 0) return;

@@ -10,9 +10,12 @@
 #include <cstdint>
 
 #include "gradkit/core/dtype.h"
+#include "gradkit/core/multi_tensor_plan.h"
 
 namespace gradkit::comm {
 
 void divide_on_device(void* data, int64_t count, DType dtype, int divisor, cudaStream_t stream);
+// The same over every tensor of the plan's first list, in one launch.
+void divide_on_device(const MultiTensorPlan& plan, int divisor, cudaStream_t stream);
 
 }  // namespace gradkit::comm

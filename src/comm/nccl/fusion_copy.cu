@@ -34,8 +34,13 @@ struct FusionCopyOp {
     const int64_t lo = begin > flat ? begin : flat;
     const int64_t hi = end < flat + c.length ? end : flat + c.length;
     if (lo >= hi) return;
-    const T* src = (to_fusion ? tensor : fused) + (lo - flat);
-    T* dst = (to_fusion ? fused : tensor) + (lo - flat);
+    // The offset into the chunk as an int (a chunk is at most 64K elements):
+    // with the 64-bit difference added to the pointers, nvcc 13 for sm_90
+    // split the 16-byte stores below into 4-byte ones and the copy ran at
+    // 55% of the copy bandwidth (2.2 against 4.0 TB/s on an H200).
+    const int offset = static_cast<int>(lo - flat);
+    const T* src = (to_fusion ? tensor : fused) + offset;
+    T* dst = (to_fusion ? fused : tensor) + offset;
     int length = static_cast<int>(hi - lo);
     // The elements before dst's first 16-byte boundary one by one; the rest
     // in 16-byte vectors when src is then aligned too (tensors 40 bytes
@@ -70,11 +75,6 @@ void launch(const MultiTensorPlan& plan, int64_t first, int64_t last, const unsi
   const FusionCopyOp<T> op{reinterpret_cast<const T*>(fusion), begin, end, to_fusion};
   cuda::multi_tensor_kernel<<<static_cast<unsigned>(last - first), cuda::kBlockThreads, 0, stream>>>(args, op);
   GRADKIT_CUDA_CHECK_LAUNCH();
-}
-
-uint64_t mix(uint64_t h, uint64_t x) {
-  h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h;
 }
 
 }  // namespace
@@ -124,35 +124,6 @@ void FusionCopyPlan::copy(int64_t begin, int64_t end, bool to_fusion, cudaStream
       throw Error(ErrorCode::dtype_unsupported,
                   "fusion buffer copy: no copy for elements of " + std::to_string(dtype_size(dtype_)) + " bytes");
   }
-}
-
-std::shared_ptr<const FusionCopyPlan> FusionPlanCache::get(std::span<const TensorView> tensors,
-                                                           unsigned char* fusion, DType dtype) {
-  uint64_t hash = mix(mix(tensors.size(), reinterpret_cast<uintptr_t>(fusion)), static_cast<uint64_t>(dtype));
-  for (const TensorView& t : tensors) {
-    hash = mix(mix(hash, reinterpret_cast<uintptr_t>(t.data)), static_cast<uint64_t>(t.numel));
-  }
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->hash != hash || it->fusion != fusion || it->dtype != dtype || it->layout.size() != tensors.size()) {
-      continue;
-    }
-    bool same = true;
-    for (size_t i = 0; i < tensors.size() && same; ++i) {
-      same = it->layout[i].first == tensors[i].data && it->layout[i].second == tensors[i].numel;
-    }
-    if (!same) continue;
-    if (it != entries_.begin()) entries_.splice(entries_.begin(), entries_, it);
-    return entries_.front().plan;
-  }
-  Entry entry{hash, {}, fusion, dtype, std::make_shared<const FusionCopyPlan>(tensors, fusion, dtype)};
-  ++built_;
-  entry.layout.reserve(tensors.size());
-  for (const TensorView& t : tensors) entry.layout.emplace_back(t.data, t.numel);
-  entries_.push_front(std::move(entry));
-  // A dropped plan's device table is freed with its last owner (cudaFree
-  // waits for the kernels that may still read it).
-  while (entries_.size() > capacity_) entries_.pop_back();
-  return entries_.front().plan;
 }
 
 }  // namespace gradkit::comm

@@ -2,18 +2,16 @@
 // the list is planned once (a MultiTensorPlan over the tensors and their
 // places in the fusion buffer, its chunk table on the device), and each copy
 // is one launch of the multi-tensor driver, whatever the number of tensors.
-// Plans are cached by the list's exact layout, so that the same gradients
-// step after step cost one lookup and one launch each way.
+// The communicator keeps the plans in a LayoutCache (comm/layout_cache.h),
+// so that the same gradients step after step cost one lookup and one launch
+// each way.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <list>
-#include <memory>
 #include <span>
-#include <utility>
 #include <vector>
 
 #include "gradkit/core/multi_tensor_plan.h"
@@ -39,35 +37,6 @@ class FusionCopyPlan {
   unsigned char* fusion_;
   DType dtype_;
   std::vector<int64_t> chunk_begin_;  // each chunk's first element in the concatenation (ascending)
-};
-
-// The plans of the last few lists seen, most recently used first.
-class FusionPlanCache {
- public:
-  explicit FusionPlanCache(size_t capacity) : capacity_(capacity) {}
-
-  // The plan for `tensors` with this fusion buffer: the cached one when a list
-  // with the same data pointers and element counts, tensor by tensor, the
-  // same dtype and the same fusion buffer was planned before (its tables are
-  // then exactly what a new plan would hold); otherwise a new plan, dropping
-  // the least recently used past `capacity`. Host cost on a hit: one pass
-  // over the list's pointers and counts, no CUDA call.
-  std::shared_ptr<const FusionCopyPlan> get(std::span<const TensorView> tensors, unsigned char* fusion, DType dtype);
-
-  size_t plans_built() const { return built_; }
-  size_t size() const { return entries_.size(); }
-
- private:
-  struct Entry {
-    uint64_t hash;
-    std::vector<std::pair<const void*, int64_t>> layout;
-    unsigned char* fusion;
-    DType dtype;
-    std::shared_ptr<const FusionCopyPlan> plan;
-  };
-  size_t capacity_;
-  size_t built_ = 0;
-  std::list<Entry> entries_;
 };
 
 }  // namespace gradkit::comm

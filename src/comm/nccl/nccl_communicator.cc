@@ -14,7 +14,9 @@
 #include "comm/mpi/mpi_channel.h"
 #include "comm/nccl/divide.h"
 #include "comm/nccl/fusion_copy.h"
+#include "comm/layout_cache.h"
 #include "comm/nccl/nccl_check.h"
+#include "comm/nccl/split_plan.h"
 #include "cuda/check.h"
 
 namespace gradkit {
@@ -174,29 +176,107 @@ class NcclCommunicator final : public Communicator {
     GRADKIT_CUDA_CHECK(cudaEventRecord(fusion_free_, cuda::native(stream)));
   }
 
-  size_t fusion_plans_built() const override { return plans_.plans_built(); }
+  size_t fusion_plans_built() const override { return copy_plans_.built() + split_plans_.built(); }
 
   // One multi-tensor kernel each way, from a plan cached per list.
   void pack(std::span<const TensorView> inputs, unsigned char* fusion, int64_t begin, int64_t end,
             Stream stream) override {
     if (begin >= end) return;
-    plans_.get(inputs, fusion, inputs[0].dtype)->copy(begin, end, /*to_fusion=*/true, cuda::native(stream));
+    copy_plan(inputs, fusion, inputs[0].dtype)->copy(begin, end, /*to_fusion=*/true, cuda::native(stream));
   }
   void unpack(const unsigned char* fusion, std::span<const TensorView> outputs, int64_t begin, int64_t end,
               Stream stream) override {
     if (begin >= end) return;
-    plans_.get(outputs, const_cast<unsigned char*>(fusion), outputs[0].dtype)
+    copy_plan(outputs, const_cast<unsigned char*>(fusion), outputs[0].dtype)
         ->copy(begin, end, /*to_fusion=*/false, cuda::native(stream));
   }
 
-  // A large list goes in pieces through three streams: pack (piece i into
-  // the fusion buffer), reduce (the collective and the average's division on
-  // piece i once it is packed; the highest priority, so that NCCL's blocks
-  // are scheduled before waiting copy blocks) and unpack (piece i back once
-  // it is reduced). Pieces are disjoint ranges of the concatenation, so no
-  // copy of one piece touches what another stage works on. The caller's
-  // stream forks into the three and joins them at the end.
+  // Large tensors where they lie, small ones through the fusion buffer
+  // (comm/nccl/split_plan.h); a list with no large tensor all through the
+  // fusion buffer, in pieces, with no split planned.
   void fused_all_reduce(const FusedReduce& r, Stream stream) override {
+    const size_t threshold = direct_tensor_bytes();
+    const auto large = [&](const TensorView& t) { return static_cast<size_t>(t.numel) * dtype_size(r.dtype) >= threshold; };
+    if (threshold > 0 && std::any_of(r.inputs.begin(), r.inputs.end(), large)) {
+      const std::shared_ptr<const comm::SplitPlan> split = split_plans_.get(
+          {r.inputs, r.outputs},
+          {reinterpret_cast<uintptr_t>(r.source), reinterpret_cast<uintptr_t>(r.destination),
+           static_cast<uint64_t>(r.dtype), threshold},
+          [&] {
+            return std::make_shared<const comm::SplitPlan>(r.inputs, r.outputs, r.source, r.destination, r.dtype,
+                                                           threshold);
+          });
+      split_all_reduce(*split, r, stream);
+      return;
+    }
+    pipelined_all_reduce(r, stream);
+  }
+
+ private:
+  // NCCL accepts a bounded number of operations per group (2048 in its
+  // documentation); larger lists take several groups.
+  static constexpr size_t kMaxGroupOps = 1024;
+
+  // Pack the small tensors; one NCCL group with the fusion buffer's
+  // collective and one per large tensor; divide everything for an average;
+  // unpack the small tensors. All on the caller's stream.
+  void split_all_reduce(const comm::SplitPlan& split, const FusedReduce& r, Stream stream) {
+    cuda::DeviceGuard guard(device().index);
+    const cudaStream_t s = cuda::native(stream);
+    const int64_t packed = split.packed_total();
+    unsigned char* fusion = nullptr;
+    if (packed > 0) {
+      fusion = fusion_bytes(static_cast<size_t>(packed) * dtype_size(r.dtype));
+      copy_plan(split.packed_inputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/true, s);
+    }
+    const std::span<const comm::SplitPlan::Direct> direct = split.direct();
+    const ncclDataType_t type = nccl_type(r.dtype);
+    for (size_t first = 0; first < direct.size(); first += kMaxGroupOps) {
+      const size_t last = std::min(direct.size(), first + kMaxGroupOps);
+      grouped([&](auto&& issue) {
+        if (first == 0 && packed > 0) {
+          issue(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, comm_, s), "ncclAllReduce");
+        }
+        for (size_t i = first; i < last; ++i) {
+          issue(ncclAllReduce(direct[i].input, direct[i].output, static_cast<size_t>(direct[i].count), type, ncclSum,
+                              comm_, s),
+                "ncclAllReduce");
+        }
+      });
+    }
+    if (packed > 0) copy_plan(split.packed_outputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/false, s);
+    if (r.reduce == ReduceOp::average) comm::divide_on_device(split.outputs_plan(), size(), s);
+  }
+
+  // Runs body(issue) between ncclGroupStart and ncclGroupEnd, where body
+  // calls issue(result, name) with each enqueued call's result. The group
+  // is closed whatever happened inside it; then the first failure, or the
+  // group's end, is settled (polled to completion, aborting on error).
+  template <class Body>
+  void grouped(Body&& body) {
+    GRADKIT_NCCL_CHECK(ncclGroupStart());
+    ncclResult_t failed = ncclSuccess;
+    const char* failed_call = nullptr;
+    body([&](ncclResult_t result, const char* call) {
+      if (result != ncclSuccess && result != ncclInProgress && failed == ncclSuccess) {
+        failed = result;
+        failed_call = call;
+      }
+    });
+    const ncclResult_t ended = ncclGroupEnd();
+    if (failed != ncclSuccess) settle(failed, failed_call, __FILE__, __LINE__);
+    settle(ended, "ncclGroupEnd", __FILE__, __LINE__);
+  }
+
+  // A list with no large tensor goes in pieces through three streams: pack
+  // (piece i into the fusion buffer), reduce (the collective and the
+  // average's division on piece i once it is packed; the highest priority,
+  // so that NCCL's blocks are scheduled before waiting copy blocks) and
+  // unpack (piece i back once it is reduced). Pieces are disjoint ranges of
+  // the concatenation, so no copy of one piece touches what another stage
+  // works on. The caller's stream forks into the three and joins them at the
+  // end.
+  void pipelined_all_reduce(const FusedReduce& r, Stream stream) {
     const size_t element = dtype_size(r.dtype);
     const size_t piece_bytes = fusion_pipeline_bytes();
     if (piece_bytes == 0 || static_cast<size_t>(r.total) * element <= 2 * piece_bytes) {
@@ -211,9 +291,10 @@ class NcclCommunicator final : public Communicator {
 
     cuda::DeviceGuard guard(device().index);
     create_pipeline();
+    unsigned char* fusion = fusion_bytes(static_cast<size_t>(r.total) * element);
     std::shared_ptr<const comm::FusionCopyPlan> in_plan, out_plan;
-    if (r.source == nullptr) in_plan = plans_.get(r.inputs, r.fusion, r.dtype);
-    if (r.destination == nullptr) out_plan = plans_.get(r.outputs, r.fusion, r.dtype);
+    if (r.source == nullptr) in_plan = copy_plan(r.inputs, fusion, r.dtype);
+    if (r.destination == nullptr) out_plan = copy_plan(r.outputs, fusion, r.dtype);
 
     const cudaStream_t caller = cuda::native(stream);
     GRADKIT_CUDA_CHECK(cudaEventRecord(fork_, caller));
@@ -230,8 +311,8 @@ class NcclCommunicator final : public Communicator {
         GRADKIT_CUDA_CHECK(cudaEventRecord(packed_, pack_stream_));
         GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(reduce_stream_, packed_, 0));
       }
-      const unsigned char* source = (r.source != nullptr ? r.source : r.fusion) + at;
-      unsigned char* destination = (r.destination != nullptr ? r.destination : r.fusion) + at;
+      const unsigned char* source = (r.source != nullptr ? r.source : fusion) + at;
+      unsigned char* destination = (r.destination != nullptr ? r.destination : fusion) + at;
       do_all_reduce(source, destination, end - begin, r.dtype, Stream{reduce_stream_});
       if (r.reduce == ReduceOp::average) divide(destination, end - begin, r.dtype, size(), Stream{reduce_stream_});
       if (out_plan) {
@@ -248,7 +329,6 @@ class NcclCommunicator final : public Communicator {
     GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(caller, unpack_done_, 0));
   }
 
- private:
   // A non-blocking communicator may answer ncclInProgress: the call is
   // still being set up, and nothing else may be issued until it has
   // settled. Polls until it has, within the timeout; aborts on failure.
@@ -309,7 +389,14 @@ class NcclCommunicator final : public Communicator {
     GRADKIT_CUDA_CHECK(cudaStreamCreateWithPriority(&reduce_stream_, cudaStreamNonBlocking, greatest));
   }
 
-  comm::FusionPlanCache plans_{8};
+  std::shared_ptr<const comm::FusionCopyPlan> copy_plan(std::span<const TensorView> tensors, unsigned char* fusion,
+                                                        DType dtype) {
+    return copy_plans_.get({tensors}, {reinterpret_cast<uintptr_t>(fusion), static_cast<uint64_t>(dtype)},
+                           [&] { return std::make_shared<const comm::FusionCopyPlan>(tensors, fusion, dtype); });
+  }
+
+  comm::LayoutCache<comm::FusionCopyPlan> copy_plans_{8};
+  comm::LayoutCache<comm::SplitPlan> split_plans_{8};
   cudaStream_t pack_stream_ = nullptr, reduce_stream_ = nullptr, unpack_stream_ = nullptr;
   cudaEvent_t fork_ = nullptr, packed_ = nullptr, reduced_ = nullptr, reduce_done_ = nullptr,
               unpack_done_ = nullptr;

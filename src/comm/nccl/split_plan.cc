@@ -1,0 +1,33 @@
+#include "comm/nccl/split_plan.h"
+
+namespace gradkit::comm {
+
+SplitPlan::SplitPlan(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                     const unsigned char* source, unsigned char* destination, DType dtype, size_t direct_bytes) {
+  const size_t element = dtype_size(dtype);
+  std::vector<TensorView> all_outputs;
+  all_outputs.reserve(outputs.size());
+  size_t offset = 0;  // bytes into the concatenation
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TensorView in = inputs[i];
+    TensorView out = outputs[i];
+    if (source != nullptr) in.data = const_cast<unsigned char*>(source) + offset;
+    if (destination != nullptr) out.data = destination + offset;
+    offset += static_cast<size_t>(in.numel) * element;
+    if (in.numel == 0) continue;
+    all_outputs.push_back(out);
+    if (static_cast<size_t>(in.numel) * element >= direct_bytes) {
+      direct_.push_back({in.data, out.data, in.numel});
+    } else {
+      packed_inputs_.push_back(in);
+      packed_outputs_.push_back(out);
+      packed_total_ += in.numel;
+    }
+  }
+  // The collective has checked the outputs against each other; the plan
+  // checks them again, once per list.
+  const PlanList lists[] = {{"outputs", all_outputs, true}};
+  outputs_plan_ = MultiTensorPlan("all_reduce (average)", lists);
+}
+
+}  // namespace gradkit::comm
