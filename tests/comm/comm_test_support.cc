@@ -139,4 +139,24 @@ int expect_equal(const std::vector<double>& got, const std::vector<double>& want
   return failures;
 }
 
+void check_all_reduce(Communicator& c, DType dtype, const std::vector<int64_t>& sizes, const Placement& p,
+                      ReduceOp op, uint64_t seed, const std::string& what) {
+  TestList in(c.device(), dtype, sizes, p.in);
+  const std::vector<double> mine = rank_input(seed, c.rank(), in.total(), dtype);
+  in.write(mine);
+  const bool average = op == ReduceOp::average;
+  if (p.in_place) {
+    c.all_reduce(in.views(), op);
+    c.wait();
+    expect_reduced(in.read(), seed, c.size(), dtype, average, 0, in.total(), what);
+    return;
+  }
+  TestList out(c.device(), dtype, sizes, p.out);
+  out.write(rank_input(seed + 77777, c.rank(), in.total(), dtype));
+  c.all_reduce(in.views(), out.views(), op);
+  c.wait();
+  expect_reduced(out.read(), seed, c.size(), dtype, average, 0, in.total(), what);
+  expect_equal(in.read(), mine, 0, in.total(), what + " (input untouched)");
+}
+
 }  // namespace gradkit::test

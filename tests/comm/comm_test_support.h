@@ -83,4 +83,18 @@ int expect_reduced(const std::vector<double>& got, uint64_t seed, int ranks, DTy
 int expect_equal(const std::vector<double>& got, const std::vector<double>& want, int64_t begin, int64_t end,
                  const std::string& what);
 
+// Where an all-reduce case reads and writes: the input list's layout, and
+// the output list's (none when in place).
+struct Placement {
+  Layout in;
+  Layout out;
+  bool in_place;
+};
+
+// One all-reduce case: a list of `sizes` placed as `p`, rank inputs for
+// `seed`, reduced by `c` with `op`; checks the result against the float64
+// reference and, out of place, that the inputs are untouched.
+void check_all_reduce(Communicator& c, DType dtype, const std::vector<int64_t>& sizes, const Placement& p,
+                      ReduceOp op, uint64_t seed, const std::string& what);
+
 }  // namespace gradkit::test

@@ -30,12 +30,6 @@ std::string describe(DType dtype, Layout in, Layout out, bool in_place, ReduceOp
          (op == ReduceOp::average ? " average" : " sum") + " list " + std::to_string(list);
 }
 
-// Each case: (input layout, output layout or none for in place).
-struct Placement {
-  Layout in;
-  Layout out;
-  bool in_place;
-};
 constexpr Placement kPlacements[] = {
     {Layout::back_to_back, Layout::back_to_back, true},  {Layout::with_gaps, Layout::with_gaps, true},
     {Layout::back_to_back, Layout::back_to_back, false}, {Layout::with_gaps, Layout::with_gaps, false},
@@ -52,22 +46,7 @@ TEST_P(Collectives, AllReduceMatchesTheFloat64Sum) {
       for (const Placement& p : kPlacements) {
         for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
           ++seed;
-          const std::string what = describe(dtype, p.in, p.out, p.in_place, op, l);
-          TestList in(c.device(), dtype, kSizeLists[l], p.in);
-          const std::vector<double> mine = rank_input(seed, c.rank(), in.total(), dtype);
-          in.write(mine);
-          if (p.in_place) {
-            c.all_reduce(in.views(), op);
-            c.wait();
-            expect_reduced(in.read(), seed, c.size(), dtype, op == ReduceOp::average, 0, in.total(), what);
-          } else {
-            TestList out(c.device(), dtype, kSizeLists[l], p.out);
-            out.write(rank_input(seed + 77777, c.rank(), in.total(), dtype));
-            c.all_reduce(in.views(), out.views(), op);
-            c.wait();
-            expect_reduced(out.read(), seed, c.size(), dtype, op == ReduceOp::average, 0, in.total(), what);
-            expect_equal(in.read(), mine, 0, in.total(), what + " (input untouched)");
-          }
+          check_all_reduce(c, dtype, kSizeLists[l], p, op, seed, describe(dtype, p.in, p.out, p.in_place, op, l));
         }
       }
     }

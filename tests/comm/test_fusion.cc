@@ -93,11 +93,6 @@ TEST_F(Fusion, OutOfPlaceListsHaveAPlanEach) {
 // sum and average, each case twice (the second call runs on cached plans):
 // `sizes` all-reduced by `c` and compared with the float64 reference.
 void check_every_placement(Communicator& c, const std::vector<int64_t>& sizes, uint64_t seed) {
-  struct Placement {
-    Layout in;
-    Layout out;
-    bool in_place;
-  };
   const Placement placements[] = {
       {Layout::with_gaps, Layout::with_gaps, true},
       {Layout::with_gaps, Layout::with_gaps, false},
@@ -114,21 +109,7 @@ void check_every_placement(Communicator& c, const std::vector<int64_t>& sizes, u
                                    (p.out == Layout::with_gaps ? "gaps" : "back-to-back") +
                                    (op == ReduceOp::average ? " average" : " sum") + " call " +
                                    std::to_string(call);
-          TestList in(c.device(), dtype, sizes, p.in);
-          const std::vector<double> mine = rank_input(seed, c.rank(), in.total(), dtype);
-          in.write(mine);
-          if (p.in_place) {
-            c.all_reduce(in.views(), op);
-            c.wait();
-            expect_reduced(in.read(), seed, c.size(), dtype, op == ReduceOp::average, 0, in.total(), what);
-          } else {
-            TestList out(c.device(), dtype, sizes, p.out);
-            out.write(rank_input(seed + 77777, c.rank(), in.total(), dtype));
-            c.all_reduce(in.views(), out.views(), op);
-            c.wait();
-            expect_reduced(out.read(), seed, c.size(), dtype, op == ReduceOp::average, 0, in.total(), what);
-            expect_equal(in.read(), mine, 0, in.total(), what + " (input untouched)");
-          }
+          check_all_reduce(c, dtype, sizes, p, op, seed, what);
         }
       }
     }
