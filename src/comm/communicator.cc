@@ -92,7 +92,8 @@ void Communicator::check_fingerprint(std::string_view op, int kind, ReduceOp red
 
 void Communicator::check_fingerprint(std::string_view op, int kind, uint32_t variant,
                                      std::span<const TensorView> tensors) {
-  const comm::Fingerprint mine = comm::fingerprint_of(static_cast<CallKind>(kind), variant, tensors);
+  const uint32_t settings = static_cast<CallKind>(kind) == CallKind::all_reduce ? list_settings() : 0;
+  const comm::Fingerprint mine = comm::fingerprint_of(static_cast<CallKind>(kind), variant, tensors, settings);
   std::vector<comm::Fingerprint> all(static_cast<size_t>(size_));
   host_all_gather(&mine, all.data(), sizeof(mine));
   const std::optional<comm::Mismatch> mismatch = comm::find_mismatch(all);
@@ -132,23 +133,21 @@ void Communicator::reduce_list(std::string_view op, std::span<const TensorView> 
   if (checked_) check_fingerprint(op, static_cast<int>(CallKind::all_reduce), reduce, inputs);
   if (in.total == 0) return;
 
-  const DType dtype = in.dtype;
-  if (in.contiguous && out.contiguous) {
-    do_all_reduce(in.base, out.base, in.total, dtype, stream);
-    if (reduce == ReduceOp::average) divide(out.base, in.total, dtype, size_, stream);
-    return;
-  }
-  // Whichever side is scattered goes through the fusion buffer; a contiguous
-  // side is used where it lies.
-  fusion_begin(stream);
-  fused_all_reduce({inputs, outputs, in.contiguous ? in.base : nullptr, out.contiguous ? out.base : nullptr, in.total,
-                    dtype, reduce},
-                   stream);
-  fusion_end(stream);
+  // A contiguous side is used where it lies; a scattered one goes through
+  // the fusion buffer (the engine decides how, from the list's shape).
+  const bool fused = !(in.contiguous && out.contiguous);
+  if (fused) fusion_begin(stream);
+  list_all_reduce({inputs, outputs, in.contiguous ? in.base : nullptr, out.contiguous ? out.base : nullptr, in.total,
+                   in.dtype, reduce},
+                  stream);
+  if (fused) fusion_end(stream);
 }
 
-void Communicator::fused_all_reduce(const FusedReduce& r, Stream stream) {
-  unsigned char* fusion = fusion_bytes(static_cast<size_t>(r.total) * dtype_size(r.dtype));
+void Communicator::list_all_reduce(const ListReduce& r, Stream stream) {
+  unsigned char* fusion = nullptr;
+  if (r.source == nullptr || r.destination == nullptr) {
+    fusion = fusion_bytes(static_cast<size_t>(r.total) * dtype_size(r.dtype));
+  }
   const unsigned char* source = r.source;
   if (source == nullptr) {
     pack(r.inputs, fusion, 0, r.total, stream);

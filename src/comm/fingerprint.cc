@@ -18,10 +18,12 @@ std::string call_name(const Fingerprint& f) {
 
 }  // namespace
 
-Fingerprint fingerprint_of(CallKind kind, uint32_t variant, std::span<const TensorView> tensors) {
+Fingerprint fingerprint_of(CallKind kind, uint32_t variant, std::span<const TensorView> tensors,
+                           uint32_t settings) {
   Fingerprint f;
   f.kind = static_cast<uint32_t>(kind);
   f.reduce = variant;
+  f.settings = settings;
   f.dtype = tensors.empty() ? 0 : static_cast<uint32_t>(tensors[0].dtype);
   f.count = static_cast<int64_t>(tensors.size());
   // FNV-1a over the element counts: order matters, and a collision between
@@ -52,6 +54,10 @@ std::optional<Mismatch> find_mismatch(std::span<const Fingerprint> all) {
                " on rank 0 and " + std::string(dtype_name(static_cast<DType>(f.dtype))) + on_rank;
     } else if (f.total != first.total || f.sizes_hash != first.sizes_hash) {
       m.sizes = true;
+    } else if (f.settings != first.settings) {
+      m.what = "the communicator's settings that decide the collectives of a list all-reduce "
+               "(CommunicatorOptions::direct_tensor_bytes, fusion_pipeline_bytes) differ between rank 0 and rank " +
+               std::to_string(r);
     } else {
       continue;
     }

@@ -1,6 +1,7 @@
 // A call's fingerprint for checked mode: which collective, the reduction, the
-// tensor count, the total element count, the dtype, and a hash of the element
-// counts in order. Every rank gathers every rank's fingerprint (a few dozen
+// tensor count, the total element count, the dtype, a hash of the element
+// counts in order, and the communicator's settings that decide which
+// collectives the call issues. Every rank gathers every rank's fingerprint (a few dozen
 // bytes each), so all ranks see the same mismatch and throw the same error.
 #pragma once
 
@@ -27,7 +28,7 @@ struct Fingerprint {
   uint32_t kind = 0;
   uint32_t reduce = 0;
   uint32_t dtype = 0;
-  uint32_t reserved = 0;  // keeps the struct free of padding bytes
+  uint32_t settings = 0;  // Communicator::list_settings() for list all-reduce, else 0
   int64_t count = 0;
   int64_t total = 0;
   uint64_t sizes_hash = 0;
@@ -35,7 +36,8 @@ struct Fingerprint {
 static_assert(sizeof(Fingerprint) == 40);
 
 // `variant`: the ReduceOp of a reducing collective, Adasum's ranks per node.
-Fingerprint fingerprint_of(CallKind kind, uint32_t variant, std::span<const TensorView> tensors);
+Fingerprint fingerprint_of(CallKind kind, uint32_t variant, std::span<const TensorView> tensors,
+                           uint32_t settings = 0);
 
 struct Mismatch {
   int rank = 0;        // the first rank whose call differs from rank 0's

@@ -53,6 +53,29 @@ TEST_P(Collectives, AllReduceMatchesTheFloat64Sum) {
   }
 }
 
+// Ranks may lay the same list out differently (one back to back, another
+// with gaps): the collectives each issues depend only on the list's shape,
+// so they still match. The first tensor (1.2 MB) is large enough to be
+// reduced where it lies on NCCL.
+TEST_P(Collectives, RanksWithDifferentLayoutsOfOneListStillMatch) {
+  Communicator& c = comm();
+  const std::vector<int64_t> sizes = {300000, 5, 17, 1000};
+  const Layout mine = c.rank() % 2 == 0 ? Layout::back_to_back : Layout::with_gaps;
+  const Layout other = c.rank() % 2 == 0 ? Layout::with_gaps : Layout::back_to_back;
+  uint64_t seed = 1500;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+      for (const Placement& p : {Placement{mine, mine, true}, Placement{mine, other, false}}) {
+        ++seed;
+        check_all_reduce(c, dtype, sizes, p, op, seed,
+                         std::string(dtype_name(dtype)) + (p.in_place ? " in place" : " out of place") +
+                             (op == ReduceOp::average ? " average" : " sum") + ", rank " + std::to_string(c.rank()) +
+                             (mine == Layout::back_to_back ? " back to back" : " with gaps"));
+      }
+    }
+  }
+}
+
 TEST_P(Collectives, AllGatherTakesEachElementFromItsOwner) {
   Communicator& c = comm();
   uint64_t seed = 2000;

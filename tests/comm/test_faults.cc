@@ -77,6 +77,25 @@ TEST_P(Faults, CheckedModeNamesWhatDiffersOnEveryRank) {
         },
         ErrorCode::invalid_argument, {"rank 0 calls all_reduce(average), " + last_name + " calls all_gather"});
   }
+  {  // the settings that decide a list all-reduce's collectives differ (NCCL
+     // only: the MPI communicator issues one collective whatever they are)
+    const size_t before = c.direct_tensor_bytes();
+    if (odd_one) c.set_direct_tensor_bytes(4096);
+    TestList list(c.device(), DType::f32, {10, 2000}, Layout::with_gaps);
+    const std::vector<double> mine = rank_input(7001, c.rank(), list.total(), DType::f32);
+    list.write(mine);
+    if (GetParam() == Backend::nccl) {
+      expect_error([&] { c.all_reduce(list.views()); }, ErrorCode::invalid_argument,
+                   {"direct_tensor_bytes", "differ between rank 0 and " + last_name});
+      c.wait();
+      expect_equal(list.read(), mine, 0, list.total(), "a rejected call wrote");
+    } else {
+      c.all_reduce(list.views());
+      c.wait();
+      expect_reduced(list.read(), 7001, c.size(), DType::f32, false, 0, list.total(), "MPI ignores the settings");
+    }
+    c.set_direct_tensor_bytes(before);
+  }
   {  // and afterwards a matching call goes through, checked
     TestList list(c.device(), DType::f32, {10, 20, 30}, Layout::with_gaps);
     list.write(rank_input(7001, c.rank(), list.total(), DType::f32));

@@ -6,7 +6,9 @@
 // These run where every local rank has a GPU; elsewhere they skip.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -156,8 +158,32 @@ TEST_F(Fusion, TheFusionBufferHoldsOnlyThePackedTensors) {
   EXPECT_EQ(c->fusion_plans_built(), plans) << "the same list again must reuse its plans";
 }
 
-// More direct tensors than one NCCL group takes (1024 per group): the list
-// is reduced in several groups.
+// Ranks that lay the list out differently still issue the same collectives:
+// with small thresholds, both the split (direct and packed tensors) and the
+// pipelined pieces. A mismatch would hang; the short timeout turns that into
+// a failure.
+TEST_F(Fusion, RanksWithDifferentLayoutsIssueTheSameCollectives) {
+  const Layout mine = Layout::with_gaps;
+  for (const auto& [direct, pieces, sizes] : {std::tuple{size_t{4096}, size_t{1} << 20, kMixed},
+                                               std::tuple{size_t{0}, size_t{1024}, kLarge}}) {
+    SCOPED_TRACE("direct_tensor_bytes " + std::to_string(direct) + ", fusion_pipeline_bytes " +
+                 std::to_string(pieces));
+    CommunicatorOptions options;
+    options.direct_tensor_bytes = direct;
+    options.fusion_pipeline_bytes = pieces;
+    options.timeout = std::chrono::seconds(30);
+    std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
+    const Layout layout = c->rank() % 2 == 0 ? Layout::back_to_back : mine;
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+      check_all_reduce(*c, DType::f32, sizes, Placement{layout, layout, true}, op, 950 + direct,
+                       "rank " + std::to_string(c->rank()) +
+                           (layout == Layout::back_to_back ? " back to back" : " with gaps"));
+    }
+  }
+}
+
+// More operations than one NCCL group takes (1024 per group): the list is
+// reduced in several groups.
 TEST_F(Fusion, ManyDirectTensorsTakeSeveralGroups) {
   CommunicatorOptions options;
   options.direct_tensor_bytes = 1;

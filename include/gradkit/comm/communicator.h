@@ -44,22 +44,26 @@ struct CommunicatorOptions {
   // be cancelled), and every later call on it throws.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
   // Compare each call's fingerprint (operation, tensor count, element counts,
-  // dtype) across ranks before the collective; costs one small host exchange.
+  // dtype, and for a list all-reduce the two NCCL settings below) across
+  // ranks before the collective; costs one small host exchange.
   bool checked = false;
   // NCCL only: the CUDA ordinal this rank uses; -1 means local_rank().
   int cuda_device = -1;
-  // NCCL only: a scattered list of more than twice this many bytes is
-  // all-reduced through the fusion buffer in pieces of about this size, so
+  // NCCL only: a list with no tensor of direct_tensor_bytes and more than
+  // twice this many bytes is all-reduced in pieces of about this size, so
   // that packing piece i + 1 and unpacking piece i - 1 overlap the collective
-  // on piece i. 0 means one piece (pack, collective, unpack in turn). 256 MiB
-  // was the best of 64, 128, 256 MiB and one piece for the BERT-large list on
+  // on piece i (a back-to-back list goes in the same pieces, uncopied). 0
+  // means one piece (pack, collective, unpack in turn). 256 MiB was the best
+  // of 64, 128, 256 MiB and one piece for the BERT-large list all packed on
   // 2x H200 (bench/RESULTS.md).
   size_t fusion_pipeline_bytes = size_t{256} << 20;
-  // NCCL only: in a list that is not contiguous, each tensor of at least
-  // this many bytes is all-reduced where it lies (one collective each, all
+  // NCCL only: in a list, each tensor of at least this many bytes is
+  // all-reduced where it lies (one collective each, all
   // in one NCCL group) instead of going through the fusion buffer; the
   // smaller ones are still packed. 0 packs everything. 1 MiB: the BERT-large
   // list ran at 0.98x the flat buffer's time on 2x H200 (bench/RESULTS.md).
+  // This and fusion_pipeline_bytes decide which collectives an all-reduce
+  // issues: every rank must use the same values (checked mode compares them).
   size_t direct_tensor_bytes = size_t{1} << 20;
 };
 
@@ -210,14 +214,17 @@ class Communicator {
                     Stream stream);
   virtual void unpack(const unsigned char* fusion, std::span<const TensorView> outputs, int64_t begin, int64_t end,
                       Stream stream);
-  // The all-reduce of a list that is not contiguous on both sides, after
-  // validation: `source` is the contiguous input, or null to pack `inputs`
-  // into the fusion buffer; `destination` the contiguous output, or null to
-  // reduce into the fusion buffer and unpack into `outputs`. The default
-  // packs, reduces, divides and unpacks in turn on `stream`; NCCL reduces
-  // large tensors where they lie and overlaps the rest piece by piece
+  // The all-reduce of a list, after validation: `source` is the contiguous
+  // input, or null to pack `inputs` into the fusion buffer; `destination`
+  // the contiguous output, or null to reduce into the fusion buffer and
+  // unpack into `outputs`. Which collectives an engine issues must depend
+  // only on the list's shape (counts, dtype) and the communicator's
+  // settings, never on where the tensors lie: ranks whose lists are laid out
+  // differently must still make matching calls. The default packs, reduces,
+  // divides and unpacks in turn on `stream`, one collective over the whole
+  // list; NCCL reduces large tensors where they lie and the rest in pieces
   // (direct_tensor_bytes, fusion_pipeline_bytes).
-  struct FusedReduce {
+  struct ListReduce {
     std::span<const TensorView> inputs;
     std::span<const TensorView> outputs;
     const unsigned char* source;
@@ -226,7 +233,10 @@ class Communicator {
     DType dtype;
     ReduceOp reduce;
   };
-  virtual void fused_all_reduce(const FusedReduce& r, Stream stream);
+  virtual void list_all_reduce(const ListReduce& r, Stream stream);
+  // What else decides the collectives list_all_reduce issues (0 when
+  // nothing does); checked mode compares it across ranks.
+  virtual uint32_t list_settings() const { return 0; }
   // The fusion buffer, at least `bytes` long (grow-only: reallocated only
   // when a call needs more).
   unsigned char* fusion_bytes(size_t bytes);

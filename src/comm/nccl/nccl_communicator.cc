@@ -193,8 +193,12 @@ class NcclCommunicator final : public Communicator {
 
   // Large tensors where they lie, small ones through the fusion buffer
   // (comm/nccl/split_plan.h); a list with no large tensor all through the
-  // fusion buffer, in pieces, with no split planned.
-  void fused_all_reduce(const FusedReduce& r, Stream stream) override {
+  // fusion buffer, in pieces, with no split planned. Both choices depend on
+  // the element counts and the settings only, as every rank must issue the
+  // same collectives: a list with a large tensor takes the split even when
+  // it lies back to back (only its small tensors are then copied), and a
+  // large back-to-back list goes in the same pieces, without copies.
+  void list_all_reduce(const ListReduce& r, Stream stream) override {
     const size_t threshold = direct_tensor_bytes();
     const auto large = [&](const TensorView& t) { return static_cast<size_t>(t.numel) * dtype_size(r.dtype) >= threshold; };
     if (threshold > 0 && std::any_of(r.inputs.begin(), r.inputs.end(), large)) {
@@ -217,10 +221,19 @@ class NcclCommunicator final : public Communicator {
   // documentation); larger lists take several groups.
   static constexpr size_t kMaxGroupOps = 1024;
 
+  uint32_t list_settings() const override {
+    // FNV-1a over the two settings that shape list_all_reduce's collectives.
+    uint32_t hash = 2166136261u;
+    for (uint64_t v : {static_cast<uint64_t>(direct_tensor_bytes()), static_cast<uint64_t>(fusion_pipeline_bytes())}) {
+      for (int byte = 0; byte < 8; ++byte, v >>= 8) hash = (hash ^ static_cast<uint32_t>(v & 0xff)) * 16777619u;
+    }
+    return hash;
+  }
+
   // Pack the small tensors; one NCCL group with the fusion buffer's
   // collective and one per large tensor; divide everything for an average;
   // unpack the small tensors. All on the caller's stream.
-  void split_all_reduce(const comm::SplitPlan& split, const FusedReduce& r, Stream stream) {
+  void split_all_reduce(const comm::SplitPlan& split, const ListReduce& r, Stream stream) {
     cuda::DeviceGuard guard(device().index);
     const cudaStream_t s = cuda::native(stream);
     const int64_t packed = split.packed_total();
@@ -229,23 +242,29 @@ class NcclCommunicator final : public Communicator {
       fusion = fusion_bytes(static_cast<size_t>(packed) * dtype_size(r.dtype));
       copy_plan(split.packed_inputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/true, s);
     }
+    // Operation k: the fusion buffer's collective first (when there is one),
+    // then the direct tensors in list order.
     const std::span<const comm::SplitPlan::Direct> direct = split.direct();
+    const size_t first_direct = packed > 0 ? 1 : 0;
+    const size_t operations = first_direct + direct.size();
     const ncclDataType_t type = nccl_type(r.dtype);
-    for (size_t first = 0; first < direct.size(); first += kMaxGroupOps) {
-      const size_t last = std::min(direct.size(), first + kMaxGroupOps);
+    for (size_t first = 0; first < operations; first += kMaxGroupOps) {
+      const size_t last = std::min(operations, first + kMaxGroupOps);
       grouped([&](auto&& issue) {
-        if (first == 0 && packed > 0) {
-          issue(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, comm_, s), "ncclAllReduce");
-        }
-        for (size_t i = first; i < last; ++i) {
-          issue(ncclAllReduce(direct[i].input, direct[i].output, static_cast<size_t>(direct[i].count), type, ncclSum,
-                              comm_, s),
+        for (size_t k = first; k < last; ++k) {
+          if (k < first_direct) {
+            issue(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, comm_, s),
+                  "ncclAllReduce");
+            continue;
+          }
+          const comm::SplitPlan::Direct& d = direct[k - first_direct];
+          issue(ncclAllReduce(d.input, d.output, static_cast<size_t>(d.count), type, ncclSum, comm_, s),
                 "ncclAllReduce");
         }
       });
     }
     if (packed > 0) copy_plan(split.packed_outputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/false, s);
-    if (r.reduce == ReduceOp::average) comm::divide_on_device(split.outputs_plan(), size(), s);
+    if (r.reduce == ReduceOp::average) comm::divide_on_device(split.divide_plan(), size(), s);
   }
 
   // Runs body(issue) between ncclGroupStart and ncclGroupEnd, where body
@@ -276,11 +295,11 @@ class NcclCommunicator final : public Communicator {
   // the concatenation, so no copy of one piece touches what another stage
   // works on. The caller's stream forks into the three and joins them at the
   // end.
-  void pipelined_all_reduce(const FusedReduce& r, Stream stream) {
+  void pipelined_all_reduce(const ListReduce& r, Stream stream) {
     const size_t element = dtype_size(r.dtype);
     const size_t piece_bytes = fusion_pipeline_bytes();
     if (piece_bytes == 0 || static_cast<size_t>(r.total) * element <= 2 * piece_bytes) {
-      Communicator::fused_all_reduce(r, stream);
+      Communicator::list_all_reduce(r, stream);
       return;
     }
     // Pieces of equal size (the last one shorter) starting on 256-byte

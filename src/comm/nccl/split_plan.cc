@@ -5,8 +5,7 @@ namespace gradkit::comm {
 SplitPlan::SplitPlan(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
                      const unsigned char* source, unsigned char* destination, DType dtype, size_t direct_bytes) {
   const size_t element = dtype_size(dtype);
-  std::vector<TensorView> all_outputs;
-  all_outputs.reserve(outputs.size());
+  outputs_.reserve(outputs.size());
   size_t offset = 0;  // bytes into the concatenation
   for (size_t i = 0; i < inputs.size(); ++i) {
     TensorView in = inputs[i];
@@ -15,7 +14,7 @@ SplitPlan::SplitPlan(std::span<const TensorView> inputs, std::span<const TensorV
     if (destination != nullptr) out.data = destination + offset;
     offset += static_cast<size_t>(in.numel) * element;
     if (in.numel == 0) continue;
-    all_outputs.push_back(out);
+    outputs_.push_back(out);
     if (static_cast<size_t>(in.numel) * element >= direct_bytes) {
       direct_.push_back({in.data, out.data, in.numel});
     } else {
@@ -24,10 +23,16 @@ SplitPlan::SplitPlan(std::span<const TensorView> inputs, std::span<const TensorV
       packed_total_ += in.numel;
     }
   }
+}
+
+const MultiTensorPlan& SplitPlan::divide_plan() const {
   // The collective has checked the outputs against each other; the plan
   // checks them again, once per list.
-  const PlanList lists[] = {{"outputs", all_outputs, true}};
-  outputs_plan_ = MultiTensorPlan("all_reduce (average)", lists);
+  std::call_once(divide_plan_made_, [&] {
+    const PlanList lists[] = {{"outputs", outputs_, true}};
+    divide_plan_ = MultiTensorPlan("all_reduce (average)", lists);
+  });
+  return divide_plan_;
 }
 
 }  // namespace gradkit::comm

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -40,15 +41,18 @@ class SplitPlan {
   std::span<const TensorView> packed_inputs() const { return packed_inputs_; }
   std::span<const TensorView> packed_outputs() const { return packed_outputs_; }
   int64_t packed_total() const { return packed_total_; }
-  // Every output tensor, direct or packed: the average's division covers
-  // them in one launch.
-  const MultiTensorPlan& outputs_plan() const { return outputs_plan_; }
+  // A plan over every output tensor, direct or packed, so that the
+  // average's division covers them in one launch; made on first use (a
+  // list only ever summed needs none).
+  const MultiTensorPlan& divide_plan() const;
 
  private:
   std::vector<Direct> direct_;
   std::vector<TensorView> packed_inputs_, packed_outputs_;
   int64_t packed_total_ = 0;
-  MultiTensorPlan outputs_plan_;
+  std::vector<TensorView> outputs_;  // the non-empty outputs, where the collective writes them
+  mutable std::once_flag divide_plan_made_;
+  mutable MultiTensorPlan divide_plan_;
 };
 
 }  // namespace gradkit::comm
