@@ -134,19 +134,19 @@ void Communicator::reduce_list(std::string_view op, std::span<const TensorView> 
   if (in.total == 0) return;
 
   // A contiguous side is used where it lies; a scattered one goes through
-  // the fusion buffer (the engine decides how, from the list's shape).
-  const bool fused = !(in.contiguous && out.contiguous);
-  if (fused) fusion_begin(stream);
+  // the fusion buffer (the engine decides how, from the list's shape, and
+  // brackets its use of the buffer with fusion_begin / fusion_end).
   list_all_reduce({inputs, outputs, in.contiguous ? in.base : nullptr, out.contiguous ? out.base : nullptr, in.total,
                    in.dtype, reduce},
                   stream);
-  if (fused) fusion_end(stream);
 }
 
 void Communicator::list_all_reduce(const ListReduce& r, Stream stream) {
+  const bool uses_fusion = r.source == nullptr || r.destination == nullptr;
   unsigned char* fusion = nullptr;
-  if (r.source == nullptr || r.destination == nullptr) {
+  if (uses_fusion) {
     fusion = fusion_bytes(static_cast<size_t>(r.total) * dtype_size(r.dtype));
+    fusion_begin(stream);
   }
   const unsigned char* source = r.source;
   if (source == nullptr) {
@@ -157,6 +157,7 @@ void Communicator::list_all_reduce(const ListReduce& r, Stream stream) {
   do_all_reduce(source, destination, r.total, r.dtype, stream);
   if (r.reduce == ReduceOp::average) divide(destination, r.total, r.dtype, size_, stream);
   if (r.destination == nullptr) unpack(fusion, r.outputs, 0, r.total, stream);
+  if (uses_fusion) fusion_end(stream);
 }
 
 // ---- all-gather

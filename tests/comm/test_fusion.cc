@@ -182,6 +182,28 @@ TEST_F(Fusion, RanksWithDifferentLayoutsIssueTheSameCollectives) {
   }
 }
 
+// A back-to-back list copies only what the split packs: nothing in pieces,
+// only its small tensors when it has a large one.
+TEST_F(Fusion, BackToBackListsUseTheFusionBufferOnlyForPackedTensors) {
+  {
+    CommunicatorOptions options;
+    options.direct_tensor_bytes = 0;
+    options.fusion_pipeline_bytes = 1024;
+    std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
+    TestList list(c->device(), DType::f32, kLarge, Layout::back_to_back);
+    all_reduce_and_check(*c, list, 960, "back to back, in pieces");
+    EXPECT_EQ(c->fusion_buffer_bytes(), 0u) << "the pieces of a back-to-back list need no fusion buffer";
+  }
+  {
+    CommunicatorOptions options;
+    options.direct_tensor_bytes = 4096;
+    std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
+    TestList list(c->device(), DType::f32, kMixed, Layout::back_to_back);
+    all_reduce_and_check(*c, list, 961, "back to back, split");
+    EXPECT_EQ(c->fusion_buffer_bytes(), (1 + 777 + 17) * sizeof(float)) << "only the small tensors are packed";
+  }
+}
+
 // More operations than one NCCL group takes (1024 per group): the list is
 // reduced in several groups.
 TEST_F(Fusion, ManyDirectTensorsTakeSeveralGroups) {

@@ -223,7 +223,8 @@ class Communicator {
   // differently must still make matching calls. The default packs, reduces,
   // divides and unpacks in turn on `stream`, one collective over the whole
   // list; NCCL reduces large tensors where they lie and the rest in pieces
-  // (direct_tensor_bytes, fusion_pipeline_bytes).
+  // (direct_tensor_bytes, fusion_pipeline_bytes). Whatever uses the fusion
+  // buffer brackets that use with fusion_begin / fusion_end.
   struct ListReduce {
     std::span<const TensorView> inputs;
     std::span<const TensorView> outputs;

@@ -124,14 +124,10 @@ class NcclCommunicator final : public Communicator {
 
   void do_exchange(const void* send, void* receive, size_t bytes, int peer, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    GRADKIT_NCCL_CHECK(ncclGroupStart());
-    const ncclResult_t sent = ncclSend(send, bytes, ncclUint8, peer, comm_, cuda::native(stream));
-    const ncclResult_t received = ncclRecv(receive, bytes, ncclUint8, peer, comm_, cuda::native(stream));
-    // The group must be closed whatever happened inside it.
-    const ncclResult_t ended = ncclGroupEnd();
-    if (sent != ncclSuccess && sent != ncclInProgress) settle(sent, "ncclSend", __FILE__, __LINE__);
-    if (received != ncclSuccess && received != ncclInProgress) settle(received, "ncclRecv", __FILE__, __LINE__);
-    settle(ended, "ncclGroupEnd", __FILE__, __LINE__);
+    grouped([&](auto&& issue) {
+      issue(ncclSend(send, bytes, ncclUint8, peer, comm_, cuda::native(stream)), "ncclSend");
+      issue(ncclRecv(receive, bytes, ncclUint8, peer, comm_, cuda::native(stream)), "ncclRecv");
+    });
   }
 
   void do_send(const void* data, size_t bytes, int peer, Stream stream) override {
@@ -200,8 +196,8 @@ class NcclCommunicator final : public Communicator {
   // large back-to-back list goes in the same pieces, without copies.
   void list_all_reduce(const ListReduce& r, Stream stream) override {
     const size_t threshold = direct_tensor_bytes();
-    const auto large = [&](const TensorView& t) { return static_cast<size_t>(t.numel) * dtype_size(r.dtype) >= threshold; };
-    if (threshold > 0 && std::any_of(r.inputs.begin(), r.inputs.end(), large)) {
+    const auto large = [&](const TensorView& t) { return comm::SplitPlan::goes_direct(t, threshold); };
+    if (std::any_of(r.inputs.begin(), r.inputs.end(), large)) {
       const std::shared_ptr<const comm::SplitPlan> split = split_plans_.get(
           {r.inputs, r.outputs},
           {reinterpret_cast<uintptr_t>(r.source), reinterpret_cast<uintptr_t>(r.destination),
@@ -240,6 +236,7 @@ class NcclCommunicator final : public Communicator {
     unsigned char* fusion = nullptr;
     if (packed > 0) {
       fusion = fusion_bytes(static_cast<size_t>(packed) * dtype_size(r.dtype));
+      fusion_begin(stream);
       copy_plan(split.packed_inputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/true, s);
     }
     // Operation k: the fusion buffer's collective first (when there is one),
@@ -263,7 +260,10 @@ class NcclCommunicator final : public Communicator {
         }
       });
     }
-    if (packed > 0) copy_plan(split.packed_outputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/false, s);
+    if (packed > 0) {
+      copy_plan(split.packed_outputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/false, s);
+      fusion_end(stream);
+    }
     if (r.reduce == ReduceOp::average) comm::divide_on_device(split.divide_plan(), size(), s);
   }
 
@@ -310,12 +310,15 @@ class NcclCommunicator final : public Communicator {
 
     cuda::DeviceGuard guard(device().index);
     create_pipeline();
-    unsigned char* fusion = fusion_bytes(static_cast<size_t>(r.total) * element);
+    // A back-to-back list goes in the same pieces with no fusion buffer.
+    const bool uses_fusion = r.source == nullptr || r.destination == nullptr;
+    unsigned char* fusion = uses_fusion ? fusion_bytes(static_cast<size_t>(r.total) * element) : nullptr;
     std::shared_ptr<const comm::FusionCopyPlan> in_plan, out_plan;
     if (r.source == nullptr) in_plan = copy_plan(r.inputs, fusion, r.dtype);
     if (r.destination == nullptr) out_plan = copy_plan(r.outputs, fusion, r.dtype);
 
     const cudaStream_t caller = cuda::native(stream);
+    if (uses_fusion) fusion_begin(stream);  // before the fork: the three streams inherit the wait
     GRADKIT_CUDA_CHECK(cudaEventRecord(fork_, caller));
     for (cudaStream_t s : {pack_stream_, reduce_stream_, unpack_stream_}) {
       GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(s, fork_, 0));
@@ -346,6 +349,7 @@ class NcclCommunicator final : public Communicator {
     GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(caller, reduce_done_, 0));
     GRADKIT_CUDA_CHECK(cudaEventRecord(unpack_done_, unpack_stream_));
     GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(caller, unpack_done_, 0));
+    if (uses_fusion) fusion_end(stream);
   }
 
   // A non-blocking communicator may answer ncclInProgress: the call is

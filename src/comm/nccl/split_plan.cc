@@ -15,7 +15,7 @@ SplitPlan::SplitPlan(std::span<const TensorView> inputs, std::span<const TensorV
     offset += static_cast<size_t>(in.numel) * element;
     if (in.numel == 0) continue;
     outputs_.push_back(out);
-    if (static_cast<size_t>(in.numel) * element >= direct_bytes) {
+    if (goes_direct(in, direct_bytes)) {
       direct_.push_back({in.data, out.data, in.numel});
     } else {
       packed_inputs_.push_back(in);

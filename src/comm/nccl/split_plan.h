@@ -35,6 +35,12 @@ class SplitPlan {
   SplitPlan(std::span<const TensorView> inputs, std::span<const TensorView> outputs, const unsigned char* source,
             unsigned char* destination, DType dtype, size_t direct_bytes);
 
+  // Whether `t` is reduced where it lies under `direct_bytes` (never when
+  // direct_bytes is 0).
+  static bool goes_direct(const TensorView& t, size_t direct_bytes) {
+    return direct_bytes > 0 && t.bytes() >= direct_bytes;
+  }
+
   std::span<const Direct> direct() const { return direct_; }
   // The packed tensors, in list order: packed back to back at the start of
   // the fusion buffer, reduced there, unpacked.
