@@ -139,17 +139,6 @@ void expect_same_on_every_rank(const std::vector<double>& got, const std::string
   }
 }
 
-template <class Call>
-void expect_error(Call&& call, ErrorCode code, const std::vector<std::string>& parts) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an Error(" << error_code_name(code) << ")";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const std::string& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
-
 std::string describe(DType dtype, Layout layout, size_t list) {
   return std::string(dtype_name(dtype)) + (layout == Layout::back_to_back ? " back-to-back" : " with-gaps") +
          " list " + std::to_string(list);

@@ -18,19 +18,6 @@
 namespace gradkit::test {
 namespace {
 
-// Runs `call`, expects an Error of `code` whose message contains every one
-// of `parts`.
-template <class Call>
-void expect_error(Call&& call, ErrorCode code, const std::vector<std::string>& parts) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an Error(" << error_code_name(code) << ")";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const std::string& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
-
 using Faults = OnEachBackend;
 
 // Turns checked mode on for a scope of a shared communicator.
