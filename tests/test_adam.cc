@@ -249,6 +249,42 @@ TEST_P(Adam, GroupsUseTheirOwnHyperparameters) {
   EXPECT_EQ(together.bits(), apart.bits());
 }
 
+TEST_P(Adam, SetGradsGivesTheResultOfANewPlan) {
+  // A plan re-pointed at other gradients updates exactly as a plan made on them.
+  Fixture moved(device(), 81), fresh(device(), 81), other(device(), 82);
+  const AdamHyperparameters h;
+  AdamPlan plan(moved.tensors(), std::span(&h, 1));
+  plan.set_grads(other.gv);  // new gradient memory, as a framework's next backward gives
+  AdamTensors t = fresh.tensors();
+  t.grads = other.gv;
+  plan.step({.step = 1});
+  AdamPlan(t, std::span(&h, 1)).step({.step = 1});
+  synchronize(device());
+  EXPECT_EQ(moved.bits(), fresh.bits());
+}
+
+TEST_P(Adam, SetGradsRejectsAMismatchWithoutChangingThePlan) {
+  Fixture f(device(), 91), g(device(), 92);
+  const AdamHyperparameters h;
+  AdamPlan plan(f.tensors(), std::span(&h, 1));
+  const void* before = plan.plan().pointers()[f.gv.size()];
+  std::vector<TensorView> short_list(g.gv.begin(), g.gv.end() - 1);
+  EXPECT_THROW(plan.set_grads(short_list), Error);
+  std::vector<TensorView> resized = g.gv;
+  resized[0].numel -= 1;
+  try {
+    plan.set_grads(resized);
+    FAIL() << "a gradient of the wrong size was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::size_mismatch);
+    EXPECT_NE(std::string(e.what()).find("grads[0]"), std::string::npos) << e.what();
+  }
+  std::vector<TensorView> aliased = g.gv;
+  aliased[1] = {f.wv[2].data, aliased[1].numel, DType::f32, device()};  // inside a weight the step writes
+  EXPECT_THROW(plan.set_grads(aliased), Error);
+  EXPECT_EQ(plan.plan().pointers()[f.gv.size()], before);
+}
+
 TEST_P(Adam, BitwiseDeterministic) {
   Fixture first(device(), 71, DType::bf16), second(device(), 71, DType::bf16);
   AdamHyperparameters h;

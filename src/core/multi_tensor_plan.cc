@@ -17,6 +17,43 @@ std::string element_name(std::string_view list, size_t index) {
   return std::string(list) + "[" + std::to_string(index) + "]";
 }
 
+// The checks every tensor of a plan passes: its element count (that of the
+// first list's tensor at its index), its list's dtype, the plan's device, a
+// pointer that is not null and is aligned, memory that the device can reach.
+void check_tensor(std::string_view op, std::string_view list, size_t i, const TensorView& t, int64_t expected,
+                  std::string_view first_list, DType dtype, Device device) {
+  if (t.numel < 0 || t.numel > kMaxElements) {
+    throw_argument_error(ErrorCode::invalid_argument, op, element_name(list, i),
+                         "has " + std::to_string(t.numel) + " elements, expected a count from 0 to 2^60");
+  }
+  if (t.numel != expected) {
+    throw_argument_error(ErrorCode::size_mismatch, op, element_name(list, i),
+                         "has " + std::to_string(t.numel) + " elements, expected " + std::to_string(expected) +
+                             " (the size of " + element_name(first_list, i) + ")");
+  }
+  if (t.dtype != dtype) {
+    throw_argument_error(ErrorCode::dtype_unsupported, op, element_name(list, i),
+                         "has dtype " + std::string(dtype_name(t.dtype)) + ", expected " +
+                             std::string(dtype_name(dtype)) + " (one dtype per list, that of " +
+                             element_name(list, 0) + ")");
+  }
+  if (t.device != device) {
+    throw_argument_error(ErrorCode::device_mismatch, op, element_name(list, i),
+                         "is on " + to_string(t.device) + ", expected " + to_string(device) + " (the device of " +
+                             element_name(first_list, 0) + ")");
+  }
+  if (t.data == nullptr && t.numel > 0) {
+    throw_argument_error(ErrorCode::null_pointer, op, element_name(list, i),
+                         "is null with " + std::to_string(t.numel) + " elements; expected a valid pointer");
+  }
+  if (t.numel > 0 && reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0) {
+    throw_argument_error(ErrorCode::invalid_argument, op, element_name(list, i),
+                         "starts at an address that is not a multiple of its " +
+                             std::to_string(dtype_size(t.dtype)) + "-byte elements; expected aligned data");
+  }
+  if (t.numel > 0) backend::check_memory_location(op, list, i, t);
+}
+
 // A tensor's byte range, for the overlap check.
 struct Extent {
   uintptr_t begin, end;
@@ -60,6 +97,19 @@ void check_overlaps(std::string_view op, std::span<const PlanList> lists) {
 
 }  // namespace
 
+// The device copy of a CUDA plan's tables: chunks, then pointers, then groups.
+void MultiTensorPlan::upload_tables(Impl& impl) {
+  if (!impl.device.is_cuda() || impl.chunks.empty()) return;
+  const size_t chunk_bytes = impl.chunks.size() * sizeof(PlanChunk);
+  const size_t pointer_bytes = impl.pointers.size() * sizeof(void*);
+  const size_t group_bytes = impl.groups.size() * sizeof(int32_t);
+  std::vector<unsigned char> table(chunk_bytes + pointer_bytes + group_bytes);
+  std::memcpy(table.data(), impl.chunks.data(), chunk_bytes);
+  std::memcpy(table.data() + chunk_bytes, impl.pointers.data(), pointer_bytes);
+  std::memcpy(table.data() + chunk_bytes + pointer_bytes, impl.groups.data(), group_bytes);
+  impl.device_table = backend::upload(impl.device, table.data(), table.size());
+}
+
 MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> lists,
                                  int64_t chunk_elements, std::span<const int32_t> groups,
                                  int32_t num_groups) {
@@ -91,42 +141,12 @@ MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> 
   impl->pointers.resize(n * lists.size());
   for (size_t l = 0; l < lists.size(); ++l) {
     const PlanList& list = lists[l];
+    impl->names.emplace_back(list.name);
+    impl->written.push_back(list.written);
     for (size_t i = 0; i < n; ++i) {
-      const TensorView& t = list.tensors[i];
-      const int64_t expected = first.tensors[i].numel;
-      if (t.numel < 0 || t.numel > kMaxElements) {
-        throw_argument_error(ErrorCode::invalid_argument, op, element_name(list.name, i),
-                             "has " + std::to_string(t.numel) + " elements, expected a count from 0 to 2^60");
-      }
-      if (t.numel != expected) {
-        throw_argument_error(ErrorCode::size_mismatch, op, element_name(list.name, i),
-                             "has " + std::to_string(t.numel) + " elements, expected " +
-                                 std::to_string(expected) + " (the size of " +
-                                 element_name(first.name, i) + ")");
-      }
-      if (t.dtype != impl->dtypes[l]) {
-        throw_argument_error(ErrorCode::dtype_unsupported, op, element_name(list.name, i),
-                             "has dtype " + std::string(dtype_name(t.dtype)) + ", expected " +
-                                 std::string(dtype_name(impl->dtypes[l])) +
-                                 " (one dtype per list, that of " + element_name(list.name, 0) + ")");
-      }
-      if (t.device != impl->device) {
-        throw_argument_error(ErrorCode::device_mismatch, op, element_name(list.name, i),
-                             "is on " + to_string(t.device) + ", expected " + to_string(impl->device) +
-                                 " (the device of " + element_name(first.name, 0) + ")");
-      }
-      if (t.data == nullptr && t.numel > 0) {
-        throw_argument_error(ErrorCode::null_pointer, op, element_name(list.name, i),
-                             "is null with " + std::to_string(t.numel) +
-                                 " elements; expected a valid pointer");
-      }
-      if (t.numel > 0 && reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0) {
-        throw_argument_error(ErrorCode::invalid_argument, op, element_name(list.name, i),
-                             "starts at an address that is not a multiple of its " +
-                                 std::to_string(dtype_size(t.dtype)) + "-byte elements; expected aligned data");
-      }
-      if (t.numel > 0) backend::check_memory_location(op, list.name, i, t);
-      impl->pointers[l * n + i] = t.data;
+      check_tensor(op, list.name, i, list.tensors[i], first.tensors[i].numel, first.name, impl->dtypes[l],
+                   impl->device);
+      impl->pointers[l * n + i] = list.tensors[i].data;
     }
   }
   check_overlaps(op, lists);
@@ -160,17 +180,50 @@ MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> 
     }
   }
 
-  if (impl->device.is_cuda() && !impl->chunks.empty()) {
-    const size_t chunk_bytes = impl->chunks.size() * sizeof(PlanChunk);
-    const size_t pointer_bytes = impl->pointers.size() * sizeof(void*);
-    const size_t group_bytes = impl->groups.size() * sizeof(int32_t);
-    std::vector<unsigned char> table(chunk_bytes + pointer_bytes + group_bytes);
-    std::memcpy(table.data(), impl->chunks.data(), chunk_bytes);
-    std::memcpy(table.data() + chunk_bytes, impl->pointers.data(), pointer_bytes);
-    std::memcpy(table.data() + chunk_bytes + pointer_bytes, impl->groups.data(), group_bytes);
-    impl->device_table = backend::upload(impl->device, table.data(), table.size());
-  }
+  impl->op = op;
+  upload_tables(*impl);
   impl_ = std::move(impl);
+}
+
+MultiTensorPlan MultiTensorPlan::with_list(int list, std::span<const TensorView> tensors) const {
+  if (!impl_) throw Error(ErrorCode::invalid_argument, "with_list: the plan is empty (default-constructed)");
+  const Impl& old = *impl_;
+  const std::string_view op = old.op;
+  if (list < 0 || list >= num_lists()) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "list",
+                         "is " + std::to_string(list) + ", expected a list index in [0, " +
+                             std::to_string(num_lists()) + ")");
+  }
+  const size_t n = old.num_tensors;
+  const std::string_view name = old.names[static_cast<size_t>(list)];
+  if (tensors.size() != n) {
+    throw_argument_error(ErrorCode::size_mismatch, op, name,
+                         "has " + std::to_string(tensors.size()) + " tensors, expected " + std::to_string(n) +
+                             " (the plan's)");
+  }
+  const DType dtype = n > 0 ? old.dtypes[static_cast<size_t>(list)] : DType::f32;
+  for (size_t i = 0; i < n; ++i) check_tensor(op, name, i, tensors[i], old.numels[i], old.names[0], dtype, old.device);
+
+  // The overlap check sees every list, the kept ones rebuilt from the tables.
+  std::vector<std::vector<TensorView>> kept(old.names.size());
+  std::vector<PlanList> lists;
+  for (size_t l = 0; l < old.names.size(); ++l) {
+    if (static_cast<int>(l) == list) {
+      lists.push_back({old.names[l], tensors, old.written[l]});
+      continue;
+    }
+    for (size_t i = 0; i < n; ++i) kept[l].push_back({old.pointers[l * n + i], old.numels[i], old.dtypes[l], old.device});
+    lists.push_back({old.names[l], kept[l], old.written[l]});
+  }
+  check_overlaps(op, lists);
+
+  auto impl = std::make_shared<Impl>(old);
+  for (size_t i = 0; i < n; ++i) impl->pointers[static_cast<size_t>(list) * n + i] = tensors[i].data;
+  impl->device_table.reset();
+  upload_tables(*impl);
+  MultiTensorPlan plan;
+  plan.impl_ = std::move(impl);
+  return plan;
 }
 
 }  // namespace gradkit

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -70,6 +71,15 @@ class MultiTensorPlan {
   // The device copy (chunks, then pointers, then groups) for CUDA plans; null for CPU.
   const void* device_table() const { return impl_ ? impl_->device_table.get() : nullptr; }
 
+  // A copy of this plan whose list `list` points at `tensors` instead, for
+  // callers whose tensors move between launches (a framework that allocates
+  // new gradients each step). `tensors` must match the list's element counts,
+  // dtype and device; the constructor's checks are made for them (overlaps
+  // against every other list included), the chunk table is kept, and a CUDA
+  // plan uploads its tables anew (one synchronous copy). This plan is
+  // unchanged: launches already enqueued keep reading their own table.
+  MultiTensorPlan with_list(int list, std::span<const TensorView> tensors) const;
+
  private:
   struct Impl {
     Device device = Device::cpu();
@@ -81,8 +91,12 @@ class MultiTensorPlan {
     std::vector<void*> pointers;
     std::vector<int64_t> numels;
     std::vector<int32_t> groups;
+    std::string op;                  // the operation named in errors
+    std::vector<std::string> names;  // each list's argument name
+    std::vector<bool> written;       // each list's written flag
     std::shared_ptr<void> device_table;  // freed with the last copy of the plan
   };
+  static void upload_tables(Impl& impl);
   std::shared_ptr<const Impl> impl_;
 };
 

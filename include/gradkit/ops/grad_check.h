@@ -42,6 +42,12 @@ class GradientCheckPlan {
   void check(const GradientCheckOutputs& outputs, float loss_scale = 1.0f, const float* loss_scale_device = nullptr,
              Stream stream = {}) const;
 
+  // Points the plan at new gradients (the same count, element counts, dtype
+  // and device) at the cost of one table upload instead of a new plan: for
+  // frameworks that allocate new gradient tensors each step. See
+  // MultiTensorPlan::with_list.
+  void set_grads(std::span<const TensorView> grads) { plan_ = plan_.with_list(0, grads); }
+
   const MultiTensorPlan& plan() const { return plan_; }
   const GradientCheckOptions& options() const { return options_; }
 

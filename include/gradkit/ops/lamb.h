@@ -77,6 +77,12 @@ class LambPlan {
   void validate_inputs(const LambStepInputs& inputs) const;
   void set_hyperparameters(std::span<const LambHyperparameters> hyperparameters);
 
+  // Points the plan at new gradients (the same count, element counts, dtype
+  // and device) at the cost of one table upload instead of a new plan: for
+  // frameworks that allocate new gradient tensors each step. See
+  // MultiTensorPlan::with_list.
+  void set_grads(std::span<const TensorView> grads) { plan_ = plan_.with_list(1, grads); }
+
   const MultiTensorPlan& plan() const { return plan_; }
   std::span<const LambHyperparameters> hyperparameters() const { return hyper_.host(); }
 

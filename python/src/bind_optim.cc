@@ -1,0 +1,244 @@
+// The owning optimizers (moments, counters and learning rates on the
+// device), the loss scaler and the mixed-precision wrapper.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <vector>
+
+#include "bindings.h"
+#include "gradkit/core/error.h"
+#include "gradkit/optim/adam.h"
+#include "gradkit/optim/lamb.h"
+#include "gradkit/optim/loss_scaler.h"
+#include "gradkit/optim/mixed_precision.h"
+#include "tensors.h"
+
+namespace gradkit::python {
+namespace {
+
+using Arrays = std::vector<Array>;
+
+// A group given from Python as a dict: {"params": [...], "grads": [...],
+// "model_copy": [...] (optional), "hyperparameters": ...}.
+template <class Group, class Hyperparameters>
+std::vector<Group> to_groups(const nb::list& groups, std::vector<Array>& keep) {
+  std::vector<Group> out;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string name = "groups[" + std::to_string(g) + "]";
+    if (!nb::isinstance<nb::dict>(groups[g])) {
+      throw_argument_error(ErrorCode::invalid_argument, "gradkit", name,
+                           "is not a dict; expected {'params': [...], 'grads': [...], 'hyperparameters': ...}");
+    }
+    const nb::dict d = nb::cast<nb::dict>(groups[g]);
+    Group group;
+    auto list = [&](const char* key, bool required) {
+      if (!d.contains(key)) {
+        if (required) throw_argument_error(ErrorCode::invalid_argument, "gradkit", name, std::string("has no '") + key + "'");
+        return std::vector<TensorView>{};
+      }
+      ViewList v = to_views(nb::cast<Arrays>(d[key]), name + "." + key);
+      keep.insert(keep.end(), v.arrays.begin(), v.arrays.end());
+      return v.views;
+    };
+    group.params = list("params", true);
+    group.grads = list("grads", true);
+    group.model_copy = list("model_copy", false);
+    if (d.contains("hyperparameters")) group.hyperparameters = nb::cast<Hyperparameters>(d["hyperparameters"]);
+    out.push_back(std::move(group));
+  }
+  return out;
+}
+
+// An owning C++ object together with the arrays it holds pointers into.
+template <class T>
+struct Owned {
+  std::vector<Array> keep;
+  std::unique_ptr<T> object;
+};
+
+struct ScalerState {
+  float scale;
+  int32_t growth_tracker;
+  int32_t hysteresis_left;
+};
+
+void bind_loss_scaler(nb::module_& m) {
+  nb::enum_<LossScaling>(m, "LossScaling")
+      .value("dynamic", LossScaling::dynamic)
+      .value("fixed", LossScaling::fixed)
+      .value("none", LossScaling::none);
+
+  nb::class_<LossScalerOptions>(m, "LossScalerOptions", "PyTorch GradScaler's defaults; hysteresis 1 makes its decisions.")
+      .def(
+          "__init__",
+          [](LossScalerOptions* o, LossScaling mode, float initial_scale, float growth_factor, float backoff_factor,
+             int32_t growth_interval, int32_t hysteresis, float min_scale, float max_scale) {
+            new (o) LossScalerOptions{mode, initial_scale, growth_factor, backoff_factor, growth_interval, hysteresis,
+                                      min_scale, max_scale};
+          },
+          nb::arg("mode") = LossScaling::dynamic, nb::arg("initial_scale") = 65536.0f,
+          nb::arg("growth_factor") = 2.0f, nb::arg("backoff_factor") = 0.5f, nb::arg("growth_interval") = 2000,
+          nb::arg("hysteresis") = 1, nb::arg("min_scale") = 0.0f,
+          nb::arg("max_scale") = std::numeric_limits<float>::infinity())
+      .def_rw("mode", &LossScalerOptions::mode)
+      .def_rw("initial_scale", &LossScalerOptions::initial_scale)
+      .def_rw("growth_factor", &LossScalerOptions::growth_factor)
+      .def_rw("backoff_factor", &LossScalerOptions::backoff_factor)
+      .def_rw("growth_interval", &LossScalerOptions::growth_interval)
+      .def_rw("hysteresis", &LossScalerOptions::hysteresis)
+      .def_rw("min_scale", &LossScalerOptions::min_scale)
+      .def_rw("max_scale", &LossScalerOptions::max_scale);
+
+  nb::class_<LossScaler>(m, "LossScaler", "The loss scale, kept and updated on the device.")
+      .def(
+          "__init__",
+          [](LossScaler* s, const std::string& device, const LossScalerOptions& options) {
+            new (s) LossScaler(parse_device(device), options);
+          },
+          nb::arg("device"), nb::arg("options") = LossScalerOptions{})
+      .def_prop_ro(
+          "scale_device",
+          [](nb::handle self) {
+            const LossScaler& s = nb::cast<const LossScaler&>(self);
+            return to_array(TensorView{const_cast<float*>(s.scale_device()), 1, DType::f32, s.device()}, self);
+          },
+          "The current scale S as a one-element float32 array on the device (multiply the loss by it).")
+      .def(
+          "update",
+          [](LossScaler& s, const Array& found_inf, uintptr_t stream) {
+            s.update(flag_pointer(found_inf, "found_inf"), to_stream(stream));
+          },
+          nb::arg("found_inf"), nb::arg("stream") = 0, "The decision after a step, from a bool on the device.")
+      .def("state",
+           [](const LossScaler& s) {
+             const LossScalerState st = s.state();
+             return nb::make_tuple(st.scale, st.growth_tracker, st.hysteresis_left);
+           },
+           "(scale, growth_tracker, hysteresis_left), read synchronously.")
+      .def(
+          "set_state",
+          [](LossScaler& s, float scale, int32_t growth_tracker, std::optional<int32_t> hysteresis_left) {
+            s.set_state({scale, growth_tracker, hysteresis_left.value_or(s.options().hysteresis)});
+          },
+          nb::arg("scale"), nb::arg("growth_tracker"), nb::arg("hysteresis_left") = nb::none(),
+          "Synchronous write, validated.")
+      .def_prop_ro("options", &LossScaler::options);
+}
+
+template <class Optimizer>
+void bind_state_io(nb::class_<Owned<Optimizer>>& c) {
+  c.def("save", [](const Owned<Optimizer>& o, const std::string& path) { o.object->save(path); }, nb::arg("path"))
+      .def("load", [](Owned<Optimizer>& o, const std::string& path) { o.object->load(path); }, nb::arg("path"));
+}
+
+void bind_adam(nb::module_& m) {
+  nb::class_<AdamOptions>(m, "AdamOptions")
+      .def(nb::init<>())
+      .def_rw("moment_dtype", &AdamOptions::moment_dtype);
+  using PyAdam = Owned<Adam>;
+  nb::class_<PyAdam> c(m, "Adam",
+                       "Owning Adam/AdamW: moments, step counter and per-group learning rates on the device. "
+                       "groups: a list of {'params', 'grads', 'model_copy' (optional), 'hyperparameters'}.");
+  c.def(
+       "__init__",
+       [](PyAdam* self, const nb::list& groups, DType moment_dtype) {
+         new (self) PyAdam();
+         auto g = to_groups<AdamGroup, AdamHyperparameters>(groups, self->keep);
+         self->object = std::make_unique<Adam>(std::move(g), AdamOptions{moment_dtype});
+       },
+       nb::arg("groups"), nb::arg("moment_dtype") = DType::f32)
+      .def(
+          "step",
+          [](PyAdam& a, uintptr_t stream, const std::optional<Array>& found_inf,
+             const std::optional<Array>& grad_scale_device, float grad_scale) {
+            a.object->step(to_stream(stream), flag_pointer(found_inf, "found_inf"),
+                           scalar_pointer<float>(grad_scale_device, "grad_scale_device", "float32"), grad_scale);
+          },
+          nb::arg("stream") = 0, nb::arg("found_inf") = nb::none(), nb::arg("grad_scale_device") = nb::none(),
+          nb::arg("grad_scale") = 1.0f)
+      .def_prop_ro("step_count", [](const PyAdam& a) { return a.object->step_count(); })
+      .def("lr", [](const PyAdam& a, int group) { return a.object->lr(group); }, nb::arg("group"))
+      .def("set_lr", [](PyAdam& a, int group, float lr) { a.object->set_lr(group, lr); }, nb::arg("group"),
+           nb::arg("lr"))
+      .def_prop_ro("exp_avg", [](nb::handle self) { return to_arrays(nb::cast<PyAdam&>(self).object->exp_avg(), self); })
+      .def_prop_ro("exp_avg_sq",
+                   [](nb::handle self) { return to_arrays(nb::cast<PyAdam&>(self).object->exp_avg_sq(), self); });
+  bind_state_io(c);
+}
+
+void bind_lamb(nb::module_& m) {
+  using PyLamb = Owned<Lamb>;
+  nb::class_<PyLamb> c(m, "Lamb", "Owning LAMB: moments, step counter and eta on the device.");
+  c.def(
+       "__init__",
+       [](PyLamb* self, const nb::list& groups, float eta, DType moment_dtype) {
+         new (self) PyLamb();
+         auto g = to_groups<LambGroup, LambHyperparameters>(groups, self->keep);
+         self->object = std::make_unique<Lamb>(std::move(g), LambOptions{eta, moment_dtype});
+       },
+       nb::arg("groups"), nb::arg("eta") = 1e-3f, nb::arg("moment_dtype") = DType::f32)
+      .def(
+          "step",
+          [](PyLamb& l, uintptr_t stream, float loss_scale, float gradient_norm, const std::optional<Array>& found_inf) {
+            LambStep in;
+            in.loss_scale = loss_scale;
+            in.gradient_norm = gradient_norm;
+            in.found_inf = flag_pointer(found_inf, "found_inf");
+            l.object->step(to_stream(stream), in);
+          },
+          nb::arg("stream") = 0, nb::arg("loss_scale") = 1.0f, nb::arg("gradient_norm") = -1.0f,
+          nb::arg("found_inf") = nb::none())
+      .def_prop_ro("step_count", [](const PyLamb& l) { return l.object->step_count(); })
+      .def_prop_rw("eta", [](const PyLamb& l) { return l.object->eta(); },
+                   [](PyLamb& l, float eta) { l.object->set_eta(eta); })
+      .def_prop_ro("exp_avg", [](nb::handle self) { return to_arrays(nb::cast<PyLamb&>(self).object->exp_avg(), self); })
+      .def_prop_ro("exp_avg_sq",
+                   [](nb::handle self) { return to_arrays(nb::cast<PyLamb&>(self).object->exp_avg_sq(), self); });
+  bind_state_io(c);
+}
+
+template <class Optimizer, class Hyperparameters>
+void bind_mixed_precision(nb::module_& m, const char* name) {
+  using Mp = MixedPrecision<Optimizer>;
+  using PyMp = Owned<Mp>;
+  nb::class_<PyMp> c(m, name,
+                     "ONNX Runtime's FP16_Optimizer: f32 masters of the model's f16/bf16 weights, the check, the "
+                     "update (which writes the model's weights) and the loss scaler, all on the device.");
+  c.def(
+       "__init__",
+       [](PyMp* self, const nb::list& groups, const LossScalerOptions& scaler, float max_norm, NormType norm) {
+         new (self) PyMp();
+         auto g = to_groups<typename Optimizer::Group, Hyperparameters>(groups, self->keep);
+         self->object = std::make_unique<Mp>(std::move(g), MixedPrecisionOptions{scaler, max_norm, norm});
+       },
+       nb::arg("groups"), nb::arg("scaler") = LossScalerOptions{}, nb::arg("max_norm") = 0.0f,
+       nb::arg("norm") = NormType::l2)
+      .def("step", [](PyMp& p, uintptr_t stream) { p.object->step(to_stream(stream)); }, nb::arg("stream") = 0)
+      .def_prop_ro("loss_scale", [](const PyMp& p) { return p.object->loss_scale(); })
+      .def_prop_ro("loss_scale_device",
+                   [](nb::handle self) {
+                     Mp& mp = *nb::cast<PyMp&>(self).object;
+                     return to_array(TensorView{const_cast<float*>(mp.loss_scale_device()), 1, DType::f32,
+                                                mp.masters().empty() ? Device::cpu() : mp.masters()[0].device},
+                                     self);
+                   })
+      .def_prop_ro("last_step_skipped", [](const PyMp& p) { return p.object->last_step_skipped(); })
+      .def_prop_ro("last_grad_norm", [](const PyMp& p) { return p.object->last_grad_norm(); })
+      .def_prop_ro("masters", [](nb::handle self) { return to_arrays(nb::cast<PyMp&>(self).object->masters(), self); });
+  bind_state_io(c);
+}
+
+}  // namespace
+
+void bind_optim(nb::module_& m) {
+  bind_loss_scaler(m);
+  bind_adam(m);
+  bind_lamb(m);
+  bind_mixed_precision<Adam, AdamHyperparameters>(m, "MixedPrecisionAdam");
+  bind_mixed_precision<Lamb, LambHyperparameters>(m, "MixedPrecisionLamb");
+}
+
+}  // namespace gradkit::python

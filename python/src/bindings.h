@@ -1,0 +1,14 @@
+// One function per layer of the public API, each adding its classes to the
+// module (python/src/bind_*.cc).
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace gradkit::python {
+
+void bind_core(nanobind::module_& m);   // dtypes, devices, errors, synchronize
+void bind_ops(nanobind::module_& m);    // zero/accumulate, Adam/LAMB plans, gradient check
+void bind_optim(nanobind::module_& m);  // Adam, Lamb, LossScaler, MixedPrecision
+void bind_comm(nanobind::module_& m);   // GradientArena
+
+}  // namespace gradkit::python
