@@ -13,6 +13,7 @@
 #include "gradkit/ops/grad_check.h"
 #include "gradkit/ops/gradient.h"
 #include "gradkit/ops/lamb.h"
+#include "gradkit/ops/step_counter.h"
 #include "tensors.h"
 
 namespace gradkit::python {
@@ -45,7 +46,7 @@ struct PyAdamPlan {
   AdamPlan plan;
   PyAdamPlan(const Arrays& w, const Arrays& g, const Arrays& m, const Arrays& v,
              const std::vector<AdamHyperparameters>& hyper, const std::vector<int32_t>& groups, const Arrays& vmax,
-             const Arrays& copy)
+             const Arrays& copy, bool hold_grads)
       : weights(to_views(w, "weights")),
         grads(to_views(g, "grads")),
         exp_avg(to_views(m, "exp_avg")),
@@ -53,7 +54,9 @@ struct PyAdamPlan {
         max_exp_avg_sq(to_views(vmax, "max_exp_avg_sq")),
         model_copy(to_views(copy, "model_copy")),
         plan({weights.views, grads.views, exp_avg.views, exp_avg_sq.views, max_exp_avg_sq.views, model_copy.views},
-             hyper, groups) {}
+             hyper, groups) {
+    if (!hold_grads) grads.arrays.clear();
+  }
 };
 
 struct PyLambPlan {
@@ -61,7 +64,7 @@ struct PyLambPlan {
   LambPlan plan;
   PyLambPlan(const Arrays& w, const Arrays& g, const Arrays& m, const Arrays& v,
              const std::vector<LambHyperparameters>& hyper, const std::vector<int32_t>& groups, const Arrays& copy,
-             const Arrays& upd)
+             const Arrays& upd, bool hold_grads)
       : weights(to_views(w, "weights")),
         grads(to_views(g, "grads")),
         exp_avg(to_views(m, "exp_avg")),
@@ -69,23 +72,32 @@ struct PyLambPlan {
         model_copy(to_views(copy, "model_copy")),
         update(to_views(upd, "update")),
         plan({weights.views, grads.views, exp_avg.views, exp_avg_sq.views, model_copy.views, update.views}, hyper,
-             groups) {}
+             groups) {
+    if (!hold_grads) grads.arrays.clear();
+  }
 };
 
 struct PyGradientCheckPlan {
   ViewList grads;
   GradientCheckPlan plan;
-  PyGradientCheckPlan(const Arrays& g, GradientCheckOptions options)
-      : grads(to_views(g, "grads")), plan(grads.views, options) {}
+  PyGradientCheckPlan(const Arrays& g, GradientCheckOptions options, bool hold_grads)
+      : grads(to_views(g, "grads")), plan(grads.views, options) {
+    if (!hold_grads) grads.arrays.clear();
+  }
 };
 
 // Re-points a plan's gradients; the new arrays replace the kept ones only
 // once the plan has taken them.
+// With `hold` false the plan does not keep the gradient arrays alive: a
+// framework whose gradients are freed and made anew each step (PyTorch's
+// zero_grad(set_to_none=True)) then gets the same memory back, and re-points
+// the plan (set_grads) before any step after the old arrays may have gone.
 template <class Plan>
-void set_grads(ViewList& kept, Plan& plan, const Arrays& grads) {
+void set_grads(ViewList& kept, Plan& plan, const Arrays& grads, bool hold) {
   ViewList next = to_views(grads, "grads");
   plan.set_grads(next.views);
   kept = std::move(next);
+  if (!hold) kept.arrays.clear();
 }
 
 }  // namespace
@@ -120,6 +132,15 @@ void bind_ops(nb::module_& m) {
           nb::arg("overwrite") = nb::none(), nb::arg("overwrite_device") = nb::none(),
           nb::arg("updated_device") = nb::none(), nb::arg("stream") = 0);
 
+  m.def(
+      "advance_step",
+      [](const Array& counter, const Optional& skip, uintptr_t stream) {
+        int64_t* c = scalar_pointer<int64_t>(counter, "counter", "int64");
+        advance_step(c, to_view_device(counter), flag_pointer(skip, "skip"), to_stream(stream));
+      },
+      nb::arg("counter"), nb::arg("skip") = nb::none(), nb::arg("stream") = 0,
+      "counter (one int64 on its device) += 1 unless skip (a bool on the same device) is true.");
+
   nb::enum_<WeightDecay>(m, "WeightDecay")
       .value("l2", WeightDecay::l2)
       .value("decoupled", WeightDecay::decoupled)
@@ -149,10 +170,10 @@ void bind_ops(nb::module_& m) {
                          "Adam/AdamW over tensor lists planned once (docs/ops.md, adam_step). Tensor i of each "
                          "list belongs to one parameter; groups[i] picks its hyperparameters.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const Arrays&, const std::vector<AdamHyperparameters>&,
-                    const std::vector<int32_t>&, const Arrays&, const Arrays&>(),
+                    const std::vector<int32_t>&, const Arrays&, const Arrays&, bool>(),
            nb::arg("weights"), nb::arg("grads"), nb::arg("exp_avg"), nb::arg("exp_avg_sq"),
            nb::arg("hyperparameters"), nb::arg("groups") = std::vector<int32_t>{},
-           nb::arg("max_exp_avg_sq") = Arrays{}, nb::arg("model_copy") = Arrays{})
+           nb::arg("max_exp_avg_sq") = Arrays{}, nb::arg("model_copy") = Arrays{}, nb::arg("hold_grads") = true)
       .def(
           "step",
           [](const PyAdamPlan& p, int64_t step, const Optional& step_device, const Optional& lr_device,
@@ -172,7 +193,8 @@ void bind_ops(nb::module_& m) {
           nb::arg("stream") = 0,
           "One update. lr_device: one float32 per group on the plan's device, replacing the plan's lrs; "
           "found_inf: a bool on the device, true skips the whole step.")
-      .def("set_grads", [](PyAdamPlan& p, const Arrays& g) { set_grads(p.grads, p.plan, g); }, nb::arg("grads"),
+      .def("set_grads", [](PyAdamPlan& p, const Arrays& g, bool hold) { set_grads(p.grads, p.plan, g, hold); },
+           nb::arg("grads"), nb::arg("hold_grads") = true,
            "Points the plan at new gradient arrays (same sizes and dtype): one table upload, no new plan.")
       .def("set_hyperparameters",
            [](PyAdamPlan& p, const std::vector<AdamHyperparameters>& h) { p.plan.set_hyperparameters(h); },
@@ -204,10 +226,10 @@ void bind_ops(nb::module_& m) {
 
   nb::class_<PyLambPlan>(m, "LambPlan", "LAMB (ONNX Runtime's semantics) over tensor lists planned once.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const Arrays&, const std::vector<LambHyperparameters>&,
-                    const std::vector<int32_t>&, const Arrays&, const Arrays&>(),
+                    const std::vector<int32_t>&, const Arrays&, const Arrays&, bool>(),
            nb::arg("weights"), nb::arg("grads"), nb::arg("exp_avg"), nb::arg("exp_avg_sq"),
            nb::arg("hyperparameters"), nb::arg("groups") = std::vector<int32_t>{}, nb::arg("model_copy") = Arrays{},
-           nb::arg("update") = Arrays{})
+           nb::arg("update") = Arrays{}, nb::arg("hold_grads") = true)
       .def(
           "step",
           [](const PyLambPlan& p, float eta, const Optional& eta_device, float loss_scale,
@@ -229,7 +251,8 @@ void bind_ops(nb::module_& m) {
           nb::arg("loss_scale_device") = nb::none(), nb::arg("gradient_norm") = -1.0f,
           nb::arg("gradient_norm_device") = nb::none(), nb::arg("step") = 1, nb::arg("step_device") = nb::none(),
           nb::arg("found_inf") = nb::none(), nb::arg("stream") = 0)
-      .def("set_grads", [](PyLambPlan& p, const Arrays& g) { set_grads(p.grads, p.plan, g); }, nb::arg("grads"))
+      .def("set_grads", [](PyLambPlan& p, const Arrays& g, bool hold) { set_grads(p.grads, p.plan, g, hold); },
+           nb::arg("grads"), nb::arg("hold_grads") = true)
       .def("set_hyperparameters",
            [](PyLambPlan& p, const std::vector<LambHyperparameters>& h) { p.plan.set_hyperparameters(h); },
            nb::arg("hyperparameters"))
@@ -242,11 +265,12 @@ void bind_ops(nb::module_& m) {
                                   "divisor (loss scale / clip coefficient) the optimizer applies.")
       .def(
           "__init__",
-          [](PyGradientCheckPlan* p, const Arrays& grads, NormType norm, float max_norm, bool write_unscaled) {
-            new (p) PyGradientCheckPlan(grads, GradientCheckOptions{norm, max_norm, write_unscaled});
+          [](PyGradientCheckPlan* p, const Arrays& grads, NormType norm, float max_norm, bool write_unscaled,
+             bool hold_grads) {
+            new (p) PyGradientCheckPlan(grads, GradientCheckOptions{norm, max_norm, write_unscaled}, hold_grads);
           },
           nb::arg("grads"), nb::arg("norm") = NormType::l2, nb::arg("max_norm") = 0.0f,
-          nb::arg("write_unscaled") = false)
+          nb::arg("write_unscaled") = false, nb::arg("hold_grads") = true)
       .def(
           "check",
           [](const PyGradientCheckPlan& p, const Optional& found_inf, const Optional& grad_divisor,
@@ -264,8 +288,8 @@ void bind_ops(nb::module_& m) {
           nb::arg("found_inf") = nb::none(), nb::arg("grad_divisor") = nb::none(), nb::arg("global_norm") = nb::none(),
           nb::arg("tensor_norms") = nb::none(), nb::arg("loss_scale") = 1.0f,
           nb::arg("loss_scale_device") = nb::none(), nb::arg("stream") = 0)
-      .def("set_grads", [](PyGradientCheckPlan& p, const Arrays& g) { set_grads(p.grads, p.plan, g); },
-           nb::arg("grads"));
+      .def("set_grads", [](PyGradientCheckPlan& p, const Arrays& g, bool hold) { set_grads(p.grads, p.plan, g, hold); },
+           nb::arg("grads"), nb::arg("hold_grads") = true);
 }
 
 }  // namespace gradkit::python

@@ -95,6 +95,8 @@ void* scalar_pointer(const std::optional<Array>& array, const std::string& arg, 
   return v.data;
 }
 
+Device to_view_device(const Array& array) { return to_device(array, "array"); }
+
 nb::object to_array(const TensorView& view, nb::handle owner) {
   const size_t shape[1] = {static_cast<size_t>(view.numel)};
   nb::dlpack::dtype t{};

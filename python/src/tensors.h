@@ -46,6 +46,9 @@ inline bool* flag_pointer(const std::optional<Array>& array, const std::string& 
   return scalar_pointer<bool>(array, arg, "bool", count);
 }
 
+// The device an array lives on (CPU or CUDA); throws naming nothing else.
+Device to_view_device(const Array& array);
+
 // gradkit memory as a 1-D DLPack array of `view.numel` elements; `owner`
 // (the Python object owning that memory) stays alive as long as the array.
 nb::object to_array(const TensorView& view, nb::handle owner);

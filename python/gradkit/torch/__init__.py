@@ -1,0 +1,10 @@
+"""gradkit for PyTorch: optimizers that subclass torch.optim.Optimizer, the
+fused mixed-precision step, and flat gradients. Plain Python over gradkit's
+classes: every number is computed by the C++ library, on the caller's
+current CUDA stream. gradkit does not link against libtorch; tensors cross by
+DLPack, zero-copy."""
+from gradkit.torch.amp import AmpStep
+from gradkit.torch.flat import FlatGradients, flat_gradients
+from gradkit.torch.optim import Adam, AdamW, Lamb
+
+__all__ = ["Adam", "AdamW", "Lamb", "AmpStep", "FlatGradients", "flat_gradients"]

@@ -1,0 +1,117 @@
+"""The mixed-precision step fused: one call for GradScaler.unscale_,
+clip_grad_norm_, GradScaler.step and GradScaler.update.
+
+gradkit's gradient check reads the gradients once: it finds Inf/NaN and the
+norm of the unscaled gradients, and folds the loss scale and the clip
+coefficient into one divisor on the device; the optimizer's update divides
+by it (no unscaling pass, no clipping pass) or, on an overflow, writes
+nothing and leaves the step count alone; the loss scaler then makes
+GradScaler's decision (back off on an overflow, grow after growth_interval
+clean steps) on the device. No host synchronization anywhere.
+"""
+import math
+
+import torch
+
+import gradkit
+from gradkit.torch._device import device_name
+
+
+class AmpStep:
+    """For a gradkit.torch optimizer over float32 parameters trained under
+    torch.autocast::
+
+        amp = gradkit.torch.AmpStep(optimizer, max_norm=1.0)
+        for x, y in data:
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = loss_fn(model(x), y)
+            amp.scale(loss).backward()
+            amp.step()                  # check, unscale + clip, step or skip, scale update
+            optimizer.zero_grad()
+
+    The arguments are GradScaler's (init_scale, growth_factor, backoff_factor,
+    growth_interval, enabled) and clip_grad_norm_'s (max_norm, norm_type: 2.0
+    or inf); `hysteresis` > 1 is DeepSpeed's (back off only after that many
+    overflows). enabled=False keeps the scale at 1 but still skips a step
+    whose gradients hold an Inf or NaN.
+    """
+
+    def __init__(self, optimizer, *, max_norm=None, norm_type=2.0, init_scale=2.0 ** 16, growth_factor=2.0,
+                 backoff_factor=0.5, growth_interval=2000, hysteresis=1, enabled=True):
+        if not hasattr(optimizer, "_step_with"):
+            raise TypeError(f"optimizer is a {type(optimizer).__name__}, expected a gradkit.torch optimizer "
+                            "(Adam, AdamW or Lamb)")
+        if max_norm is not None and not max_norm > 0:
+            raise ValueError(f"max_norm is {max_norm}, expected a value > 0 (or None: no clipping)")
+        if norm_type not in (2, 2.0, math.inf, float("inf"), "inf"):
+            raise ValueError(f"norm_type is {norm_type}, expected 2.0 or inf")
+        self.optimizer = optimizer
+        self.max_norm = max_norm
+        self.norm = gradkit.NormType.l2 if norm_type in (2, 2.0) else gradkit.NormType.infinity
+        device = optimizer._get_layout().device
+        options = gradkit.LossScalerOptions(
+            mode=gradkit.LossScaling.dynamic if enabled else gradkit.LossScaling.none, initial_scale=init_scale,
+            growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval,
+            hysteresis=hysteresis)
+        self._scaler = gradkit.LossScaler(device_name(device), options)
+        self._scale = torch.from_dlpack(self._scaler.scale_device)
+        self._found_inf = torch.zeros(1, dtype=torch.bool, device=device)
+        self._divisor = torch.ones(1, dtype=torch.float32, device=device)
+        self._norm = torch.zeros(1, dtype=torch.float32, device=device)
+        self._check = None
+        self._check_generation = None
+
+    def scale(self, loss):
+        """loss * S, S being the current scale on the device (as GradScaler.scale)."""
+        return loss * self._scale
+
+    def step(self):
+        """Check, update or skip, and the scaler's decision, enqueued on the current stream.
+        Returns False if no parameter had a gradient (nothing was done)."""
+        opt = self.optimizer
+        stream_of = {}
+
+        def check(stream):
+            if self._check_generation != opt._generation:
+                self._check = gradkit.GradientCheckPlan(opt.present_grads(), norm=self.norm,
+                                                        max_norm=self.max_norm or 0.0, hold_grads=False)
+                self._check_generation = opt._generation
+            self._check.check(found_inf=self._found_inf, grad_divisor=self._divisor, global_norm=self._norm,
+                              loss_scale_device=self._scale, stream=stream)
+            stream_of["stream"] = stream
+
+        if not opt._step_with(self._found_inf, self._divisor, check):
+            return False
+        self._scaler.update(self._found_inf, stream=stream_of["stream"])
+        return True
+
+    # -- what GradScaler offers ------------------------------------------------
+
+    def get_scale(self):
+        """The current scale (synchronous)."""
+        return self._scaler.state()[0]
+
+    @property
+    def found_inf(self):
+        """Whether the last step found an Inf or NaN and was skipped (synchronous)."""
+        return bool(self._found_inf.item())
+
+    @property
+    def grad_norm(self):
+        """The last step's norm of the unscaled gradients, a float32 tensor on the device
+        (what clip_grad_norm_ returns; Inf or NaN on an overflow)."""
+        return self._norm
+
+    def state_dict(self):
+        """GradScaler's layout."""
+        scale, tracker, _ = self._scaler.state()
+        o = self._scaler.options
+        return {"scale": scale, "growth_factor": o.growth_factor, "backoff_factor": o.backoff_factor,
+                "growth_interval": o.growth_interval, "_growth_tracker": tracker}
+
+    def load_state_dict(self, state_dict):
+        """From this class's or GradScaler's state_dict (the scale and the growth tracker)."""
+        for key in ("scale", "_growth_tracker"):
+            if key not in state_dict:
+                raise ValueError(f"state_dict has no '{key}'; expected GradScaler's layout")
+        self._scaler.set_state(float(state_dict["scale"]), int(state_dict["_growth_tracker"]))

@@ -1,0 +1,418 @@
+"""Adam, AdamW and LAMB as torch.optim.Optimizer subclasses over gradkit's plans.
+
+Every number is computed by gradkit (AdamPlan, LambPlan, GradientCheckPlan);
+this module only decides which plans to make and when to re-point them:
+
+- The parameters that have a gradient and have taken the same number of
+  steps form a *cohort*, stepped by one plan with one step counter on the
+  device (torch.optim keeps a step per parameter; a parameter whose .grad is
+  None is skipped, so its count falls behind and it joins another cohort).
+  Usually every parameter has a gradient every step: one cohort, one plan.
+- A step looks at each parameter's .grad pointer, not at its values: if
+  the pointers are those of the last step (the same tensors, or new tensors
+  in the same memory, which is what zero_grad(set_to_none=True) and the
+  caching allocator give), the plans are launched as they are; if only the
+  memory moved, the plans are re-pointed (one table upload each); if the
+  set of parameters with gradients changed, the cohorts are made anew.
+  With flat gradients (gradkit.torch.flat_gradients) not even the pointers
+  are read: the host cost of a step does not depend on the tensor count.
+- Learning rates live in a float32 tensor on the device (one per group),
+  rewritten only when a group's "lr" changed (lr schedulers work), and step
+  counters are int64 on the device, advanced only by a step that is not
+  skipped for an overflow (the fused mixed-precision step).
+"""
+import torch
+
+import gradkit
+from gradkit.torch._device import common_device, stream_handle
+
+
+class _Cohort:
+    """Parameters stepped together by one plan; they share their step count."""
+
+    __slots__ = ("indices", "counter", "plan")
+
+    def __init__(self, indices, counter, plan):
+        self.indices = indices  # positions in the optimizer's flat parameter list
+        self.counter = counter  # int64 tensor of one element on the parameters' device
+        self.plan = plan
+
+
+class _Layout:
+    """The optimizer's parameters in param_groups order, with their group index."""
+
+    __slots__ = ("params", "group_of", "device")
+
+    def __init__(self, param_groups):
+        self.params = [p for g in param_groups for p in g["params"]]
+        self.group_of = [i for i, g in enumerate(param_groups) for _ in g["params"]]
+        if not self.params:
+            raise ValueError("the optimizer has no parameters")
+        self.device = common_device(self.params, "params")
+        dtypes = {p.dtype for p in self.params}
+        if dtypes not in ({torch.float32}, {torch.float64}):
+            raise TypeError(f"params have dtypes {sorted(str(d) for d in dtypes)}, expected all float32 "
+                            "(or all float64); float16/bfloat16 models keep float32 master weights: "
+                            "see gradkit.torch.MixedPrecisionStep")
+        for i, p in enumerate(self.params):
+            if not p.is_contiguous():
+                raise ValueError(f"params[{i}] is not contiguous; expected contiguous parameters")
+
+
+class _PlannedOptimizer(torch.optim.Optimizer):
+    """What Adam, AdamW and Lamb share: layout, cohorts, gradients, state I/O.
+
+    A subclass names its per-parameter state tensors (_moment_names), makes a
+    plan for a cohort (_make_plan), launches it (_launch), maps a group to
+    gradkit hyperparameters (_hyperparameters), and says whether its step
+    counter holds the completed steps or the next t (_counter_offset).
+    """
+
+    _counter_offset = 0  # counter value = completed steps + offset
+
+    def __init__(self, params, defaults):
+        self._layout = None
+        self._cohorts = []
+        self._present = None     # which parameters had a gradient at the last step
+        self._grad_ptrs = None   # and where those gradients were
+        self._generation = 0     # changes whenever a plan's gradients change
+        self._flat = None        # FlatGradients covering every parameter, if given
+        self._hyper_key = None
+        self._lrs = None
+        self._lr_device = None
+        super().__init__(params, defaults)
+
+    # -- torch.optim.Optimizer -------------------------------------------------
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        self._invalidate()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One update of every parameter that has a gradient; returns closure()'s loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._step_with()
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        """As torch's, except that flat gradients stay in place and are zeroed in one launch."""
+        if self._flat is not None and self._flat.attached():
+            self._flat.zero_()
+            return
+        super().zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        """torch's layout: per parameter "step" (a float32 tensor) and the moments."""
+        self._write_steps_to_state()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Loads torch's layout (from this class or from torch.optim's counterpart)."""
+        self._cohorts = []  # their counters describe the state being replaced
+        super().load_state_dict(state_dict)
+        for p, s in self.state.items():
+            for name in self._moment_names(self._group_of_param(p)):
+                if name not in s:
+                    raise ValueError(f"the state of a parameter has no '{name}'; expected the state of "
+                                     f"{type(self).__name__} or torch.optim's counterpart")
+                s[name] = s[name].to(device=p.device, dtype=p.dtype).contiguous()
+            if "step" not in s:
+                raise ValueError("the state of a parameter has no 'step'")
+        self._invalidate()
+
+    # -- gradients -------------------------------------------------------------
+
+    def use_flat_gradients(self, flat):
+        """Steps over `flat` (a gradkit.torch.FlatGradients covering every parameter)
+        without reading each .grad per step."""
+        layout = self._get_layout()
+        if set(map(id, flat.params)) != set(map(id, layout.params)):
+            raise ValueError("the flat gradients do not cover exactly this optimizer's parameters")
+        self._flat = flat
+        self._invalidate()
+
+    def _get_layout(self):
+        if self._layout is None:
+            self._layout = _Layout(self.param_groups)
+        return self._layout
+
+    def _invalidate(self):
+        """Forget the cohorts (their steps are kept in self.state)."""
+        if getattr(self, "_cohorts", None):
+            self._write_steps_to_state()
+        self._layout = None
+        self._cohorts = []
+        self._present = None
+        self._grad_ptrs = None
+        self._hyper_key = None
+        self._lrs = None
+        self._generation = getattr(self, "_generation", 0) + 1
+
+    def _prepare(self):
+        """The cohorts to launch this step, with their plans pointing at the current gradients."""
+        layout = self._get_layout()
+        params = layout.params
+        if self._flat is not None and self._cohorts and self._flat.attached_cheap():
+            return self._cohorts
+        grads = [p.grad for p in params]
+        present = [g is not None for g in grads]
+        ptrs = [g.data_ptr() if g is not None else 0 for g in grads]
+        if present == self._present:
+            if ptrs != self._grad_ptrs:
+                for c in self._cohorts:
+                    c.plan.set_grads(self._grad_arrays(grads, c.indices), hold_grads=False)
+                self._grad_ptrs = ptrs
+                self._generation += 1
+            return self._cohorts
+        self._make_cohorts(grads, present)
+        self._grad_ptrs = ptrs
+        return self._cohorts
+
+    def _grad_arrays(self, grads, indices):
+        out = []
+        for i in indices:
+            g = grads[i]
+            if g.is_sparse:
+                raise TypeError(f"{type(self).__name__} does not support sparse gradients (params[{i}])")
+            out.append(g)
+        return out
+
+    def present_grads(self):
+        """The gradients the last prepared step covers, in cohort order."""
+        params = self._get_layout().params
+        return [params[i].grad for c in self._cohorts for i in c.indices]
+
+    def _make_cohorts(self, grads, present):
+        self._write_steps_to_state()
+        layout = self._get_layout()
+        by_step = {}
+        for i, p in enumerate(layout.params):
+            if not present[i]:
+                continue
+            state = self.state[p]
+            if not state:
+                self._init_state(p, state)
+            by_step.setdefault((int(state["step"]), self._cohort_key(i)), []).append(i)
+        self._cohorts = []
+        for (step, _), indices in sorted(by_step.items(), key=lambda kv: kv[1][0]):
+            counter = torch.full((1,), step + self._counter_offset, dtype=torch.int64, device=layout.device)
+            self._cohorts.append(_Cohort(indices, counter, self._make_plan(indices, grads)))
+        self._present = present
+        self._hyper_key = self._current_hyper_key()
+        self._generation += 1
+
+    def _cohort_key(self, index):
+        """Parameters with different keys never share a plan (LAMB: the group, whose lr is eta)."""
+        return 0
+
+    def _init_state(self, p, state):
+        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        for name in self._moment_names(self._group_of_param(p)):
+            state[name] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+
+    def _group_of_param(self, p):
+        for g in self.param_groups:
+            for q in g["params"]:
+                if q is p:
+                    return g
+        raise KeyError("parameter not in this optimizer")
+
+    def _write_steps_to_state(self):
+        """Copies each cohort's device counter into its parameters' "step" (synchronous)."""
+        if not getattr(self, "_cohorts", None):
+            return
+        params = self._layout.params
+        for c in self._cohorts:
+            completed = float(int(c.counter.item()) - self._counter_offset)
+            for i in c.indices:
+                self.state[params[i]]["step"] = torch.tensor(completed, dtype=torch.float32)
+
+    # -- hyperparameters -------------------------------------------------------
+
+    def _current_hyper_key(self):
+        return tuple(tuple(v for k, v in sorted(g.items()) if k not in ("params", "lr")) for g in self.param_groups)
+
+    def _sync_hyperparameters(self):
+        """Rewrites the plans' tables if a group's hyperparameters other than lr changed."""
+        key = self._current_hyper_key()
+        if key != self._hyper_key:
+            hypers = [self._hyperparameters(g) for g in self.param_groups]
+            for c in self._cohorts:
+                c.plan.set_hyperparameters(hypers)
+            self._hyper_key = key
+
+    def _lr_tensor(self):
+        """The per-group learning rates as float32 on the device, rewritten when one changed."""
+        lrs = [float(g["lr"]) for g in self.param_groups]
+        if lrs != self._lrs:
+            for i, lr in enumerate(lrs):
+                if not lr >= 0 or lr == float("inf"):
+                    raise ValueError(f"param_groups[{i}]['lr'] is {lr}, expected a finite value >= 0")
+            device = self._get_layout().device
+            if self._lr_device is None or self._lr_device.numel() != len(lrs) or self._lr_device.device != device:
+                self._lr_device = torch.empty(len(lrs), dtype=torch.float32, device=device)
+            self._lr_device.copy_(torch.tensor(lrs, dtype=torch.float32), non_blocking=True)
+            self._lrs = lrs
+        return self._lr_device
+
+    # -- the step ----------------------------------------------------------------
+
+    def _step_with(self, found_inf=None, grad_divisor=None, check=None):
+        """Launches every cohort. `check(stream)`, if given, runs first: the fused
+        mixed-precision step's gradient check, which writes found_inf and grad_divisor."""
+        cohorts = self._prepare()
+        if not cohorts:
+            return False
+        self._sync_hyperparameters()
+        stream = stream_handle(self._layout.device)
+        if check is not None:
+            check(stream)
+        self._launch_all(cohorts, stream, found_inf, grad_divisor)
+        return True
+
+    def _plan_lists(self, indices, grads):
+        params = self._layout.params
+        weights = [params[i].detach() for i in indices]
+        g = self._grad_arrays(grads, indices)
+        groups = [self._layout.group_of[i] for i in indices]
+        return weights, g, groups
+
+    def _state_list(self, indices, name):
+        params = self._layout.params
+        return [self.state[params[i]][name] for i in indices]
+
+
+def _check_betas(betas, eps, weight_decay, lr):
+    if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"betas is {betas}, expected two values in [0, 1)")
+    if not eps > 0.0:
+        raise ValueError(f"eps is {eps}, expected a value > 0")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"weight_decay is {weight_decay}, expected a value >= 0")
+    if not float(lr) >= 0.0:
+        raise ValueError(f"lr is {lr}, expected a value >= 0")
+
+
+class Adam(_PlannedOptimizer):
+    """torch.optim.Adam's update (L2 weight decay added to the gradient) in gradkit's
+    one-pass kernel. Same arguments; `foreach`, `fused` and `capturable` are accepted
+    and ignored (gradkit's step is always one launch per cohort)."""
+
+    _decay = gradkit.WeightDecay.l2
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+                 maximize=False, foreach=None, fused=None, capturable=False, differentiable=False):
+        _check_betas(betas, eps, weight_decay, lr)
+        if differentiable:
+            raise ValueError("differentiable=True is not supported: gradkit's step is not part of the autograd graph")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize)
+        super().__init__(params, defaults)
+
+    def _moment_names(self, group):
+        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
+
+    def _hyperparameters(self, g):
+        return gradkit.AdamHyperparameters(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
+                                           weight_decay=g["weight_decay"], decay=self._decay, amsgrad=g["amsgrad"],
+                                           maximize=g["maximize"])
+
+    def _make_plan(self, indices, grads):
+        weights, g, groups = self._plan_lists(indices, grads)
+        amsgrad = any(grp["amsgrad"] for grp in self.param_groups)
+        vmax = []
+        if amsgrad:
+            params = self._layout.params
+            for i in indices:
+                s = self.state[params[i]]
+                if "max_exp_avg_sq" not in s:
+                    s["max_exp_avg_sq"] = torch.zeros_like(params[i], memory_format=torch.contiguous_format)
+                vmax.append(s["max_exp_avg_sq"])
+        return gradkit.AdamPlan(weights, g, self._state_list(indices, "exp_avg"),
+                                self._state_list(indices, "exp_avg_sq"),
+                                [self._hyperparameters(grp) for grp in self.param_groups], groups,
+                                max_exp_avg_sq=vmax, hold_grads=False)
+
+    def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
+        lr = self._lr_tensor()
+        for c in cohorts:
+            gradkit.advance_step(c.counter, skip=found_inf, stream=stream)
+            c.plan.step(step_device=c.counter, lr_device=lr, grad_scale_device=grad_divisor, found_inf=found_inf,
+                        stream=stream)
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW (decoupled weight decay, default 1e-2) in gradkit's one-pass kernel."""
+
+    _decay = gradkit.WeightDecay.decoupled
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False, foreach=None, fused=None, capturable=False, differentiable=False):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, foreach=foreach,
+                         fused=fused, capturable=capturable, differentiable=differentiable)
+
+
+class Lamb(_PlannedOptimizer):
+    """LAMB with ONNX Runtime's semantics (docs/ops.md, lamb_step): Adam's moments,
+    a per-tensor trust ratio |w| / |update| clamped to [min_trust, max_trust], and
+    weight decay inside the update. `max_grad_norm` > 0 clips by the global norm of
+    all gradients (computed by gradkit's gradient check) as ONNX Runtime does."""
+
+    _counter_offset = 1  # LambPlan's counter holds the next t
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, *,
+                 min_trust=float("-inf"), max_trust=float("inf"), max_grad_norm=None, bias_correction=True):
+        _check_betas(betas, eps, weight_decay, lr)
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm is {max_grad_norm}, expected a value > 0 (or None: no clipping)")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, min_trust=min_trust,
+                        max_trust=max_trust, bias_correction=bias_correction)
+        self.max_grad_norm = max_grad_norm
+        self._norm_check = None
+        self._norm_generation = None
+        self._global_norm = None
+        super().__init__(params, defaults)
+
+    def _moment_names(self, group):
+        return ("exp_avg", "exp_avg_sq")
+
+    def _cohort_key(self, index):
+        return self._layout.group_of[index]
+
+    def _hyperparameters(self, g):
+        return gradkit.LambHyperparameters(alpha=g["betas"][0], beta=g["betas"][1], lambda_=g["weight_decay"],
+                                           epsilon=g["eps"], ratio_min=g["min_trust"], ratio_max=g["max_trust"],
+                                           max_norm=self.max_grad_norm or 0.0, bias_correction=g["bias_correction"])
+
+    def _make_plan(self, indices, grads):
+        weights, g, groups = self._plan_lists(indices, grads)
+        return gradkit.LambPlan(weights, g, self._state_list(indices, "exp_avg"),
+                                self._state_list(indices, "exp_avg_sq"),
+                                [self._hyperparameters(grp) for grp in self.param_groups], groups, hold_grads=False)
+
+    def _clip_norm(self, stream):
+        """The global gradient norm on the device, for LAMB's own clipping (None: no clipping)."""
+        if not self.max_grad_norm:
+            return None
+        if self._norm_generation != self._generation:
+            grads = self.present_grads()
+            self._norm_check = gradkit.GradientCheckPlan(grads, hold_grads=False)
+            self._global_norm = torch.empty(1, dtype=torch.float32, device=self._layout.device)
+            self._norm_generation = self._generation
+        self._norm_check.check(global_norm=self._global_norm, stream=stream)
+        return self._global_norm
+
+    def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
+        # Under the fused mixed-precision step the divisor carries the clipping already.
+        norm = self._clip_norm(stream) if grad_divisor is None else None
+        for c in cohorts:
+            group = self.param_groups[self._layout.group_of[c.indices[0]]]
+            c.plan.step(eta=float(group["lr"]), loss_scale_device=grad_divisor, gradient_norm_device=norm,
+                        step_device=c.counter, found_inf=found_inf, stream=stream)
+
+
+__all__ = ["Adam", "AdamW", "Lamb"]
