@@ -1,0 +1,190 @@
+"""The nanobind module over the C++ API, with numpy (CPU) and torch (CUDA)
+arrays through DLPack, against float64 references written here."""
+import numpy as np
+import pytest
+
+import gradkit
+from arrays import normal, read, to_device
+from tolerances import NORM, REFERENCE_STEP
+
+SIZES = [5000, 17, 70001]
+
+
+def adam_reference(w, g, m, v, t, h):
+    """torch.optim's Adam/AdamW update in float64 (docs/ops.md, adam_step)."""
+    w, g, m, v = (x.astype(np.float64) for x in (w, g, m, v))
+    if h.decay == gradkit.WeightDecay.l2:
+        g = g + h.weight_decay * w
+    else:
+        w = w * (1 - h.lr * h.weight_decay)
+    m = m + (1 - h.beta1) * (g - m)
+    v = v * h.beta2 + (1 - h.beta2) * g * g
+    bias1, bias2 = 1 - h.beta1 ** t, 1 - h.beta2 ** t
+    w = w - (h.lr / bias1) * (m / (np.sqrt(v) / np.sqrt(bias2) + h.eps))
+    return w, m, v
+
+
+def make_lists(rng, device, sizes=SIZES):
+    w = [normal(rng, n) for n in sizes]
+    g = [normal(rng, n) for n in sizes]
+    m = [normal(rng, n, scale=0.1) for n in sizes]
+    v = [np.abs(normal(rng, n, scale=0.1)) for n in sizes]
+    return (w, g, m, v), [[to_device(x, device) for x in lst] for lst in (w, g, m, v)]
+
+
+def test_adam_plan_matches_the_float64_reference_per_group(rng, device):
+    (w, g, m, v), (dw, dg, dm, dv) = make_lists(rng, device)
+    hypers = [gradkit.AdamHyperparameters(lr=1e-2, weight_decay=0.05),
+              gradkit.AdamHyperparameters(lr=3e-3, beta1=0.8, weight_decay=0.1, decay=gradkit.WeightDecay.l2)]
+    groups = [0, 1, 0]
+    plan = gradkit.AdamPlan(dw, dg, dm, dv, hypers, groups)
+    plan.step(step=3)
+    gradkit.synchronize(device)
+    rtol, atol = REFERENCE_STEP[np.float32]
+    for i in range(len(SIZES)):
+        rw, rm, rv = adam_reference(w[i], g[i], m[i], v[i], 3, hypers[groups[i]])
+        np.testing.assert_allclose(read(dw[i]), rw, rtol=rtol, atol=atol)
+        np.testing.assert_allclose(read(dm[i]), rm, rtol=rtol, atol=atol)
+        np.testing.assert_allclose(read(dv[i]), rv, rtol=rtol, atol=atol)
+
+
+def test_float64_lists_match_closely(rng):
+    w, g, m, v = ([x.astype(np.float64) for x in lst] for lst in make_lists(rng, "cpu")[0])
+    h = gradkit.AdamHyperparameters(lr=1e-2, weight_decay=0.01)
+    expected = [adam_reference(*args, 1, h)[0] for args in zip(w, g, m, v)]
+    gradkit.AdamPlan(w, g, m, v, [h]).step(step=1)
+    rtol, atol = REFERENCE_STEP[np.float64]
+    for got, want in zip(w, expected):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def test_device_step_and_lr_give_the_host_values_result(rng, device):
+    _, a = make_lists(rng, device)
+    rng2 = np.random.default_rng(20261122)
+    _, b = make_lists(rng2, device)
+    h = gradkit.AdamHyperparameters(lr=1.0)  # replaced by lr_device below
+    gradkit.AdamPlan(*a, [h]).step(step=4, lr_device=to_device(np.array([2e-3], np.float32), device))
+    counter = to_device(np.array([3], np.int64), device)
+    gradkit.advance_step(counter)
+    h.lr = 2e-3
+    gradkit.AdamPlan(*b, [h]).step(step_device=counter, lr_device=to_device(np.array([2e-3], np.float32), device))
+    gradkit.synchronize(device)
+    assert read(counter)[0] == 4
+    for x, y in zip(a[0], b[0]):
+        np.testing.assert_array_equal(read(x), read(y))
+
+
+def test_found_inf_skips_the_step_and_the_counter(rng, device):
+    _, (dw, dg, dm, dv) = make_lists(rng, device)
+    before = [read(x) for x in dw + dm + dv]
+    flag = to_device(np.array([True]), device)
+    counter = to_device(np.array([7], np.int64), device)
+    gradkit.advance_step(counter, skip=flag)
+    gradkit.AdamPlan(dw, dg, dm, dv, [gradkit.AdamHyperparameters()]).step(step_device=counter, found_inf=flag)
+    gradkit.synchronize(device)
+    assert read(counter)[0] == 7
+    for x, y in zip(before, dw + dm + dv):
+        np.testing.assert_array_equal(x, read(y))
+
+
+def test_set_grads_gives_the_result_of_a_new_plan(rng, device):
+    _, (dw, dg, dm, dv) = make_lists(rng, device)
+    rng2 = np.random.default_rng(20261122)
+    _, (ew, eg, em, ev) = make_lists(rng2, device)
+    other = [to_device(normal(rng, n), device) for n in SIZES]
+    h = [gradkit.AdamHyperparameters()]
+    plan = gradkit.AdamPlan(dw, dg, dm, dv, h)
+    plan.set_grads(other)
+    plan.step(step=1)
+    gradkit.AdamPlan(ew, other, em, ev, h).step(step=1)
+    gradkit.synchronize(device)
+    for x, y in zip(dw, ew):
+        np.testing.assert_array_equal(read(x), read(y))
+
+
+def test_bad_inputs_raise_naming_the_argument_and_write_nothing(rng):
+    (w, g, m, v), _ = make_lists(rng, "cpu")
+    before = [x.copy() for x in w + m + v]
+    h = [gradkit.AdamHyperparameters()]
+    with pytest.raises(ValueError, match=r"grads\[1\]' has 16 elements, expected 17"):
+        gradkit.AdamPlan(w, [g[0], g[1][:16], g[2]], m, v, h)
+    with pytest.raises(TypeError, match=r"grads\[0\]"):
+        gradkit.AdamPlan(w, [g[0].astype(np.int32), g[1], g[2]], m, v, h)
+    with pytest.raises(ValueError, match=r"not contiguous"):
+        gradkit.AdamPlan(w, [g[0][::2].repeat(2)[::2], g[1], g[2]], m, v, h)
+    with pytest.raises(ValueError, match=r"beta1' is 1, expected a value in \[0, 1\)"):
+        gradkit.AdamPlan(w, g, m, v, [gradkit.AdamHyperparameters(beta1=1.0)])
+    with pytest.raises(ValueError, match=r"overlaps"):
+        gradkit.AdamPlan(w, g, [w[0], m[1], m[2]], v, h)
+    plan = gradkit.AdamPlan(w, g, m, v, h)
+    with pytest.raises(ValueError, match=r"step' is 0, expected >= 1"):
+        plan.step(step=0)
+    with pytest.raises(ValueError, match=r"grad_scale' is inf"):
+        plan.step(grad_scale=float("inf"))
+    with pytest.raises(ValueError, match=r"lr_device' has 2 elements"):
+        plan.step(lr_device=np.ones(2, np.float32))
+    with pytest.raises(ValueError, match=r"size_mismatch|grads' has 2 tensors, expected 3"):
+        plan.set_grads(g[:2])
+    for x, y in zip(before, w + m + v):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_nan_gradients_propagate_without_found_inf(rng):
+    (w, g, m, v), _ = make_lists(rng, "cpu", [8])
+    g[0][3] = np.nan
+    gradkit.AdamPlan(w, g, m, v, [gradkit.AdamHyperparameters()]).step()
+    assert np.isnan(w[0][3]) and np.isnan(m[0][3]) and np.isfinite(np.delete(w[0], 3)).all()
+
+
+def test_gradient_check_finds_inf_and_folds_scale_and_clip(rng, device):
+    grads = [normal(rng, n) * 1024 for n in SIZES]
+    dg = [to_device(x, device) for x in grads]
+    out = {k: to_device(np.zeros(1, np.float32), device) for k in ("grad_divisor", "global_norm")}
+    found = to_device(np.zeros(1, bool), device)
+    norms = to_device(np.zeros(len(SIZES), np.float32), device)
+    plan = gradkit.GradientCheckPlan(dg, max_norm=1.0)
+    plan.check(found_inf=found, tensor_norms=norms, loss_scale=1024.0, **out)
+    gradkit.synchronize(device)
+    norm = np.sqrt(sum(((x.astype(np.float64) / 1024) ** 2).sum() for x in grads))
+    assert not read(found)[0]
+    np.testing.assert_allclose(read(out["global_norm"])[0], norm, rtol=NORM[0])
+    np.testing.assert_allclose(read(out["grad_divisor"])[0], 1024.0 / (1.0 / (norm + 1e-6)), rtol=NORM[0])
+    np.testing.assert_allclose(read(norms), [np.linalg.norm(x.astype(np.float64) / 1024) for x in grads], rtol=NORM[0])
+    grads[2][123] = np.inf
+    plan2 = gradkit.GradientCheckPlan([to_device(x, device) for x in grads])
+    plan2.check(found_inf=found, loss_scale=1024.0, **out)
+    gradkit.synchronize(device)
+    assert read(found)[0] and not np.isfinite(read(out["global_norm"])[0])
+
+
+def test_loss_scaler_makes_grad_scalers_decisions(device):
+    s = gradkit.LossScaler(device, gradkit.LossScalerOptions(initial_scale=8.0, growth_interval=2))
+    inf = to_device(np.array([True]), device)
+    clean = to_device(np.array([False]), device)
+    seen = []
+    for flag in (clean, clean, clean, inf, clean):
+        s.update(flag)
+        seen.append(s.state()[0])
+    assert seen == [8.0, 16.0, 16.0, 8.0, 8.0]
+    assert read(s.scale_device)[0] == 8.0
+    with pytest.raises(ValueError, match="growth_factor"):
+        gradkit.LossScaler(device, gradkit.LossScalerOptions(growth_factor=0.5))
+
+
+def test_gradient_arena_views_share_one_allocation(device):
+    arena = gradkit.GradientArena(device, gradkit.DType.f32, [3, 100, 1])
+    assert len(arena) == 3
+    views = arena.gradients()
+    info = [gradkit.view_info(v) for v in views]
+    assert [i[1] for i in info] == [3, 100, 1]
+    assert all(i[0] % 256 == 0 for i in info)
+    flat = gradkit.view_info(arena.flat())
+    assert flat[0] == info[0][0] and flat[0] + 4 * flat[1] == info[2][0] + 4
+
+
+def test_errors_map_to_python_exception_types():
+    with pytest.raises(ValueError, match="device"):
+        gradkit.LossScaler("gpu")
+    with pytest.raises(OSError):
+        adam = gradkit.Adam([{"params": [np.ones(4, np.float32)], "grads": [np.ones(4, np.float32)]}])
+        adam.load("/nonexistent/state")
