@@ -95,6 +95,12 @@ void* scalar_pointer(const std::optional<Array>& array, const std::string& arg, 
   return v.data;
 }
 
+bool* flag_pointer(const std::optional<Array>& array, const std::string& arg, int64_t count) {
+  const bool as_bytes = array && array->dtype() == nb::dtype<uint8_t>();
+  return static_cast<bool*>(scalar_pointer(array, arg, as_bytes ? nb::dtype<uint8_t>() : nb::dtype<bool>(),
+                                           "bool (or uint8 holding 0 or 1)", count));
+}
+
 Device to_view_device(const Array& array) { return to_device(array, "array"); }
 
 nb::object to_array(const TensorView& view, nb::handle owner) {
@@ -104,7 +110,9 @@ nb::object to_array(const TensorView& view, nb::handle owner) {
   t.bits = static_cast<uint8_t>(dtype_size(view.dtype) * 8);
   t.code = static_cast<uint8_t>(view.dtype == DType::bf16 ? nb::dlpack::dtype_code::Bfloat : nb::dlpack::dtype_code::Float);
   const int device_type = view.device.is_cuda() ? nb::device::cuda::value : nb::device::cpu::value;
-  Array a(view.data, 1, shape, owner, nullptr, t, device_type, view.device.index);
+  // array_api: an object with __dlpack__ and __dlpack_device__, which
+  // torch.from_dlpack, numpy.from_dlpack, cupy and jax all take.
+  nb::ndarray<nb::array_api> a(view.data, 1, shape, owner, nullptr, t, device_type, view.device.index);
   return nb::cast(a, nb::rv_policy::reference);
 }
 

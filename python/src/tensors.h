@@ -42,9 +42,9 @@ T* scalar_pointer(const std::optional<Array>& array, const std::string& arg, std
   return static_cast<T*>(scalar_pointer(array, arg, nb::dtype<T>(), dtype_text, count));
 }
 
-inline bool* flag_pointer(const std::optional<Array>& array, const std::string& arg, int64_t count = 1) {
-  return scalar_pointer<bool>(array, arg, "bool", count);
-}
+// A flag: bool, or uint8 holding 0 or 1 (for frameworks whose DLPack export
+// has no bool, e.g. PyTorch before 2.0: pass flag.view(torch.uint8)).
+bool* flag_pointer(const std::optional<Array>& array, const std::string& arg, int64_t count = 1);
 
 // The device an array lives on (CPU or CUDA); throws naming nothing else.
 Device to_view_device(const Array& array);
