@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""The optimizer step and the mixed-precision step from PyTorch: gradkit.torch
+against torch.optim in the same run, on the same parameter lists.
+
+Lists: GPT-2 124M shapes (148 tensors), BERT-large (389), 10,000 small
+tensors (2^10 to 2^16 elements, as gradkit bench's). For each:
+- AdamW.step(): torch fused, torch foreach, gradkit (each .grad read per
+  step), gradkit over flat gradients;
+- the AMP sequence: torch's GradScaler.unscale_ + clip_grad_norm_ +
+  GradScaler.step (fused AdamW) + update, against gradkit's AmpStep.step();
+- host time of one step call (the call's wall time, no synchronization).
+Then one whole training step (forward, backward, step) of a small GPT.
+
+Device time is the median over --reps of CUDA events around the call; bytes
+are what the step must move at least (AdamW: read and write w, m, v, read g:
+28 bytes per f32 element; the AMP step adds one read of g: 32), GB/s is
+bytes / time, and % copy compares with a device-to-device copy measured in
+the same run. usage: bench/torch_step.py [--reps N] [--lists gpt2,bert,small] [--markdown FILE]
+"""
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+import gradkit.torch as gt  # noqa: E402
+
+
+def gpt2_shapes():
+    d, shapes = 768, [(50257, 768), (1024, 768)]
+    for _ in range(12):
+        shapes += [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,)]
+    return shapes + [(d,), (d,)]
+
+
+def bert_large_shapes():
+    h, i = 1024, 4096
+    shapes = [(30522, h), (512, h), (2, h), (h,), (h,)]
+    for _ in range(24):
+        shapes += [(h, h), (h,)] * 4 + [(h,), (h,), (i, h), (i,), (h, i), (h,), (h,), (h,)]
+    return shapes
+
+
+def small_shapes(count=10000, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(int(2 ** (10 + 6 * float(u))),) for u in torch.rand(count, generator=g)]
+
+
+LISTS = {"gpt2": ("GPT-2 124M", gpt2_shapes), "bert": ("BERT-large", bert_large_shapes),
+         "small": ("10,000 small", small_shapes)}
+
+
+def device_ms(fn, reps, warmup=3):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def host_us(fn, reps, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()  # keep the queue short, so that the call never waits on it
+    return statistics.median(times)
+
+
+def copy_gbps(reps):
+    a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+    b = torch.empty_like(a)
+    ms = device_ms(lambda: b.copy_(a), reps)
+    return 2 * a.numel() * 4 / ms / 1e6
+
+
+def make_params(shapes, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(s, device="cuda", generator=g) * 0.02) for s in shapes]
+    for p in params:
+        p.grad = torch.randn(p.shape, device="cuda", generator=g) * 1e-3
+    return params
+
+
+class Report:
+    def __init__(self, copy):
+        self.copy = copy
+        self.rows = []
+
+    def add(self, lst, what, impl, ms, host, nbytes, baseline=None):
+        gbps = nbytes / ms / 1e6 if nbytes else float("nan")
+        speedup = f"{baseline / ms:.2f}x" if baseline else ""
+        row = (lst, what, impl, f"{ms:.3f}", f"{host:.0f}" if host is not None else "", f"{nbytes / 1e9:.3f}",
+               f"{gbps:.0f}", f"{100 * gbps / self.copy:.1f}%", speedup)
+        self.rows.append(row)
+        print("  ".join(f"{c:>{w}}" for c, w in zip(row, (12, 14, 24, 8, 8, 7, 6, 7, 7))), flush=True)
+
+    def markdown(self):
+        head = "| list | what | implementation | ms | host us | GB moved | GB/s | % copy | vs torch |\n|" + \
+               "---|" * 9 + "\n"
+        return head + "".join("| " + " | ".join(r) + " |\n" for r in self.rows)
+
+
+def bench_list(key, reps, report):
+    name, shapes_fn = LISTS[key]
+    shapes = shapes_fn()
+    params = make_params(shapes)
+    numel = sum(p.numel() for p in params)
+    print(f"\n{name}: {len(params)} tensors, {numel / 1e6:.1f}M parameters", flush=True)
+    step_bytes, amp_bytes = 28 * numel, 32 * numel
+    kw = dict(lr=1e-4, weight_decay=0.01)
+
+    fused = torch.optim.AdamW(params, fused=True, **kw)
+    t_fused = device_ms(fused.step, reps)
+    report.add(name, "AdamW.step", "torch fused", t_fused, host_us(fused.step, reps), step_bytes)
+    foreach = torch.optim.AdamW(params, foreach=True, **kw)
+    report.add(name, "AdamW.step", "torch foreach", device_ms(foreach.step, reps), host_us(foreach.step, reps),
+               step_bytes, t_fused)
+    del foreach
+    ours = gt.AdamW(params, **kw)
+    report.add(name, "AdamW.step", "gradkit", device_ms(ours.step, reps), host_us(ours.step, reps), step_bytes,
+               t_fused)
+    flat_params = make_params(shapes, seed=1)
+    flat_opt = gt.AdamW(flat_params, **kw)
+    gt.flat_gradients(flat_params, flat_opt)
+    report.add(name, "AdamW.step", "gradkit, flat gradients", device_ms(flat_opt.step, reps),
+               host_us(flat_opt.step, reps), step_bytes, t_fused)
+
+    scaler = torch.amp.GradScaler("cuda", init_scale=1.0)
+
+    def torch_amp():
+        scaler.unscale_(fused)
+        torch.nn.utils.clip_grad_norm_(params, 1e9)
+        scaler.step(fused)
+        scaler.update()
+
+    t_amp = device_ms(torch_amp, reps)
+    report.add(name, "AMP step", "torch GradScaler+clip+fused", t_amp, host_us(torch_amp, reps), 48 * numel)
+    amp = gt.AmpStep(ours, max_norm=1e9, init_scale=1.0)
+    report.add(name, "AMP step", "gradkit AmpStep", device_ms(amp.step, reps), host_us(amp.step, reps), amp_bytes,
+               t_amp)
+    amp_flat = gt.AmpStep(flat_opt, max_norm=1e9, init_scale=1.0)
+    report.add(name, "AMP step", "gradkit AmpStep, flat", device_ms(amp_flat.step, reps),
+               host_us(amp_flat.step, reps), amp_bytes, t_amp)
+    del params, flat_params, fused, ours, flat_opt, amp, amp_flat
+    torch.cuda.empty_cache()
+
+
+def bench_training(reps, report):
+    import models
+    name = "small GPT step"
+    results = {}
+    for impl in ("torch fused", "gradkit", "gradkit, flat gradients"):
+        torch.manual_seed(0)
+        model = models.TinyGPT(layers=4, d=256, heads=8, block=128).cuda()
+        if impl == "torch fused":
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        else:
+            opt = gt.AdamW(model.parameters(), lr=1e-3)
+            if "flat" in impl:
+                gt.flat_gradients(model, opt)
+        batches = list(models.text_batches("cuda", 8, batch=32, block=128))
+
+        def step(i=[0]):
+            x, y = batches[i[0] % len(batches)]
+            i[0] += 1
+            opt.zero_grad()
+            model(x, y).backward()
+            opt.step()
+
+        ms = device_ms(step, reps)
+        results[impl] = ms
+        numel = sum(p.numel() for p in model.parameters())
+        report.add(name, f"{numel / 1e6:.1f}M params", impl, ms, None, 0, results.get("torch fused"))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--lists", default="gpt2,bert,small")
+    parser.add_argument("--markdown", help="also write the table here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("torch_step.py needs a CUDA device", file=sys.stderr)
+        return 1
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    copy = copy_gbps(args.reps)
+    print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
+    report = Report(copy)
+    for key in args.lists.split(","):
+        bench_list(key, args.reps, report)
+    bench_training(args.reps, report)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+                    f"copy {copy:.0f} GB/s\n\n" + report.markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
