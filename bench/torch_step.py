@@ -141,6 +141,7 @@ def bench_list(key, reps, report):
                host_us(flat_opt.step, reps), step_bytes, t_fused)
 
     scaler = torch.amp.GradScaler("cuda", init_scale=1.0)
+    scaler.scale(torch.ones((), device="cuda"))  # what scaling a loss does first: makes the scale tensor
 
     def torch_amp():
         scaler.unscale_(fused)

@@ -15,6 +15,15 @@ void bind_core(nb::module_& m) {
       .value("bf16", DType::bf16)
       .value("f64", DType::f64);
 
+  nb::class_<DeviceScalar>(m, "DeviceScalar",
+                           "A per-step scalar (loss scale, found-inf flag, step counter, learning rates) converted "
+                           "from a DLPack array once, so that passing it to a step costs no conversion. The array's "
+                           "memory stays alive with it.")
+      .def("__init__", [](DeviceScalar* s, const Array& a) { new (s) DeviceScalar(make_device_scalar(a, "array")); },
+           nb::arg("array"))
+      .def_prop_ro("numel", [](const DeviceScalar& s) { return s.numel; })
+      .def_prop_ro("device", [](const DeviceScalar& s) { return to_string(s.device); });
+
   m.def("cuda_device_count", &cuda_device_count,
         "CUDA devices usable by gradkit (0 without a driver, a GPU, or a CUDA build).");
   m.def(

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "gradkit/core/error.h"
 #include "gradkit/ops/adam.h"
 #include "gradkit/ops/grad_check.h"
 #include "gradkit/ops/gradient.h"
@@ -20,7 +21,6 @@ namespace gradkit::python {
 namespace {
 
 using Arrays = std::vector<Array>;
-using Optional = std::optional<Array>;
 
 struct PyZeroPlan {
   ViewList buffers;
@@ -35,8 +35,8 @@ struct PyAccumulatePlan {
       : buffers(to_views(b, "buffers")), values(to_views(v, "values")), plan(buffers.views, values.views) {}
 };
 
-Flag input_flag(const std::optional<bool>& host, const Optional& device, const char* arg) {
-  if (device) return Flag::device(flag_pointer(device, arg));
+Flag input_flag(const std::optional<bool>& host, nb::handle device, const char* arg) {
+  if (!device.is_none()) return Flag::device(flag_pointer(device, arg));
   if (host) return Flag::host(*host);
   return Flag::none();
 }
@@ -115,17 +115,17 @@ void bind_ops(nb::module_& m) {
       .def(nb::init<const Arrays&, const Arrays&>(), nb::arg("buffers"), nb::arg("values"))
       .def(
           "accumulate",
-          [](const PyAccumulatePlan& p, std::optional<bool> do_update, const Optional& do_update_device,
+          [](const PyAccumulatePlan& p, std::optional<bool> do_update, nb::handle do_update_device,
              uintptr_t stream) {
             p.plan.accumulate(input_flag(do_update, do_update_device, "do_update_device"), to_stream(stream));
           },
           nb::arg("do_update") = nb::none(), nb::arg("do_update_device") = nb::none(), nb::arg("stream") = 0)
       .def(
           "accumulate_v2",
-          [](const PyAccumulatePlan& p, std::optional<bool> overwrite, const Optional& overwrite_device,
-             const Optional& updated_device, uintptr_t stream) {
-            const Flag updated = updated_device ? Flag::device(flag_pointer(updated_device, "updated_device"))
-                                                : Flag::none();
+          [](const PyAccumulatePlan& p, std::optional<bool> overwrite, nb::handle overwrite_device,
+             nb::handle updated_device, uintptr_t stream) {
+            const Flag updated = updated_device.is_none() ? Flag::none()
+                                                          : Flag::device(flag_pointer(updated_device, "updated_device"));
             p.plan.accumulate_v2(input_flag(overwrite, overwrite_device, "overwrite_device"), updated,
                                  to_stream(stream));
           },
@@ -134,9 +134,10 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "advance_step",
-      [](const Array& counter, const Optional& skip, uintptr_t stream) {
+      [](nb::handle counter, nb::handle skip, uintptr_t stream) {
         int64_t* c = scalar_pointer<int64_t>(counter, "counter", "int64");
-        advance_step(c, to_view_device(counter), flag_pointer(skip, "skip"), to_stream(stream));
+        if (c == nullptr) throw_argument_error(ErrorCode::null_pointer, "advance_step", "counter", "is None");
+        advance_step(c, scalar_device(counter, "counter"), flag_pointer(skip, "skip"), to_stream(stream));
       },
       nb::arg("counter"), nb::arg("skip") = nb::none(), nb::arg("stream") = 0,
       "counter (one int64 on its device) += 1 unless skip (a bool on the same device) is true.");
@@ -176,8 +177,8 @@ void bind_ops(nb::module_& m) {
            nb::arg("max_exp_avg_sq") = Arrays{}, nb::arg("model_copy") = Arrays{}, nb::arg("hold_grads") = true)
       .def(
           "step",
-          [](const PyAdamPlan& p, int64_t step, const Optional& step_device, const Optional& lr_device,
-             float grad_scale, const Optional& grad_scale_device, const Optional& found_inf, uintptr_t stream) {
+          [](const PyAdamPlan& p, int64_t step, nb::handle step_device, nb::handle lr_device,
+             float grad_scale, nb::handle grad_scale_device, nb::handle found_inf, uintptr_t stream) {
             AdamStepInputs in;
             in.step = step;
             in.step_device = scalar_pointer<int64_t>(step_device, "step_device", "int64");
@@ -232,9 +233,9 @@ void bind_ops(nb::module_& m) {
            nb::arg("update") = Arrays{}, nb::arg("hold_grads") = true)
       .def(
           "step",
-          [](const PyLambPlan& p, float eta, const Optional& eta_device, float loss_scale,
-             const Optional& loss_scale_device, float gradient_norm, const Optional& gradient_norm_device,
-             int64_t step, const Optional& step_device, const Optional& found_inf, uintptr_t stream) {
+          [](const PyLambPlan& p, float eta, nb::handle eta_device, float loss_scale,
+             nb::handle loss_scale_device, float gradient_norm, nb::handle gradient_norm_device,
+             int64_t step, nb::handle step_device, nb::handle found_inf, uintptr_t stream) {
             LambStepInputs in;
             in.eta = eta;
             in.eta_device = scalar_pointer<float>(eta_device, "eta_device", "float32");
@@ -273,9 +274,9 @@ void bind_ops(nb::module_& m) {
           nb::arg("write_unscaled") = false, nb::arg("hold_grads") = true)
       .def(
           "check",
-          [](const PyGradientCheckPlan& p, const Optional& found_inf, const Optional& grad_divisor,
-             const Optional& global_norm, const Optional& tensor_norms, float loss_scale,
-             const Optional& loss_scale_device, uintptr_t stream) {
+          [](const PyGradientCheckPlan& p, nb::handle found_inf, nb::handle grad_divisor,
+             nb::handle global_norm, nb::handle tensor_norms, float loss_scale,
+             nb::handle loss_scale_device, uintptr_t stream) {
             GradientCheckOutputs out;
             out.found_inf = flag_pointer(found_inf, "found_inf");
             out.grad_divisor = scalar_pointer<float>(grad_divisor, "grad_divisor", "float32");

@@ -108,7 +108,7 @@ void bind_loss_scaler(nb::module_& m) {
           "The current scale S as a one-element float32 array on the device (multiply the loss by it).")
       .def(
           "update",
-          [](LossScaler& s, const Array& found_inf, uintptr_t stream) {
+          [](LossScaler& s, nb::handle found_inf, uintptr_t stream) {
             s.update(flag_pointer(found_inf, "found_inf"), to_stream(stream));
           },
           nb::arg("found_inf"), nb::arg("stream") = 0, "The decision after a step, from a bool on the device.")
@@ -152,8 +152,8 @@ void bind_adam(nb::module_& m) {
        nb::arg("groups"), nb::arg("moment_dtype") = DType::f32)
       .def(
           "step",
-          [](PyAdam& a, uintptr_t stream, const std::optional<Array>& found_inf,
-             const std::optional<Array>& grad_scale_device, float grad_scale) {
+          [](PyAdam& a, uintptr_t stream, nb::handle found_inf,
+             nb::handle grad_scale_device, float grad_scale) {
             a.object->step(to_stream(stream), flag_pointer(found_inf, "found_inf"),
                            scalar_pointer<float>(grad_scale_device, "grad_scale_device", "float32"), grad_scale);
           },
@@ -182,7 +182,7 @@ void bind_lamb(nb::module_& m) {
        nb::arg("groups"), nb::arg("eta") = 1e-3f, nb::arg("moment_dtype") = DType::f32)
       .def(
           "step",
-          [](PyLamb& l, uintptr_t stream, float loss_scale, float gradient_norm, const std::optional<Array>& found_inf) {
+          [](PyLamb& l, uintptr_t stream, float loss_scale, float gradient_norm, nb::handle found_inf) {
             LambStep in;
             in.loss_scale = loss_scale;
             in.gradient_norm = gradient_norm;

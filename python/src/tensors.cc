@@ -82,26 +82,61 @@ ViewList to_views(const std::vector<Array>& arrays, const std::string& arg) {
   return out;
 }
 
-void* scalar_pointer(const std::optional<Array>& array, const std::string& arg, nb::dlpack::dtype dtype,
-                     std::string_view dtype_text, int64_t count) {
-  if (!array) return nullptr;
-  const TensorView v = raw_view(*array, arg);
-  if (!(array->dtype() == dtype) || v.numel != count) {
+DeviceScalar make_device_scalar(const Array& array, const std::string& arg) {
+  const TensorView v = raw_view(array, arg);
+  return DeviceScalar{array, v.data, v.numel, array.dtype(), v.device};
+}
+
+namespace {
+
+// The scalar behind an argument, converting an array on the spot.
+const DeviceScalar& as_scalar(nb::handle scalar, const std::string& arg, DeviceScalar& converted) {
+  if (nb::isinstance<DeviceScalar>(scalar)) return *nb::inst_ptr<DeviceScalar>(scalar);
+  Array array;
+  if (!nb::try_cast<Array>(scalar, array)) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, arg,
-                         "has " + std::to_string(v.numel) + " elements (DLPack dtype code " +
-                             std::to_string(array->dtype().code) + ", " + std::to_string(array->dtype().bits) +
-                             " bits), expected " + std::to_string(count) + " of " + std::string(dtype_text));
+                         "is a " + std::string(nb::type_name(scalar.type()).c_str()) +
+                             ", expected None, a gradkit.DeviceScalar or a DLPack array");
   }
-  return v.data;
+  converted = make_device_scalar(array, arg);
+  return converted;
 }
 
-bool* flag_pointer(const std::optional<Array>& array, const std::string& arg, int64_t count) {
-  const bool as_bytes = array && array->dtype() == nb::dtype<uint8_t>();
-  return static_cast<bool*>(scalar_pointer(array, arg, as_bytes ? nb::dtype<uint8_t>() : nb::dtype<bool>(),
-                                           "bool (or uint8 holding 0 or 1)", count));
+std::string dtype_text(nb::dlpack::dtype t) {
+  return "DLPack dtype code " + std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits";
 }
 
-Device to_view_device(const Array& array) { return to_device(array, "array"); }
+}  // namespace
+
+void* scalar_pointer(nb::handle scalar, const std::string& arg, nb::dlpack::dtype dtype, std::string_view text,
+                     int64_t count) {
+  if (!scalar.is_valid() || scalar.is_none()) return nullptr;
+  DeviceScalar converted;
+  const DeviceScalar& s = as_scalar(scalar, arg, converted);
+  if (!(s.dtype == dtype) || s.numel != count) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, arg,
+                         "has " + std::to_string(s.numel) + " elements (" + dtype_text(s.dtype) + "), expected " +
+                             std::to_string(count) + " of " + std::string(text));
+  }
+  return s.data;
+}
+
+bool* flag_pointer(nb::handle flag, const std::string& arg, int64_t count) {
+  if (!flag.is_valid() || flag.is_none()) return nullptr;
+  DeviceScalar converted;
+  const DeviceScalar& s = as_scalar(flag, arg, converted);
+  if (!(s.dtype == nb::dtype<bool>() || s.dtype == nb::dtype<uint8_t>()) || s.numel != count) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, arg,
+                         "has " + std::to_string(s.numel) + " elements (" + dtype_text(s.dtype) + "), expected " +
+                             std::to_string(count) + " of bool (or uint8 holding 0 or 1)");
+  }
+  return static_cast<bool*>(s.data);
+}
+
+Device scalar_device(nb::handle scalar, const std::string& arg) {
+  DeviceScalar converted;
+  return as_scalar(scalar, arg, converted).device;
+}
 
 nb::object to_array(const TensorView& view, nb::handle owner) {
   const size_t shape[1] = {static_cast<size_t>(view.numel)};

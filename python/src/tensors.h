@@ -31,23 +31,34 @@ struct ViewList {
 };
 ViewList to_views(const std::vector<Array>& arrays, const std::string& arg);
 
-// The pointer of an optional per-step scalar array (None: null), e.g. a
-// learning rate or a found-inf flag on the device. Throws naming `arg` unless
-// it holds exactly `count` contiguous elements of `dtype`.
-void* scalar_pointer(const std::optional<Array>& array, const std::string& arg, nb::dlpack::dtype dtype,
-                     std::string_view dtype_text, int64_t count = 1);
+// A per-step scalar (or a short array: per-group learning rates, per-tensor
+// norms) on a device, converted from DLPack once: passing one to a step costs
+// a type check, where an array is converted again on every call.
+struct DeviceScalar {
+  Array array;  // keeps the memory alive
+  void* data = nullptr;
+  int64_t numel = 0;
+  nb::dlpack::dtype dtype{};
+  Device device;
+};
+DeviceScalar make_device_scalar(const Array& array, const std::string& arg);
+
+// The pointer of a per-step scalar argument: None (null), a DeviceScalar or
+// a DLPack array. Throws naming `arg` unless it holds exactly `count`
+// contiguous elements of `dtype`.
+void* scalar_pointer(nb::handle scalar, const std::string& arg, nb::dlpack::dtype dtype, std::string_view dtype_text,
+                     int64_t count = 1);
 template <class T>
-T* scalar_pointer(const std::optional<Array>& array, const std::string& arg, std::string_view dtype_text,
-                  int64_t count = 1) {
-  return static_cast<T*>(scalar_pointer(array, arg, nb::dtype<T>(), dtype_text, count));
+T* scalar_pointer(nb::handle scalar, const std::string& arg, std::string_view dtype_text, int64_t count = 1) {
+  return static_cast<T*>(scalar_pointer(scalar, arg, nb::dtype<T>(), dtype_text, count));
 }
 
 // A flag: bool, or uint8 holding 0 or 1 (for frameworks whose DLPack export
 // has no bool, e.g. PyTorch before 2.0: pass flag.view(torch.uint8)).
-bool* flag_pointer(const std::optional<Array>& array, const std::string& arg, int64_t count = 1);
+bool* flag_pointer(nb::handle flag, const std::string& arg, int64_t count = 1);
 
-// The device an array lives on (CPU or CUDA); throws naming nothing else.
-Device to_view_device(const Array& array);
+// The device of a per-step scalar argument (a DeviceScalar or an array).
+Device scalar_device(nb::handle scalar, const std::string& arg);
 
 // gradkit memory as a 1-D DLPack array of `view.numel` elements; `owner`
 // (the Python object owning that memory) stays alive as long as the array.

@@ -57,9 +57,13 @@ class AmpStep:
         self._scale = torch.from_dlpack(self._scaler.scale_device)
         self._found_inf = torch.zeros(1, dtype=torch.bool, device=device)
         # What gradkit writes and reads: the same byte, as uint8 (PyTorch before 2.0 has no bool in DLPack).
-        self._found_inf_flag = self._found_inf.view(torch.uint8)
         self._divisor = torch.ones(1, dtype=torch.float32, device=device)
         self._norm = torch.zeros(1, dtype=torch.float32, device=device)
+        # The per-step scalars as gradkit takes them, converted once.
+        self._flag = gradkit.DeviceScalar(self._found_inf.view(torch.uint8))
+        self._divisor_scalar = gradkit.DeviceScalar(self._divisor)
+        self._norm_scalar = gradkit.DeviceScalar(self._norm)
+        self._scale_scalar = gradkit.DeviceScalar(self._scale)
         self._check = None
         self._check_generation = None
 
@@ -78,13 +82,13 @@ class AmpStep:
                 self._check = gradkit.GradientCheckPlan(opt.present_grads(), norm=self.norm,
                                                         max_norm=self.max_norm or 0.0, hold_grads=False)
                 self._check_generation = opt._generation
-            self._check.check(found_inf=self._found_inf_flag, grad_divisor=self._divisor, global_norm=self._norm,
-                              loss_scale_device=self._scale, stream=stream)
+            self._check.check(found_inf=self._flag, grad_divisor=self._divisor_scalar, global_norm=self._norm_scalar,
+                              loss_scale_device=self._scale_scalar, stream=stream)
             stream_of["stream"] = stream
 
-        if not opt._step_with(self._found_inf_flag, self._divisor, check):
+        if not opt._step_with(self._flag, self._divisor_scalar, check):
             return False
-        self._scaler.update(self._found_inf_flag, stream=stream_of["stream"])
+        self._scaler.update(self._flag, stream=stream_of["stream"])
         return True
 
     # -- what GradScaler offers ------------------------------------------------

@@ -30,11 +30,12 @@ from gradkit.torch._device import common_device, stream_handle
 class _Cohort:
     """Parameters stepped together by one plan; they share their step count."""
 
-    __slots__ = ("indices", "counter", "plan")
+    __slots__ = ("indices", "counter", "counter_scalar", "plan")
 
     def __init__(self, indices, counter, plan):
         self.indices = indices  # positions in the optimizer's flat parameter list
         self.counter = counter  # int64 tensor of one element on the parameters' device
+        self.counter_scalar = gradkit.DeviceScalar(counter)  # the same memory, converted once
         self.plan = plan
 
 
@@ -80,6 +81,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._hyper_key = None
         self._lrs = None
         self._lr_device = None
+        self._lr_scalar = None
         super().__init__(params, defaults)
 
     # -- torch.optim.Optimizer -------------------------------------------------
@@ -255,9 +257,10 @@ class _PlannedOptimizer(torch.optim.Optimizer):
             device = self._get_layout().device
             if self._lr_device is None or self._lr_device.numel() != len(lrs) or self._lr_device.device != device:
                 self._lr_device = torch.empty(len(lrs), dtype=torch.float32, device=device)
+                self._lr_scalar = gradkit.DeviceScalar(self._lr_device)
             self._lr_device.copy_(torch.tensor(lrs, dtype=torch.float32), non_blocking=True)
             self._lrs = lrs
-        return self._lr_device
+        return self._lr_scalar
 
     # -- the step ----------------------------------------------------------------
 
@@ -340,9 +343,9 @@ class Adam(_PlannedOptimizer):
     def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
         lr = self._lr_tensor()
         for c in cohorts:
-            gradkit.advance_step(c.counter, skip=found_inf, stream=stream)
-            c.plan.step(step_device=c.counter, lr_device=lr, grad_scale_device=grad_divisor, found_inf=found_inf,
-                        stream=stream)
+            gradkit.advance_step(c.counter_scalar, skip=found_inf, stream=stream)
+            c.plan.step(step_device=c.counter_scalar, lr_device=lr, grad_scale_device=grad_divisor,
+                        found_inf=found_inf, stream=stream)
 
 
 class AdamW(Adam):
@@ -401,7 +404,7 @@ class Lamb(_PlannedOptimizer):
         if self._norm_generation != self._generation:
             grads = self.present_grads()
             self._norm_check = gradkit.GradientCheckPlan(grads, hold_grads=False)
-            self._global_norm = torch.empty(1, dtype=torch.float32, device=self._layout.device)
+            self._global_norm = gradkit.DeviceScalar(torch.empty(1, dtype=torch.float32, device=self._layout.device))
             self._norm_generation = self._generation
         self._norm_check.check(global_norm=self._global_norm, stream=stream)
         return self._global_norm
@@ -412,7 +415,7 @@ class Lamb(_PlannedOptimizer):
         for c in cohorts:
             group = self.param_groups[self._layout.group_of[c.indices[0]]]
             c.plan.step(eta=float(group["lr"]), loss_scale_device=grad_divisor, gradient_norm_device=norm,
-                        step_device=c.counter, found_inf=found_inf, stream=stream)
+                        step_device=c.counter_scalar, found_inf=found_inf, stream=stream)
 
 
 __all__ = ["Adam", "AdamW", "Lamb"]
