@@ -9,13 +9,33 @@
 
 namespace gradkit {
 
+namespace {
+
+// Every allocation is a whole number of 256-byte blocks (one at least),
+// zero-filled to its end, while bytes() stays what was asked for. Engines
+// read the aligned word or block holding a tensor's last element: NCCL's
+// LL protocol loads 4-byte words (an odd count of f16 reads 2 bytes past
+// the end), LL128 16-byte blocks (docs/ops.md, "Allocate whole 16-byte
+// blocks"). Were a fusion buffer, arena or working copy to end exactly at
+// its last element, memcheck would report those reads (issue 16). cudaMalloc
+// aligns every allocation to 256 bytes, so the padding costs nothing there.
+constexpr size_t kAllocationUnit = 256;
+
+size_t allocation_bytes(size_t bytes) {
+  const size_t blocks = bytes / kAllocationUnit + (bytes % kAllocationUnit != 0 ? 1 : 0);
+  return (blocks == 0 ? 1 : blocks) * kAllocationUnit;
+}
+
+}  // namespace
+
 Buffer::Buffer(Device device, size_t bytes) : bytes_(bytes), device_(device) {
+  const size_t rounded = allocation_bytes(bytes);
+  if (rounded < bytes) throw Error(ErrorCode::invalid_argument, "Buffer: cannot allocate " + std::to_string(bytes) + " bytes");
   if (device.is_cuda()) {
-    data_ = backend::allocate(device, bytes);
+    data_ = backend::allocate(device, rounded);
     return;
   }
-  const size_t rounded = (bytes + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
+  void* p = std::aligned_alloc(kAllocationUnit, rounded);
   if (p == nullptr) throw Error(ErrorCode::invalid_argument, "Buffer: cannot allocate " + std::to_string(bytes) + " bytes");
   std::memset(p, 0, rounded);
   data_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });

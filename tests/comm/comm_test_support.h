@@ -55,7 +55,11 @@ enum class Layout {
   with_gaps,     // one allocation, 40 bytes between tensors: the fusion-buffer path
 };
 
-// A list of tensors of `sizes` on `device`, laid out as `layout`.
+// A list of tensors of `sizes` on `device`, laid out as `layout`, in one
+// Buffer: its allocation is rounded up to whole 256-byte blocks, while the
+// views keep their exact counts, so that NCCL's reads of the word or
+// 16-byte block holding the last element stay inside it (docs/ops.md,
+// "Allocate whole 16-byte blocks").
 class TestList {
  public:
   TestList(Device device, DType dtype, std::vector<int64_t> sizes, Layout layout);

@@ -16,6 +16,9 @@ namespace gradkit::test {
 // The devices a backend-generic test runs on; CUDA only when a GPU is visible.
 bool cuda_available();
 
+// Its memory is a Buffer, so the allocation is rounded up to whole 256-byte
+// blocks (what NCCL needs of a tensor it reads: docs/ops.md) while view()
+// has exactly the values' count.
 class TestTensor {
  public:
   TestTensor(Device device, DType dtype, const std::vector<double>& values);
