@@ -24,7 +24,7 @@ PY
 test -s run.ckpt
 # A bad argument is an error that names it, before anything runs.
 if "$gradkit" train --ranks 1 --epochs 0 2> err.txt; then echo "accepted --epochs 0"; exit 1; fi
-grep -q "'--epochs'" err.txt
+grep -q -- "--epochs: expected an integer" err.txt
 # A missing dataset directory is a clear error.
 if "$gradkit" train --ranks 1 --data "$work/nowhere" --progress off 2> err.txt; then echo "accepted a missing dataset"; exit 1; fi
 grep -q "cannot be opened" err.txt

@@ -1,5 +1,6 @@
-// gradkit train's pieces: the data files' checks, gradient accumulation, and
-// exact resumption from a checkpoint. Runs as one MPI rank (singleton).
+// gradkit train's pieces: the data files' checks, gradient accumulation,
+// exact resumption from a checkpoint, the CSV log, and the checks made before
+// any work. Runs as one MPI rank (singleton).
 #include <gtest/gtest.h>
 #include <zlib.h>
 
@@ -8,13 +9,16 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "gradkit/comm/communicator.h"
 #include "gradkit/core/error.h"
 #include "gradkit/optim/state_file.h"
+#include "cli.h"
 #include "train/fashion_mnist.h"
 #include "train/idx_file.h"
 #include "train/trainer.h"
@@ -39,15 +43,20 @@ std::vector<uint8_t> idx_header(uint8_t type, std::vector<uint32_t> dims) {
   return h;
 }
 
-void expect_io_error(const std::string& path, int rank, const std::string& fragment) {
+// Runs `call`, expects an Error of `code` whose message contains every one
+// of `parts`.
+void expect_error(const std::function<void()>& call, ErrorCode code, const std::vector<std::string>& parts) {
   try {
-    read_idx(path, rank);
-    ADD_FAILURE() << "expected an error mentioning " << fragment;
+    call();
+    ADD_FAILURE() << "expected an error mentioning " << parts.front();
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::io_error);
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const std::string& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
   }
+}
+
+void expect_io_error(const std::string& path, int rank, const std::string& fragment) {
+  expect_error([&] { read_idx(path, rank); }, ErrorCode::io_error, {fragment, path});
 }
 
 TEST(IdxFile, ReadsAValidFile) {
@@ -202,6 +211,82 @@ TEST(Training, RefusesACheckpointOfAnotherRun) {
   TrainOptions other_batch = small_run();
   other_batch.batch = 32;
   expect_refused(other_batch, "batch");
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+constexpr const char* kLogHeader = "epoch,train_loss,test_accuracy,samples_per_second,seconds";
+
+// A resumed run that logs to a new (or empty) file starts it with the
+// header; one that logs to the earlier run's file appends to it.
+TEST(Training, ResumedRunWritesTheLogsHeaderToANewFile) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TrainOptions first = small_run();
+  first.stop_after = 1;
+  first.save = temp("log.ckpt");
+  first.log = temp("log_first.csv");
+  run_training(first);
+  TrainOptions second = small_run();
+  second.resume = first.save;
+  second.log = temp("log_new.csv");
+  std::remove(second.log.c_str());
+  for (int empty = 0; empty < 2; ++empty) {
+    if (empty) std::ofstream(second.log, std::ios::trunc).close();
+    run_training(second);
+    const std::vector<std::string> lines = lines_of(second.log);
+    ASSERT_EQ(lines.size(), 2u) << (empty ? "empty file" : "new file");
+    EXPECT_EQ(lines[0], kLogHeader);
+    EXPECT_TRUE(lines[1].starts_with("2,")) << lines[1];
+  }
+  second.log = first.log;
+  run_training(second);
+  const std::vector<std::string> lines = lines_of(first.log);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], kLogHeader);
+  EXPECT_TRUE(lines[1].starts_with("1,")) << lines[1];
+  EXPECT_TRUE(lines[2].starts_with("2,")) << lines[2];
+}
+
+// What can be known before any work is checked before any work.
+TEST(Training, ChecksItsOptionsFirst) {
+  TrainOptions o = small_run();
+  o.stop_after = 3;
+  expect_error([&] { check_train_options(o, true); }, ErrorCode::invalid_argument,
+               {"--stop-after: expected an epoch from 0 to --epochs (2), not '3'"});
+  o = small_run();
+  o.plot = temp("curves.png");
+  expect_error([&] { check_train_options(o, true); }, ErrorCode::invalid_argument, {"--plot: needs --log"});
+  o = small_run();
+  o.save = "/proc/nope/ck";
+  check_train_options(o, /*writes=*/false);  // only the rank that writes checks its files
+  expect_error([&] { check_train_options(o, true); }, ErrorCode::io_error, {"--save: cannot write '/proc/nope/ck'"});
+  expect_error([&] { run_training(o); }, ErrorCode::io_error, {"--save: cannot write '/proc/nope/ck'"});
+  o = small_run();
+  o.resume = temp("no_such.ckpt");
+  expect_error([&] { check_train_options(o, false); }, ErrorCode::io_error, {"--resume: cannot read"});
+}
+
+// check_writable makes a file to know, and leaves none behind.
+TEST(CheckWritable, ProbesTheDirectoryAndLeavesNothing) {
+  namespace fs = std::filesystem;
+  const std::string dir = temp("writable");
+  fs::remove_all(dir);
+  fs::create_directory(dir);
+  tool::check_writable("--save", dir + "/run.ckpt", /*in_place=*/false);
+  tool::check_writable("--log", dir + "/log.csv", /*in_place=*/true);
+  EXPECT_TRUE(fs::is_empty(dir));
+  std::ofstream(dir + "/log.csv") << "kept";
+  tool::check_writable("--log", dir + "/log.csv", /*in_place=*/true);
+  EXPECT_EQ(lines_of(dir + "/log.csv"), std::vector<std::string>{"kept"});
+  expect_error([&] { tool::check_writable("--save", dir + "/missing/run.ckpt", false); }, ErrorCode::io_error,
+               {"--save: cannot write '" + dir + "/missing/run.ckpt': no file can be created in '" + dir +
+                "/missing'"});
+  expect_error([&] { tool::check_writable("--plot", dir, true); }, ErrorCode::io_error, {"it is a directory"});
 }
 
 }  // namespace

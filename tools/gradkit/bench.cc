@@ -132,7 +132,7 @@ const BenchOp& find_op(const std::string& name) {
     if (op.name == name) return op;
     names += (names.empty() ? "" : ", ") + op.name;
   }
-  throw Error(ErrorCode::invalid_argument, "bench: argument '--ops' has '" + name + "', expected one of " + names);
+  throw Error(ErrorCode::invalid_argument, "--ops: has '" + name + "', expected one of " + names);
 }
 
 struct Row {
@@ -161,7 +161,7 @@ Workload make_workload(const std::string& name, int64_t scale) {
   if (name == "big") w = single_tensor(int64_t{256} << 20);
   else if (name == "bert") w = bert_large();
   else if (name == "small") w = small_tensors(10000);
-  else throw Error(ErrorCode::invalid_argument, "bench: argument '--workloads' has '" + name +
+  else throw Error(ErrorCode::invalid_argument, "--workloads: has '" + name +
                                                     "', expected big, bert or small");
   return scale > 1 ? scaled(w, scale) : w;
 }
@@ -202,7 +202,7 @@ bool run_torch(const Settings& s, std::vector<Row>& rows, const std::map<std::st
     }
   }
   if (!any && s.torch == "on") {
-    throw Error(ErrorCode::invalid_argument, "bench: --torch on, but PyTorch did not run (status " +
+    throw Error(ErrorCode::invalid_argument, "--torch on, but PyTorch did not run (status " +
                                                  std::to_string(status) + "):\n" + output);
   }
   return any;
@@ -255,29 +255,52 @@ double host_us_per_launch(BenchDevice& dev, const BenchOp& op, int count) {
 }  // namespace
 
 int run_bench(const std::vector<std::string>& args) {
-  Options options("gradkit bench", "Time gradkit's operations against the copy bandwidth (and PyTorch).");
-  options.add("device", "cpu", "cpu or cuda[:N]");
-  options.add("ops", "zero,accumulate,adam,adam-mixed,lamb,fp16-adam",
-              "comma-separated: zero, accumulate, adam, adam-mixed, lamb, fp16-adam");
-  options.add("workloads", "big,bert,small", "comma-separated: big (256M elements), bert (BERT-large, 389 "
-                                             "tensors), small (10,000 tensors of 1K-64K)");
-  options.add("scale", "auto", "divide every tensor size by this (auto: 1 on CUDA, 8 on the CPU)");
-  options.add("reps", "auto", "timed repetitions per row (median reported; auto: 20 on CUDA, 3 on the CPU)");
-  options.add("torch", "auto", "run PyTorch's equivalent: auto (if importable), on, off");
-  options.add("csv", "", "also write the rows to this CSV file");
-  options.add("torch-script", GRADKIT_TORCH_BENCH_SCRIPT, "the PyTorch side of the benchmark");
-  if (!options.parse(args)) return options.exit_code();
-
+  std::string device = "cpu", ops = "zero,accumulate,adam,adam-mixed,lamb,fp16-adam", workload_names = "big,bert,small",
+              scale = "auto", reps = "auto";
   Settings s;
-  s.device = parse_device(options.get("device"), "--device");
-  s.ops = options.get_list("ops");
-  s.workloads = options.get_list("workloads");
-  s.scale = options.get("scale") == "auto" ? (s.device.is_cuda() ? 1 : 8) : options.get_int("scale", 1, 1 << 20);
-  s.reps = options.get("reps") == "auto" ? (s.device.is_cuda() ? 20 : 3) : options.get_int("reps", 1, 100000);
-  s.torch = options.get_choice("torch", {"auto", "on", "off"});
-  s.csv = options.get("csv");
-  s.script = options.get("torch-script");
-  for (const std::string& op : s.ops) find_op(op);
+  s.torch = "auto";
+  s.script = GRADKIT_TORCH_BENCH_SCRIPT;
+  std::vector<std::string> op_names;
+  for (const BenchOp& op : bench_ops()) op_names.push_back(op.name);
+  Command command("gradkit bench", "Time gradkit's operations against the copy bandwidth (and PyTorch).");
+  CLI::App& app = command.app();
+  app.add_option("--device", device, "cpu or cuda[:N]")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            try {
+              parse_device(text, "--device");
+              return std::string();
+            } catch (const Error&) {
+              return "expected cpu, cuda or cuda:N with N >= 0, not '" + text + "'";
+            }
+          },
+          ""));
+  app.add_option("--ops", ops, "comma-separated: zero, accumulate, adam, adam-mixed, lamb, fp16-adam")
+      ->check(list_of(one_of(op_names)));
+  app.add_option("--workloads", workload_names,
+                 "comma-separated: big (256M elements), bert (BERT-large, 389 tensors), small (10,000 tensors of "
+                 "1K-64K)")
+      ->check(list_of(one_of({"big", "bert", "small"})));
+  app.add_option("--scale", scale, "divide every tensor size by this (auto: 1 on CUDA, 8 on the CPU)")
+      ->type_name("INT|auto")
+      ->check(integer(1, 1 << 20, /*allow_auto=*/true));
+  app.add_option("--reps", reps, "timed repetitions per row (median reported; auto: 20 on CUDA, 3 on the CPU)")
+      ->type_name("INT|auto")
+      ->check(integer(1, 100000, /*allow_auto=*/true));
+  app.add_option("--torch", s.torch, "run PyTorch's equivalent: auto (if importable), on, off")
+      ->check(one_of({"auto", "on", "off"}));
+  app.add_option("--csv", s.csv, "also write the rows to this CSV file")->type_name("FILE");
+  app.add_option("--torch-script", s.script, "the PyTorch side of the benchmark")->type_name("FILE");
+  app.callback([&] {
+    if (!s.csv.empty()) check_writable("--csv", s.csv, /*in_place=*/true);
+  });
+  if (std::optional<int> status = command.parse(args)) return *status;
+
+  s.device = parse_device(device, "--device");
+  s.ops = split_list(ops);
+  s.workloads = split_list(workload_names);
+  s.scale = scale == "auto" ? (s.device.is_cuda() ? 1 : 8) : std::stoll(scale);
+  s.reps = reps == "auto" ? (s.device.is_cuda() ? 20 : 3) : std::stoi(reps);
 
   std::unique_ptr<BenchDevice> dev =
       s.device.is_cuda() ? make_cuda_bench_device(s.device.index) : make_cpu_bench_device();

@@ -333,63 +333,51 @@ class CommBench {
   bool root_;
 };
 
-// A comma-separated list of whole numbers of `unit` (KiB or MiB), in bytes.
-std::vector<size_t> byte_list(const Options& options, const std::string& name, bool allow_zero,
-                              const std::string& unit) {
-  const int shift = unit == "KiB" ? 10 : 20;
+// A comma-separated list of whole numbers (validated), each times 2^shift.
+std::vector<size_t> shifted(const std::string& list, int shift) {
   std::vector<size_t> out;
-  for (const std::string& item : options.get_list(name)) {
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (end == item.c_str() || *end != '\0' || v < (allow_zero ? 0 : 1) || v > (1 << 20)) {
-      throw Error(ErrorCode::invalid_argument, "argument '--" + name + "' has '" + item +
-                                                   "', expected a whole number of " + unit +
-                                                   (allow_zero ? " (0 allowed)" : " >= 1"));
-    }
-    out.push_back(static_cast<size_t>(v) << shift);
-  }
+  for (const std::string& item : split_list(list)) out.push_back(static_cast<size_t>(std::stoll(item)) << shift);
   return out;
 }
 
-int run(int argc, char** argv) {
-  Options options("gradkit-bench-comm",
-                  "Time gradkit's NCCL collectives beside raw NCCL and torch.distributed (run under mpiexec).");
-  options.add("sizes", "1,16,256,1024", "flat buffer sizes in MiB (f32)");
-  options.add("collectives", "all-reduce,all-gather,reduce-scatter", "comma-separated");
-  options.add("lists", "bert,small",
-              "tensor lists to all-reduce in several ways: bert (BERT-large, 389 tensors, 1274 MiB f32), small "
-              "(10,000 tensors of 1K-64K elements); none for neither");
-  options.add("direct-kib", "1024,64,4096",
-              "direct_tensor_bytes (KiB) to time the scattered list with: tensors this large are reduced where "
-              "they lie");
-  options.add("pipeline-mib", "256,128,0",
-              "fusion_pipeline_bytes (MiB) to time the scattered list with when everything is packed; 0 = one piece");
-  options.add("warmup", "5", "untimed calls before each row");
-  options.add("reps", "20", "timed calls per row (the median is reported)");
-  options.add("torch-results", "", "results of bench/torch_dist_bench.py to print beside (optional)");
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (!options.parse(args)) return options.exit_code();
-
+int run(int argc, char** argv, bool report) {
+  std::string sizes = "1,16,256,1024", collectives = "all-reduce,all-gather,reduce-scatter", lists = "bert,small",
+              directs = "1024,64,4096", pipelines = "256,128,0", torch_results;
   Settings s;
-  s.sizes = byte_list(options, "sizes", false, "MiB");
-  s.collectives = options.get_list("collectives");
-  for (const std::string& c : s.collectives) {
-    if (c != "all-reduce" && c != "all-gather" && c != "reduce-scatter") {
-      throw Error(ErrorCode::invalid_argument, "argument '--collectives' has '" + c +
-                                                   "', expected all-reduce, all-gather or reduce-scatter");
-    }
+  s.warmup = 5;
+  s.reps = 20;
+  Command command("gradkit-bench-comm",
+                  "Time gradkit's NCCL collectives beside raw NCCL and torch.distributed (run under mpiexec).");
+  CLI::App& app = command.app();
+  app.add_option("--sizes", sizes, "flat buffer sizes in MiB (f32)")->check(list_of(integer(1, 1 << 20)));
+  app.add_option("--collectives", collectives, "comma-separated")
+      ->check(list_of(one_of({"all-reduce", "all-gather", "reduce-scatter"})));
+  app.add_option("--lists", lists,
+                 "tensor lists to all-reduce in several ways: bert (BERT-large, 389 tensors, 1274 MiB f32), small "
+                 "(10,000 tensors of 1K-64K elements); none for neither")
+      ->check(list_of(one_of({"bert", "small", "none"})));
+  app.add_option("--direct-kib", directs,
+                 "direct_tensor_bytes (KiB) to time the scattered list with: tensors this large are reduced where "
+                 "they lie")
+      ->check(list_of(integer(1, 1 << 20)));
+  app.add_option("--pipeline-mib", pipelines,
+                 "fusion_pipeline_bytes (MiB) to time the scattered list with when everything is packed; 0 = one piece")
+      ->check(list_of(integer(0, 1 << 20)));
+  app.add_option("--warmup", s.warmup, "untimed calls before each row")->check(integer(0, 1000));
+  app.add_option("--reps", s.reps, "timed calls per row (the median is reported)")->check(integer(1, 100000));
+  app.add_option("--torch-results", torch_results, "results of bench/torch_dist_bench.py to print beside (optional)");
+  if (std::optional<int> status = command.parse(std::vector<std::string>(argv + 1, argv + argc), report)) {
+    return *status;
   }
-  for (const std::string& l : options.get_list("lists")) {
-    if (l != "bert" && l != "small" && l != "none") {
-      throw Error(ErrorCode::invalid_argument, "argument '--lists' has '" + l + "', expected bert, small or none");
-    }
+
+  s.sizes = shifted(sizes, 20);
+  s.collectives = split_list(collectives);
+  for (const std::string& l : split_list(lists)) {
     if (l != "none") s.lists.push_back(l);
   }
-  s.directs = byte_list(options, "direct-kib", false, "KiB");
-  s.pipelines = byte_list(options, "pipeline-mib", true, "MiB");
-  s.warmup = static_cast<int>(options.get_int("warmup", 0, 1000));
-  s.reps = static_cast<int>(options.get_int("reps", 1, 100000));
-  s.torch = read_torch_results(options.get("torch-results"));
+  s.directs = shifted(directs, 10);
+  s.pipelines = shifted(pipelines, 20);
+  s.torch = read_torch_results(torch_results);
 
   std::unique_ptr<Communicator> comm = create_nccl_communicator();
   const int device = comm->device().index;
@@ -437,9 +425,9 @@ int main(int argc, char** argv) {
   // Rank 0 prints the report (and --help); every rank prints its errors.
   if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return 1;
   try {
-    return gradkit::tool::run(argc, argv);
+    return gradkit::tool::run(argc, argv, /*report=*/rank == 0);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gradkit-bench-comm (rank %d): %s\n", rank, e.what());
+    gradkit::tool::print_error("gradkit-bench-comm (rank " + std::to_string(rank) + ")", e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }

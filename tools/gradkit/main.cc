@@ -10,11 +10,13 @@
 #include "train/train_command.h"
 #endif
 #include "gradkit/core/error.h"
+#include "cli.h"
 
 namespace {
 
-void usage() {
-  std::printf(
+// On stdout when asked for, on stderr when a command is missing.
+void usage(std::FILE* out) {
+  std::fprintf(out,
       "usage: gradkit <command> [options]\n\n"
       "commands:\n"
 #ifdef GRADKIT_WITH_TRAIN
@@ -29,8 +31,8 @@ void usage() {
 int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
-    usage();
-    return argc < 2 ? 2 : 0;
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? gradkit::tool::kExitUsage : 0;
   }
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
@@ -45,11 +47,10 @@ int main(int argc, char** argv) {
       return gradkit::train::run_train_command(n > 0 ? self : argv[0], args);
     }
 #endif
-    std::fprintf(stderr, "gradkit: unknown command '%s'\n", command.c_str());
-    usage();
-    return 2;
+    gradkit::tool::print_error("gradkit", "unknown command '" + command + "' (see gradkit --help)");
+    return gradkit::tool::kExitUsage;
   } catch (const gradkit::Error& e) {
-    std::fprintf(stderr, "gradkit %s: error: %s\n", command.c_str(), e.what());
-    return 1;
+    gradkit::tool::print_error("gradkit " + command, e.what());
+    return gradkit::tool::kExitFailure;
   }
 }

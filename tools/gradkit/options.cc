@@ -1,112 +1,148 @@
 #include "options.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 #include "gradkit/core/error.h"
 
 namespace gradkit::tool {
+namespace {
 
-Options::Options(std::string command, std::string summary)
-    : command_(std::move(command)), summary_(std::move(summary)) {}
-
-void Options::add(const std::string& name, const std::string& default_value, const std::string& help) {
-  order_.push_back(name);
-  options_[name] = {default_value, help};
+// "-1" and "-.5" are values; "-h", "--ranks" are options.
+bool looks_like_option(const std::string& arg) {
+  return arg.size() > 1 && arg[0] == '-' && std::isdigit(static_cast<unsigned char>(arg[1])) == 0 && arg[1] != '.';
 }
 
-void Options::print_usage() const {
-  std::printf("usage: %s [options]\n%s\n\noptions:\n", command_.c_str(), summary_.c_str());
-  for (const std::string& name : order_) {
-    const Option& o = options_.at(name);
-    std::printf("  --%-14s %s (default: %s)\n", name.c_str(), o.help.c_str(),
-                o.value.empty() ? "none" : o.value.c_str());
-  }
-}
-
-bool Options::parse(const std::vector<std::string>& args) {
+// `args` with each value-taking `--name=value` split in two, as CLI11 reads
+// them best (it would take the argument after `--name=` as the value); the
+// name of an option left without its value, if any. CLI11 takes whatever
+// follows a value-taking option as its value, another option included.
+std::vector<std::string> split_values(const CLI::App& app, const std::vector<std::string>& args,
+                                      std::string& missing) {
+  auto takes_value = [&](const std::string& name) {
+    const CLI::Option* option = app.get_option_no_throw(name);
+    return option != nullptr && option->get_items_expected_max() != 0;  // flags (--help) take none
+  };
+  std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    if (arg == "--help" || arg == "-h") {
-      print_usage();
-      exit_code_ = 0;
-      return false;
-    }
-    std::string name, value;
-    bool has_value = false;
-    if (arg.rfind("--", 0) == 0) {
-      const size_t eq = arg.find('=');
-      name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-      if (eq != std::string::npos) {
-        value = arg.substr(eq + 1);
-        has_value = true;
+    const size_t eq = arg.find('=');
+    if (arg.starts_with("--") && eq != std::string::npos && takes_value(arg.substr(0, eq))) {
+      out.push_back(arg.substr(0, eq));
+      out.push_back(arg.substr(eq + 1));
+    } else if (arg.starts_with("--") && takes_value(arg)) {
+      if (i + 1 == args.size() || looks_like_option(args[i + 1])) {
+        missing = arg;
+        return out;
       }
+      out.push_back(arg);
+      out.push_back(args[++i]);
+    } else {
+      out.push_back(arg);
     }
-    auto it = options_.find(name);
-    if (name.empty() || it == options_.end()) {
-      std::fprintf(stderr, "%s: unknown argument '%s' (see --help)\n", command_.c_str(), arg.c_str());
-      exit_code_ = 2;
-      return false;
-    }
-    if (!has_value) {
-      if (i + 1 >= args.size()) {
-        std::fprintf(stderr, "%s: argument '--%s' expects a value\n", command_.c_str(), name.c_str());
-        exit_code_ = 2;
-        return false;
-      }
-      value = args[++i];
-    }
-    it->second.value = value;
   }
-  return true;
+  return out;
 }
 
-const std::string& Options::get(const std::string& name) const { return options_.at(name).value; }
-
-long long Options::get_int(const std::string& name, long long min, long long max) const {
-  const std::string& text = get(name);
-  long long v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v < min || v > max) {
-    throw_argument_error(ErrorCode::invalid_argument, command_, "--" + name,
-                         "is '" + text + "', expected an integer from " + std::to_string(min) + " to " +
-                             std::to_string(max));
-  }
-  return v;
+CLI::Validator expect(std::string what, std::function<bool(const std::string&)> ok) {
+  return CLI::Validator(
+      [what = std::move(what), ok = std::move(ok)](std::string& value) {
+        return ok(value) ? std::string() : "expected " + what + ", not '" + value + "'";
+      },
+      "");
 }
 
-double Options::get_double(const std::string& name, double min, double max) const {
-  const std::string& text = get(name);
-  double v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || !(v >= min && v <= max)) {
-    std::ostringstream range;
-    range << min << " to " << max;
-    throw_argument_error(ErrorCode::invalid_argument, command_, "--" + name,
-                         "is '" + text + "', expected a number from " + range.str());
-  }
-  return v;
+template <class T>
+bool parse_whole(const std::string& text, T& value) {
+  const char* last = text.data() + text.size();
+  auto [end, ec] = std::from_chars(text.data(), last, value);
+  return ec == std::errc() && end == last;
 }
 
-std::vector<std::string> Options::get_list(const std::string& name) const {
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+bool contains(const std::vector<std::string>& items, const std::string& item) {
+  return std::find(items.begin(), items.end(), item) != items.end();
+}
+
+}  // namespace
+
+Command::Command(std::string name, const std::string& summary) : name_(std::move(name)), app_(summary, name_) {
+  app_.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+std::optional<int> Command::parse(const std::vector<std::string>& args, bool report) {
+  auto usage_error = [&](const std::string& message) {
+    if (report) print_error(name_, message);
+    return kExitUsage;
+  };
+  std::string missing;
+  std::vector<std::string> reversed = split_values(app_, args, missing);
+  if (!missing.empty()) return usage_error(missing + " needs a value (see --help)");
+  std::reverse(reversed.begin(), reversed.end());  // CLI11 reads from the back
+  try {
+    app_.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    if (report) std::printf("%s", app_.help().c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return usage_error(std::string(e.what()) + " (see --help)");
+  } catch (const Error& e) {  // the checks across options
+    return usage_error(e.what());
+  }
+  return std::nullopt;
+}
+
+CLI::Validator integer(long long min, long long max, bool allow_auto) {
+  return expect((allow_auto ? "auto or " : "") + std::string("an integer from ") + std::to_string(min) + " to " +
+                    std::to_string(max),
+                [=](const std::string& text) {
+                  long long v = 0;
+                  return (allow_auto && text == "auto") || (parse_whole(text, v) && v >= min && v <= max);
+                });
+}
+
+CLI::Validator number(double min, double max, bool allow_auto) {
+  std::ostringstream what;
+  what << (allow_auto ? "auto or " : "") << "a number from " << min << " to " << max;
+  return expect(what.str(), [=](const std::string& text) {
+    double v = 0;
+    return (allow_auto && text == "auto") || (parse_whole(text, v) && v >= min && v <= max);
+  });
+}
+
+CLI::Validator one_of(const std::vector<std::string>& choices) {
+  return expect("one of " + joined(choices), [=](const std::string& text) { return contains(choices, text); });
+}
+
+CLI::Validator list_of(const CLI::Validator& item) {
+  return CLI::Validator(
+      [item](std::string& text) {
+        const std::vector<std::string> items = split_list(text);
+        if (items.empty()) return "expected a comma-separated list, not '" + text + "'";
+        for (std::string each : items) {
+          if (std::string error = item(each); !error.empty()) return error;
+        }
+        return std::string();
+      },
+      "");
+}
+
+std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> items;
-  std::istringstream in(get(name));
+  std::istringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
     if (!item.empty()) items.push_back(item);
   }
   return items;
-}
-
-std::string Options::get_choice(const std::string& name, const std::vector<std::string>& choices) const {
-  const std::string& v = get(name);
-  std::string expected;
-  for (const std::string& c : choices) {
-    if (c == v) return v;
-    expected += (expected.empty() ? "" : ", ") + c;
-  }
-  throw_argument_error(ErrorCode::invalid_argument, command_, "--" + name,
-                       "is '" + v + "', expected one of " + expected);
 }
 
 }  // namespace gradkit::tool

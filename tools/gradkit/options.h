@@ -1,39 +1,56 @@
-// A small command-line parser: --name value or --name=value, --help, and
-// errors that name the option and what it expected.
+// The command line of gradkit's tools: CLI11 (Debian: libcli11-dev) with
+// gradkit's conventions on top.
+//
+// - `--name value` or `--name=value`; given twice, the last value counts.
+// - A value-taking option followed by nothing, or by another option, is an
+//   error ("--epochs needs a value"): CLI11 alone would take the next
+//   option as the value.
+// - `--help` prints the options and their defaults on stdout; exit status 0.
+// - Errors are said once, as "<command>: error: <what>" on stderr; exit
+//   status 2 for a usage error (a bad or missing value, an unknown argument,
+//   a file that cannot be written), 1 for a failure at run time (cli.h).
 #pragma once
 
-#include <map>
+#include <CLI/CLI.hpp>
+
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cli.h"
+
 namespace gradkit::tool {
 
-class Options {
+// One command's options. Declare them on app() (with the validators below),
+// then parse().
+class Command {
  public:
-  Options(std::string command, std::string summary);
-  void add(const std::string& name, const std::string& default_value, const std::string& help);
+  // `name` as the user types it ("gradkit train"); it starts every message.
+  Command(std::string name, const std::string& summary);
+  CLI::App& app() { return app_; }
+  const std::string& name() const { return name_; }
 
-  // False when the command should stop now (after --help, or a bad option,
-  // whose message has been printed); exit_code() is then its exit status.
-  bool parse(const std::vector<std::string>& args);
-  int exit_code() const { return exit_code_; }
-
-  const std::string& get(const std::string& name) const;
-  // Throws gradkit::Error naming --name unless the value is an integer in [min, max].
-  long long get_int(const std::string& name, long long min, long long max) const;
-  double get_double(const std::string& name, double min, double max) const;
-  std::vector<std::string> get_list(const std::string& name) const;
-  std::string get_choice(const std::string& name, const std::vector<std::string>& choices) const;
-  void print_usage() const;
+  // Parses `args` (the arguments after the command's name) into the bound
+  // variables and runs the app's callback, where checks across options go
+  // (they throw CLI::ValidationError or gradkit::Error). Returns nothing
+  // when the command should go on, or the exit status to stop with: 0 after
+  // --help, kExitUsage after an error, each printed unless `report` is false
+  // (the other ranks of an MPI job, which would print the same).
+  std::optional<int> parse(const std::vector<std::string>& args, bool report = true);
 
  private:
-  struct Option {
-    std::string value, help;
-  };
-  std::string command_, summary_;
-  std::vector<std::string> order_;
-  std::map<std::string, Option> options_;
-  int exit_code_ = 0;
+  std::string name_;
+  CLI::App app_;
 };
+
+// Validators whose failure reads "--name: expected <what>, not '<value>'".
+// `allow_auto`: the word "auto" is accepted too.
+CLI::Validator integer(long long min, long long max, bool allow_auto = false);
+CLI::Validator number(double min, double max, bool allow_auto = false);
+CLI::Validator one_of(const std::vector<std::string>& choices);
+// A comma-separated list (empty items ignored) of at least one item, each
+// passing `item`.
+CLI::Validator list_of(const CLI::Validator& item);
+std::vector<std::string> split_list(const std::string& text);
 
 }  // namespace gradkit::tool

@@ -4,8 +4,7 @@
 namespace gradkit::train {
 
 std::unique_ptr<TrainBackend> make_cuda_backend(const TrainOptions&, const FashionMnist&, Device device) {
-  throw Error(ErrorCode::backend_unavailable, "gradkit train: --device " + to_string(device) +
-                                                  " needs a build with CUDA and NCCL");
+  throw Error(ErrorCode::backend_unavailable, "--device " + to_string(device) + " needs a build with CUDA and NCCL");
 }
 
 }  // namespace gradkit::train

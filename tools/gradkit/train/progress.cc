@@ -1,14 +1,11 @@
 #include "train/progress.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 
 namespace gradkit::train {
 
 Progress::Progress(bool report, bool bar, int epoch, int epochs, int64_t steps)
-    : report_(report), bar_(report && bar && ::isatty(STDOUT_FILENO) != 0), epoch_(epoch), epochs_(epochs),
-      steps_(steps) {}
+    : report_(report), bar_(report && bar), epoch_(epoch), epochs_(epochs), steps_(steps) {}
 
 void Progress::update(int64_t done, double loss) {
   if (!bar_) return;

@@ -1,5 +1,7 @@
 // Progress of an epoch: a bar redrawn in place on a terminal, nothing but
-// the epoch's summary line otherwise (logs stay readable).
+// the epoch's summary line otherwise (logs stay readable). Whether the output
+// is a terminal is the caller's to know (train_command.cc: under mpiexec,
+// only the process that started it can tell).
 #pragma once
 
 #include <chrono>
@@ -9,8 +11,8 @@ namespace gradkit::train {
 
 class Progress {
  public:
-  // `report`: this rank prints (the summary always, the bar on a terminal
-  // when `bar` is set).
+  // `report`: this rank prints (the summary always, the bar too when `bar`
+  // is set).
   Progress(bool report, bool bar, int epoch, int epochs, int64_t steps);
   // After step `done` (1-based) with the running mean loss.
   void update(int64_t done, double loss);

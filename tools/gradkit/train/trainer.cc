@@ -6,12 +6,15 @@
 #include <chrono>
 #include <cmath>
 #include <type_traits>
+#include <cerrno>
 #include <cstring>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <sstream>
 
 #include "gradkit/comm/adasum.h"
 #include "gradkit/comm/communicator.h"
@@ -21,6 +24,7 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/state_file.h"
+#include "cli.h"
 #include "train/backend.h"
 #include "train/fashion_mnist.h"
 #include "train/mlp.h"
@@ -115,14 +119,28 @@ int load_checkpoint(const std::string& path, const CheckpointHeader& expected, c
   return h.completed_epochs;
 }
 
-// The CSV log: a header when a run starts afresh, one line per epoch
-// (appended, so a resumed run continues the file).
-void log_line(const std::string& path, const EpochResult* r) {
-  std::ofstream out(path, r == nullptr ? std::ios::trunc : std::ios::app);
-  if (r == nullptr) out << "epoch,train_loss,test_accuracy,samples_per_second,seconds\n";
-  else out << r->epoch << ',' << r->train_loss << ',' << r->test_accuracy << ',' << r->samples_per_second << ','
-           << r->seconds << '\n';
-  if (!out) throw Error(ErrorCode::io_error, "cannot write the log '" + path + "'");
+// The CSV log, one line per epoch. A fresh run starts the file anew with the
+// header; a resumed run appends, and writes the header first only where the
+// file does not exist yet or is empty.
+constexpr const char* kLogHeader = "epoch,train_loss,test_accuracy,samples_per_second,seconds\n";
+
+void write_log(const std::string& path, const std::string& text, bool replace) {
+  std::ofstream out(path, replace ? std::ios::trunc : std::ios::app);
+  out << text;
+  if (!out) throw Error(ErrorCode::io_error, "--log: cannot write '" + path + "'");
+}
+
+void start_log(const std::string& path, bool resumed) {
+  std::error_code ec;
+  const bool has_lines = std::filesystem::file_size(path, ec) > 0 && !ec;
+  if (!resumed || !has_lines) write_log(path, kLogHeader, /*replace=*/true);
+}
+
+void log_epoch(const std::string& path, const EpochResult& r) {
+  std::ostringstream line;
+  line << r.epoch << ',' << r.train_loss << ',' << r.test_accuracy << ',' << r.samples_per_second << ','
+       << r.seconds << '\n';
+  write_log(path, line.str(), /*replace=*/false);
 }
 
 void write_plot(const std::string& png, const std::string& csv) {
@@ -145,21 +163,46 @@ void write_plot(const std::string& png, const std::string& csv) {
 
 }  // namespace
 
+void check_train_options(const TrainOptions& o, bool writes) {
+  if (o.stop_after < 0 || o.stop_after > o.epochs) {
+    throw Error(ErrorCode::invalid_argument, "--stop-after: expected an epoch from 0 to --epochs (" +
+                                                 std::to_string(o.epochs) + "), not '" +
+                                                 std::to_string(o.stop_after) + "'");
+  }
+  if (!o.plot.empty() && o.log.empty()) {
+    throw Error(ErrorCode::invalid_argument, "--plot: needs --log (the curves are drawn from the log)");
+  }
+  if (!o.resume.empty()) {
+    if (std::FILE* f = std::fopen(o.resume.c_str(), "rb")) std::fclose(f);
+    else throw Error(ErrorCode::io_error, "--resume: cannot read '" + o.resume + "': " + std::strerror(errno));
+  }
+  if (!writes) return;
+  // The checkpoint replaces its file by a rename; the log and the plot are
+  // written where they are.
+  if (!o.save.empty()) tool::check_writable("--save", o.save, /*in_place=*/false);
+  if (!o.log.empty()) tool::check_writable("--log", o.log, /*in_place=*/true);
+  if (!o.plot.empty()) tool::check_writable("--plot", o.plot, /*in_place=*/true);
+}
+
 std::vector<EpochResult> run_training(const TrainOptions& o) {
   openblas_set_num_threads(1);  // one core per rank: ranks are the parallelism
   const bool cuda = o.device == "cuda";
-  std::unique_ptr<Communicator> comm = cuda ? create_nccl_communicator() : create_mpi_communicator();
+  CommunicatorOptions comm_options;
+  comm_options.timeout = o.timeout;
+  std::unique_ptr<Communicator> comm =
+      cuda ? create_nccl_communicator(comm_options) : create_mpi_communicator(comm_options);
   const int rank = comm->rank(), ranks = comm->size();
   const bool lead = rank == 0;
+  check_train_options(o, /*writes=*/lead);
 
   const FashionMnist data = load_fashion_mnist(o.data_dir);
   const int64_t train_count = o.limit > 0 ? std::min<int64_t>(o.limit, data.train.count) : data.train.count;
   const int64_t per_step = int64_t{ranks} * o.batch * o.accumulate;
   const int64_t steps = train_count / per_step;
   if (steps == 0) {
-    throw_argument_error(ErrorCode::invalid_argument, "gradkit train", "--batch",
-                         "times --accumulate times the rank count (" + std::to_string(per_step) +
-                             ") exceeds the training images (" + std::to_string(train_count) + ")");
+    throw Error(ErrorCode::invalid_argument, "--batch: times --accumulate times the rank count (" +
+                                                 std::to_string(per_step) + ") exceeds the training images (" +
+                                                 std::to_string(train_count) + ")");
   }
 
   std::unique_ptr<TrainBackend> backend =
@@ -194,7 +237,7 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
                 widths.c_str(), ranks, cuda ? "cuda" : "cpu", cuda ? " (f16, dynamic loss scaling)" : "",
                 o.optimizer.c_str(), o.reduce.c_str(), o.batch, o.accumulate, static_cast<long long>(steps));
   }
-  if (lead && !o.log.empty() && o.resume.empty()) log_line(o.log, nullptr);
+  if (lead && !o.log.empty()) start_log(o.log, /*resumed=*/!o.resume.empty());
 
   std::vector<EpochResult> results;
   const float micro_scale = 1.0f / static_cast<float>(o.accumulate);
@@ -242,7 +285,7 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
                   result.train_loss, result.test_accuracy, result.samples_per_second, seconds,
                   note.empty() ? "" : ", ", note.c_str());
     progress.finish(summary);
-    if (lead && !o.log.empty()) log_line(o.log, &result);
+    if (lead && !o.log.empty()) log_epoch(o.log, result);
     if (lead && !o.save.empty()) {
       CheckpointHeader h = header;
       h.completed_epochs = epoch;
@@ -250,7 +293,6 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
     }
   }
   if (lead && !o.plot.empty()) {
-    if (o.log.empty()) throw_argument_error(ErrorCode::invalid_argument, "gradkit train", "--plot", "needs --log");
     write_plot(o.plot, o.log);
     std::printf("wrote %s\n", o.plot.c_str());
   }

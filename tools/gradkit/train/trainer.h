@@ -3,6 +3,7 @@
 // the all-reduce, and the optimizer.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,8 +27,11 @@ struct TrainOptions {
   std::string save;        // checkpoint after every epoch (atomic)
   std::string resume;      // start from this checkpoint
   std::string log = "gradkit-train.csv";
-  std::string plot;        // PNG of the loss and accuracy curves
-  bool progress = true;
+  std::string plot;        // PNG of the loss and accuracy curves (needs `log`)
+  bool progress = true;    // rank 0 draws a progress bar (the caller decides: a terminal's)
+  // How long a rank waits for the others in a collective before it fails
+  // (the communicators' timeout): a rank that stops without dying ends the run.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
 };
 
 struct EpochResult {
@@ -38,8 +42,14 @@ struct EpochResult {
   double seconds;
 };
 
+// Throws gradkit::Error naming the option unless the options fit together
+// and, where `writes` (the rank that writes them), the files of --save, --log
+// and --plot can be written: what can be known before any work.
+void check_train_options(const TrainOptions& options, bool writes);
+
 // Runs the training in this process, one rank of the MPI job (MPI must be
-// initialized). Returns every epoch's result (the same on every rank).
+// initialized). Checks the options first (check_train_options). Returns
+// every epoch's result (the same on every rank).
 std::vector<EpochResult> run_training(const TrainOptions& options);
 
 }  // namespace gradkit::train
