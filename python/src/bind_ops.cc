@@ -93,9 +93,9 @@ struct PyGradientCheckPlan {
 // zero_grad(set_to_none=True)) then gets the same memory back, and re-points
 // the plan (set_grads) before any step after the old arrays may have gone.
 template <class Plan>
-void set_grads(ViewList& kept, Plan& plan, const Arrays& grads, bool hold) {
+void set_grads(ViewList& kept, Plan& plan, const Arrays& grads, bool hold, uintptr_t stream) {
   ViewList next = to_views(grads, "grads");
-  plan.set_grads(next.views);
+  plan.set_grads(next.views, to_stream(stream));
   kept = std::move(next);
   if (!hold) kept.arrays.clear();
 }
@@ -194,9 +194,11 @@ void bind_ops(nb::module_& m) {
           nb::arg("stream") = 0,
           "One update. lr_device: one float32 per group on the plan's device, replacing the plan's lrs; "
           "found_inf: a bool on the device, true skips the whole step.")
-      .def("set_grads", [](PyAdamPlan& p, const Arrays& g, bool hold) { set_grads(p.grads, p.plan, g, hold); },
-           nb::arg("grads"), nb::arg("hold_grads") = true,
-           "Points the plan at new gradient arrays (same sizes and dtype): one table upload, no new plan.")
+      .def("set_grads",
+           [](PyAdamPlan& p, const Arrays& g, bool hold, uintptr_t stream) { set_grads(p.grads, p.plan, g, hold, stream); },
+           nb::arg("grads"), nb::arg("hold_grads") = true, nb::arg("stream") = 0,
+           "Points the plan at new gradient arrays (same sizes and dtype): one small copy enqueued on `stream`, "
+           "no new plan; re-point on the stream the plan launches on.")
       .def("set_hyperparameters",
            [](PyAdamPlan& p, const std::vector<AdamHyperparameters>& h) { p.plan.set_hyperparameters(h); },
            nb::arg("hyperparameters"))
@@ -252,8 +254,9 @@ void bind_ops(nb::module_& m) {
           nb::arg("loss_scale_device") = nb::none(), nb::arg("gradient_norm") = -1.0f,
           nb::arg("gradient_norm_device") = nb::none(), nb::arg("step") = 1, nb::arg("step_device") = nb::none(),
           nb::arg("found_inf") = nb::none(), nb::arg("stream") = 0)
-      .def("set_grads", [](PyLambPlan& p, const Arrays& g, bool hold) { set_grads(p.grads, p.plan, g, hold); },
-           nb::arg("grads"), nb::arg("hold_grads") = true)
+      .def("set_grads",
+           [](PyLambPlan& p, const Arrays& g, bool hold, uintptr_t stream) { set_grads(p.grads, p.plan, g, hold, stream); },
+           nb::arg("grads"), nb::arg("hold_grads") = true, nb::arg("stream") = 0)
       .def("set_hyperparameters",
            [](PyLambPlan& p, const std::vector<LambHyperparameters>& h) { p.plan.set_hyperparameters(h); },
            nb::arg("hyperparameters"))
@@ -289,8 +292,9 @@ void bind_ops(nb::module_& m) {
           nb::arg("found_inf") = nb::none(), nb::arg("grad_divisor") = nb::none(), nb::arg("global_norm") = nb::none(),
           nb::arg("tensor_norms") = nb::none(), nb::arg("loss_scale") = 1.0f,
           nb::arg("loss_scale_device") = nb::none(), nb::arg("stream") = 0)
-      .def("set_grads", [](PyGradientCheckPlan& p, const Arrays& g, bool hold) { set_grads(p.grads, p.plan, g, hold); },
-           nb::arg("grads"), nb::arg("hold_grads") = true);
+      .def("set_grads",
+           [](PyGradientCheckPlan& p, const Arrays& g, bool hold, uintptr_t stream) { set_grads(p.grads, p.plan, g, hold, stream); },
+           nb::arg("grads"), nb::arg("hold_grads") = true, nb::arg("stream") = 0);
 }
 
 }  // namespace gradkit::python

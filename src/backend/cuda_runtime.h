@@ -29,6 +29,9 @@ std::shared_ptr<void> allocate(Device device, size_t bytes);
 // Synchronous copies between host memory and a CUDA device.
 void copy_to_host(void* host, const void* device_source, size_t bytes, Device device);
 void copy_from_host(void* device_destination, const void* host, size_t bytes, Device device);
+// A copy enqueued on `stream`; `host` may be reused as soon as it returns
+// (pageable memory is staged before the call returns).
+void copy_from_host_async(void* device_destination, const void* host, size_t bytes, Device device, Stream stream);
 void synchronize(Device device);
 
 // Throws backend_unavailable naming `op` unless CUDA device `index` can be used.

@@ -185,9 +185,9 @@ MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> 
   impl_ = std::move(impl);
 }
 
-MultiTensorPlan MultiTensorPlan::with_list(int list, std::span<const TensorView> tensors) const {
-  if (!impl_) throw Error(ErrorCode::invalid_argument, "with_list: the plan is empty (default-constructed)");
-  const Impl& old = *impl_;
+void MultiTensorPlan::repoint(int list, std::span<const TensorView> tensors, Stream stream) {
+  if (!impl_) throw Error(ErrorCode::invalid_argument, "repoint: the plan is empty (default-constructed)");
+  Impl& old = *impl_;
   const std::string_view op = old.op;
   if (list < 0 || list >= num_lists()) {
     throw_argument_error(ErrorCode::invalid_argument, op, "list",
@@ -217,13 +217,14 @@ MultiTensorPlan MultiTensorPlan::with_list(int list, std::span<const TensorView>
   }
   check_overlaps(op, lists);
 
-  auto impl = std::make_shared<Impl>(old);
-  for (size_t i = 0; i < n; ++i) impl->pointers[static_cast<size_t>(list) * n + i] = tensors[i].data;
-  impl->device_table.reset();
-  upload_tables(*impl);
-  MultiTensorPlan plan;
-  plan.impl_ = std::move(impl);
-  return plan;
+  void** pointers = old.pointers.data() + static_cast<size_t>(list) * n;
+  for (size_t i = 0; i < n; ++i) pointers[i] = tensors[i].data;
+  if (old.device_table) {
+    // The list's pointers sit after the chunk table, list-major.
+    auto* table = static_cast<unsigned char*>(old.device_table.get()) + old.chunks.size() * sizeof(PlanChunk) +
+                  static_cast<size_t>(list) * n * sizeof(void*);
+    backend::copy_from_host_async(table, pointers, n * sizeof(void*), old.device, stream);
+  }
 }
 
 }  // namespace gradkit

@@ -32,6 +32,7 @@ std::shared_ptr<void> upload(Device device, const void*, size_t) {
 std::shared_ptr<void> allocate(Device device, size_t) { return upload(device, nullptr, 0); }
 void copy_to_host(void*, const void*, size_t, Device device) { upload(device, nullptr, 0); }
 void copy_from_host(void*, const void*, size_t, Device device) { upload(device, nullptr, 0); }
+void copy_from_host_async(void*, const void*, size_t, Device device, Stream) { upload(device, nullptr, 0); }
 void synchronize(Device device) { upload(device, nullptr, 0); }
 
 void require_cuda_device(std::string_view op, int index) {

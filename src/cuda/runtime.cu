@@ -119,6 +119,12 @@ void copy_from_host(void* device_destination, const void* host, size_t bytes, De
   finish_legacy_stream();
 }
 
+void copy_from_host_async(void* device_destination, const void* host, size_t bytes, Device device, Stream stream) {
+  if (bytes == 0) return;
+  cuda::DeviceGuard guard(device.index);
+  GRADKIT_CUDA_CHECK(cudaMemcpyAsync(device_destination, host, bytes, cudaMemcpyHostToDevice, cuda::native(stream)));
+}
+
 void synchronize(Device device) {
   cuda::DeviceGuard guard(device.index);
   GRADKIT_CUDA_CHECK(cudaDeviceSynchronize());

@@ -71,14 +71,18 @@ class MultiTensorPlan {
   // The device copy (chunks, then pointers, then groups) for CUDA plans; null for CPU.
   const void* device_table() const { return impl_ ? impl_->device_table.get() : nullptr; }
 
-  // A copy of this plan whose list `list` points at `tensors` instead, for
-  // callers whose tensors move between launches (a framework that allocates
-  // new gradients each step). `tensors` must match the list's element counts,
-  // dtype and device; the constructor's checks are made for them (overlaps
-  // against every other list included), the chunk table is kept, and a CUDA
-  // plan uploads its tables anew (one synchronous copy). This plan is
-  // unchanged: launches already enqueued keep reading their own table.
-  MultiTensorPlan with_list(int list, std::span<const TensorView> tensors) const;
+  // Points list `list` at `tensors` instead, for callers whose tensors move
+  // between launches (a framework that allocates new gradients each step).
+  // `tensors` must match the list's element counts, dtype and device; the
+  // constructor's checks are made for them (overlaps against every other
+  // list included) and nothing changes if one fails. The chunk table stays;
+  // a CUDA plan's pointer table is rewritten in place by a copy enqueued on
+  // `stream` (no synchronization): launches enqueued on `stream` before it
+  // read the old pointers, launches after it the new ones, and a captured
+  // CUDA graph, which keeps the table's address, sees the new ones too. So
+  // re-point on the stream the plan launches on. Copies of a plan share its
+  // tables, and so the change.
+  void repoint(int list, std::span<const TensorView> tensors, Stream stream = {});
 
  private:
   struct Impl {
@@ -97,7 +101,7 @@ class MultiTensorPlan {
     std::shared_ptr<void> device_table;  // freed with the last copy of the plan
   };
   static void upload_tables(Impl& impl);
-  std::shared_ptr<const Impl> impl_;
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace gradkit

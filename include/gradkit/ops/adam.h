@@ -84,10 +84,10 @@ class AdamPlan {
   void set_hyperparameters(std::span<const AdamHyperparameters> hyperparameters);
 
   // Points the plan at new gradients (the same count, element counts, dtype
-  // and device) at the cost of one table upload instead of a new plan: for
-  // frameworks that allocate new gradient tensors each step. See
-  // MultiTensorPlan::with_list.
-  void set_grads(std::span<const TensorView> grads) { plan_ = plan_.with_list(1, grads); }
+  // and device) with one small copy enqueued on `stream` instead of a new
+  // plan: for frameworks that allocate new gradient tensors each step. See
+  // MultiTensorPlan::repoint.
+  void set_grads(std::span<const TensorView> grads, Stream stream = {}) { plan_.repoint(1, grads, stream); }
 
   const MultiTensorPlan& plan() const { return plan_; }
   std::span<const AdamHyperparameters> hyperparameters() const { return hyper_.host(); }

@@ -43,10 +43,10 @@ class GradientCheckPlan {
              Stream stream = {}) const;
 
   // Points the plan at new gradients (the same count, element counts, dtype
-  // and device) at the cost of one table upload instead of a new plan: for
-  // frameworks that allocate new gradient tensors each step. See
-  // MultiTensorPlan::with_list.
-  void set_grads(std::span<const TensorView> grads) { plan_ = plan_.with_list(0, grads); }
+  // and device) with one small copy enqueued on `stream` instead of a new
+  // plan: for frameworks that allocate new gradient tensors each step. See
+  // MultiTensorPlan::repoint.
+  void set_grads(std::span<const TensorView> grads, Stream stream = {}) { plan_.repoint(0, grads, stream); }
 
   const MultiTensorPlan& plan() const { return plan_; }
   const GradientCheckOptions& options() const { return options_; }

@@ -15,6 +15,7 @@ import torch
 
 import gradkit
 from gradkit.torch._device import device_name
+from gradkit.torch.optim import GradientCheck
 
 
 class AmpStep:
@@ -64,8 +65,7 @@ class AmpStep:
         self._divisor_scalar = gradkit.DeviceScalar(self._divisor)
         self._norm_scalar = gradkit.DeviceScalar(self._norm)
         self._scale_scalar = gradkit.DeviceScalar(self._scale)
-        self._check = None
-        self._check_generation = None
+        self._check = GradientCheck(optimizer, norm=self.norm, max_norm=self.max_norm or 0.0)
 
     def scale(self, loss):
         """loss * S, S being the current scale on the device (as GradScaler.scale)."""
@@ -78,12 +78,8 @@ class AmpStep:
         stream_of = {}
 
         def check(stream):
-            if self._check_generation != opt._generation:
-                self._check = gradkit.GradientCheckPlan(opt.present_grads(), norm=self.norm,
-                                                        max_norm=self.max_norm or 0.0, hold_grads=False)
-                self._check_generation = opt._generation
-            self._check.check(found_inf=self._flag, grad_divisor=self._divisor_scalar, global_norm=self._norm_scalar,
-                              loss_scale_device=self._scale_scalar, stream=stream)
+            self._check.check(stream, found_inf=self._flag, grad_divisor=self._divisor_scalar,
+                              global_norm=self._norm_scalar, loss_scale_device=self._scale_scalar)
             stream_of["stream"] = stream
 
         if not opt._step_with(self._flag, self._divisor_scalar, check):

@@ -76,7 +76,8 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._cohorts = []
         self._present = None     # which parameters had a gradient at the last step
         self._grad_ptrs = None   # and where those gradients were
-        self._generation = 0     # changes whenever a plan's gradients change
+        self._cohort_version = 0   # changes when the cohorts are made anew
+        self._pointer_version = 0  # changes when any plan's gradients change (re-pointed or made anew)
         self._flat = None        # FlatGradients covering every parameter, if given
         self._hyper_key = None
         self._lrs = None
@@ -152,10 +153,12 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._grad_ptrs = None
         self._hyper_key = None
         self._lrs = None
-        self._generation = getattr(self, "_generation", 0) + 1
+        self._cohort_version = getattr(self, "_cohort_version", 0) + 1
+        self._pointer_version = getattr(self, "_pointer_version", 0) + 1
 
-    def _prepare(self):
-        """The cohorts to launch this step, with their plans pointing at the current gradients."""
+    def _prepare(self, stream):
+        """The cohorts to launch this step, with their plans pointing at the current gradients
+        (a re-point is enqueued on `stream`, before the launches)."""
         layout = self._get_layout()
         params = layout.params
         if self._flat is not None and self._cohorts and self._flat.attached_cheap():
@@ -166,9 +169,9 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         if present == self._present:
             if ptrs != self._grad_ptrs:
                 for c in self._cohorts:
-                    c.plan.set_grads(self._grad_arrays(grads, c.indices), hold_grads=False)
+                    c.plan.set_grads(self._grad_arrays(grads, c.indices), hold_grads=False, stream=stream)
                 self._grad_ptrs = ptrs
-                self._generation += 1
+                self._pointer_version += 1
             return self._cohorts
         self._make_cohorts(grads, present)
         self._grad_ptrs = ptrs
@@ -205,7 +208,8 @@ class _PlannedOptimizer(torch.optim.Optimizer):
             self._cohorts.append(_Cohort(indices, counter, self._make_plan(indices, grads)))
         self._present = present
         self._hyper_key = self._current_hyper_key()
-        self._generation += 1
+        self._cohort_version += 1
+        self._pointer_version += 1
 
     def _cohort_key(self, index):
         """Parameters with different keys never share a plan (LAMB: the group, whose lr is eta)."""
@@ -267,11 +271,11 @@ class _PlannedOptimizer(torch.optim.Optimizer):
     def _step_with(self, found_inf=None, grad_divisor=None, check=None):
         """Launches every cohort. `check(stream)`, if given, runs first: the fused
         mixed-precision step's gradient check, which writes found_inf and grad_divisor."""
-        cohorts = self._prepare()
+        stream = stream_handle(self._get_layout().device)
+        cohorts = self._prepare(stream)
         if not cohorts:
             return False
         self._sync_hyperparameters()
-        stream = stream_handle(self._layout.device)
         if check is not None:
             check(stream)
         self._launch_all(cohorts, stream, found_inf, grad_divisor)
@@ -287,6 +291,28 @@ class _PlannedOptimizer(torch.optim.Optimizer):
     def _state_list(self, indices, name):
         params = self._layout.params
         return [self.state[params[i]][name] for i in indices]
+
+
+class GradientCheck:
+    """gradkit's GradientCheckPlan over the gradients an optimizer's last prepared
+    step covers, kept pointing at them: made anew when the optimizer's cohorts
+    are, re-pointed (in stream order) when only the gradients moved."""
+
+    def __init__(self, optimizer, **options):
+        self.optimizer = optimizer
+        self.options = options
+        self.plan = None
+        self.versions = None
+
+    def check(self, stream, **outputs):
+        opt = self.optimizer
+        versions = (opt._cohort_version, opt._pointer_version)
+        if self.plan is None or versions[0] != self.versions[0]:
+            self.plan = gradkit.GradientCheckPlan(opt.present_grads(), hold_grads=False, **self.options)
+        elif versions[1] != self.versions[1]:
+            self.plan.set_grads(opt.present_grads(), hold_grads=False, stream=stream)
+        self.versions = versions
+        self.plan.check(stream=stream, **outputs)
 
 
 def _check_betas(betas, eps, weight_decay, lr):
@@ -376,7 +402,6 @@ class Lamb(_PlannedOptimizer):
                         max_trust=max_trust, bias_correction=bias_correction)
         self.max_grad_norm = max_grad_norm
         self._norm_check = None
-        self._norm_generation = None
         self._global_norm = None
         super().__init__(params, defaults)
 
@@ -401,12 +426,10 @@ class Lamb(_PlannedOptimizer):
         """The global gradient norm on the device, for LAMB's own clipping (None: no clipping)."""
         if not self.max_grad_norm:
             return None
-        if self._norm_generation != self._generation:
-            grads = self.present_grads()
-            self._norm_check = gradkit.GradientCheckPlan(grads, hold_grads=False)
+        if self._norm_check is None:
+            self._norm_check = GradientCheck(self)
             self._global_norm = gradkit.DeviceScalar(torch.empty(1, dtype=torch.float32, device=self._layout.device))
-            self._norm_generation = self._generation
-        self._norm_check.check(global_norm=self._global_norm, stream=stream)
+        self._norm_check.check(stream, global_norm=self._global_norm)
         return self._global_norm
 
     def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
