@@ -11,7 +11,8 @@ tensors (2^10 to 2^16 elements, as gradkit bench's). For each:
 - host time of one step call (the call's wall time, no synchronization).
 Then one whole training step (forward, backward, step) of a small GPT.
 
-Device time is the median over --reps of CUDA events around the call; bytes
+Device time is the median over --reps of CUDA events around the call (the
+cases of a list measured in --rounds interleaved rounds, the best kept); bytes
 are what the step must move at least (AdamW: read and write w, m, v, read g:
 28 bytes per f32 element; the AMP step adds one read of g: 32), GB/s is
 bytes / time, and % copy compares with a device-to-device copy measured in
@@ -115,31 +116,31 @@ class Report:
         return head + "".join("| " + " | ".join(r) + " |\n" for r in self.rows)
 
 
-def bench_list(key, reps, report):
+def measure(cases, reps, rounds):
+    """{name: (device ms, host us)} for each case, measured in `rounds` interleaved
+    rounds (every case once per round, in order) and the best round's median kept:
+    clocks and the allocator's state then favour no case."""
+    best = {name: [math.inf, math.inf] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            best[name][0] = min(best[name][0], device_ms(fn, reps))
+            best[name][1] = min(best[name][1], host_us(fn, reps))
+    return best
+
+
+def bench_list(key, reps, rounds, report):
     name, shapes_fn = LISTS[key]
     shapes = shapes_fn()
     params = make_params(shapes)
+    flat_params = make_params(shapes, seed=1)
     numel = sum(p.numel() for p in params)
     print(f"\n{name}: {len(params)} tensors, {numel / 1e6:.1f}M parameters", flush=True)
-    step_bytes, amp_bytes = 28 * numel, 32 * numel
     kw = dict(lr=1e-4, weight_decay=0.01)
-
     fused = torch.optim.AdamW(params, fused=True, **kw)
-    t_fused = device_ms(fused.step, reps)
-    report.add(name, "AdamW.step", "torch fused", t_fused, host_us(fused.step, reps), step_bytes)
     foreach = torch.optim.AdamW(params, foreach=True, **kw)
-    report.add(name, "AdamW.step", "torch foreach", device_ms(foreach.step, reps), host_us(foreach.step, reps),
-               step_bytes, t_fused)
-    del foreach
     ours = gt.AdamW(params, **kw)
-    report.add(name, "AdamW.step", "gradkit", device_ms(ours.step, reps), host_us(ours.step, reps), step_bytes,
-               t_fused)
-    flat_params = make_params(shapes, seed=1)
     flat_opt = gt.AdamW(flat_params, **kw)
     gt.flat_gradients(flat_params, flat_opt)
-    report.add(name, "AdamW.step", "gradkit, flat gradients", device_ms(flat_opt.step, reps),
-               host_us(flat_opt.step, reps), step_bytes, t_fused)
-
     scaler = torch.amp.GradScaler("cuda", init_scale=1.0)
     scaler.scale(torch.ones((), device="cuda"))  # what scaling a loss does first: makes the scale tensor
 
@@ -149,22 +150,28 @@ def bench_list(key, reps, report):
         scaler.step(fused)
         scaler.update()
 
-    t_amp = device_ms(torch_amp, reps)
-    report.add(name, "AMP step", "torch GradScaler+clip+fused", t_amp, host_us(torch_amp, reps), 48 * numel)
     amp = gt.AmpStep(ours, max_norm=1e9, init_scale=1.0)
-    report.add(name, "AMP step", "gradkit AmpStep", device_ms(amp.step, reps), host_us(amp.step, reps), amp_bytes,
-               t_amp)
     amp_flat = gt.AmpStep(flat_opt, max_norm=1e9, init_scale=1.0)
-    report.add(name, "AMP step", "gradkit AmpStep, flat", device_ms(amp_flat.step, reps),
-               host_us(amp_flat.step, reps), amp_bytes, t_amp)
-    del params, flat_params, fused, ours, flat_opt, amp, amp_flat
+    # (what, implementation, call, bytes it must move at least, the torch case it is compared with)
+    cases = [("AdamW.step", "torch fused", fused.step, 28, None),
+             ("AdamW.step", "torch foreach", foreach.step, 28, "torch fused"),
+             ("AdamW.step", "gradkit", ours.step, 28, "torch fused"),
+             ("AdamW.step", "gradkit, flat gradients", flat_opt.step, 28, "torch fused"),
+             ("AMP step", "torch GradScaler+clip+fused", torch_amp, 48, None),
+             ("AMP step", "gradkit AmpStep", amp.step, 32, "torch GradScaler+clip+fused"),
+             ("AMP step", "gradkit AmpStep, flat", amp_flat.step, 32, "torch GradScaler+clip+fused")]
+    times = measure({impl: fn for _, impl, fn, _, _ in cases}, reps, rounds)
+    for what, impl, _, bytes_per_element, baseline in cases:
+        ms, host = times[impl]
+        report.add(name, what, impl, ms, host, bytes_per_element * numel, times[baseline][0] if baseline else None)
+    del params, flat_params, fused, foreach, ours, flat_opt, amp, amp_flat, cases
     torch.cuda.empty_cache()
 
 
-def bench_training(reps, report):
+def bench_training(reps, rounds, report):
     import models
     name = "small GPT step"
-    results = {}
+    steps, optimizers = {}, {}
     for impl in ("torch fused", "gradkit", "gradkit, flat gradients"):
         torch.manual_seed(0)
         model = models.TinyGPT(layers=4, d=256, heads=8, block=128).cuda()
@@ -176,38 +183,43 @@ def bench_training(reps, report):
                 gt.flat_gradients(model, opt)
         batches = list(models.text_batches("cuda", 8, batch=32, block=128))
 
-        def step(i=[0]):
+        def step(model=model, opt=opt, batches=batches, i=[0]):
             x, y = batches[i[0] % len(batches)]
             i[0] += 1
             opt.zero_grad()
             model(x, y).backward()
             opt.step()
 
-        ms = device_ms(step, reps)
-        results[impl] = ms
-        numel = sum(p.numel() for p in model.parameters())
-        report.add(name, f"{numel / 1e6:.1f}M params", impl, ms, None, 0, results.get("torch fused"))
+        steps[impl], optimizers[impl] = step, opt
+    numel = sum(p.numel() for p in model.parameters())
+    times = measure(steps, reps, rounds)
+    for impl in steps:
+        report.add(name, f"{numel / 1e6:.1f}M params", impl, times[impl][0], times[impl][1], 0,
+                   times["torch fused"][0] if impl != "torch fused" else None)
+        opt = optimizers[impl]
         if impl != "torch fused":  # how often the gradients moved (zero_grad(set_to_none=True) frees them)
             print(f"    {impl}: plans made {opt._cohort_version} times, re-pointed "
-                  f"{opt._pointer_version - opt._cohort_version} times in {reps + 3} steps", flush=True)
+                  f"{opt._pointer_version - opt._cohort_version} times", flush=True)
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best round's median is kept")
     parser.add_argument("--lists", default="gpt2,bert,small")
     parser.add_argument("--markdown", help="also write the table here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("torch_step.py needs a CUDA device", file=sys.stderr)
         return 1
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.reps} reps, "
+          f"best of {args.rounds} interleaved rounds")
     copy = copy_gbps(args.reps)
     print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
     report = Report(copy)
     for key in args.lists.split(","):
-        bench_list(key, args.reps, report)
-    bench_training(args.reps, report)
+        bench_list(key, args.reps, args.rounds, report)
+    bench_training(args.reps, args.rounds, report)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
