@@ -103,10 +103,12 @@ class Report:
         self.rows = []
 
     def add(self, lst, what, impl, ms, host, nbytes, baseline=None):
-        gbps = nbytes / ms / 1e6 if nbytes else float("nan")
         speedup = f"{baseline / ms:.2f}x" if baseline else ""
-        row = (lst, what, impl, f"{ms:.3f}", f"{host:.0f}" if host is not None else "", f"{nbytes / 1e9:.3f}",
-               f"{gbps:.0f}", f"{100 * gbps / self.copy:.1f}%", speedup)
+        # A whole training step (forward, backward, step) has no byte count of
+        # its own: its bandwidth columns stay empty rather than printing nan.
+        gbps = nbytes / ms / 1e6 if nbytes else None
+        traffic = (f"{nbytes / 1e9:.3f}", f"{gbps:.0f}", f"{100 * gbps / self.copy:.1f}%") if nbytes else ("-", "-", "-")
+        row = (lst, what, impl, f"{ms:.3f}", f"{host:.0f}" if host is not None else "", *traffic, speedup)
         self.rows.append(row)
         print("  ".join(f"{c:>{w}}" for c, w in zip(row, (12, 14, 24, 8, 8, 7, 6, 7, 7))), flush=True)
 
