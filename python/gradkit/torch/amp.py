@@ -30,6 +30,11 @@ class AmpStep:
             amp.step()                  # check, unscale + clip, step or skip, scale update
             optimizer.zero_grad()
 
+    The parameters may be float32 (the autocast setup) or float16/bfloat16:
+    the optimizer then keeps float32 master weights and writes the rounded
+    parameters in its update pass (ONNX Runtime's FP16_Optimizer; torch's
+    GradScaler refuses to unscale float16 gradients).
+
     The arguments are GradScaler's (init_scale, growth_factor, backoff_factor,
     growth_interval, enabled) and clip_grad_norm_'s (max_norm, norm_type: 2.0
     or inf); `hysteresis` > 1 is DeepSpeed's (back off only after that many

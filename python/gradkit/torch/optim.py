@@ -16,6 +16,11 @@ this module only decides which plans to make and when to re-point them:
   set of parameters with gradients changed, the cohorts are made anew.
   With flat gradients (gradkit.torch.flat_gradients) not even the pointers
   are read: the host cost of a step does not depend on the tensor count.
+- float16/bfloat16 parameters get float32 master weights (ONNX Runtime's
+  FP16_Optimizer, Apex's master params): the state holds "master_param"
+  (made from the parameter at its first step) and float32 moments; the
+  update reads the f16/bf16 gradients, updates the masters and writes the
+  rounded parameter in the same pass.
 - Learning rates live in a float32 tensor on the device (one per group),
   rewritten only when a group's "lr" changed (lr schedulers work), and step
   counters are int64 on the device, advanced only by a step that is not
@@ -42,7 +47,9 @@ class _Cohort:
 class _Layout:
     """The optimizer's parameters in param_groups order, with their group index."""
 
-    __slots__ = ("params", "group_of", "device")
+    __slots__ = ("params", "group_of", "device", "masters")
+
+    LOW_PRECISION = (torch.float16, torch.bfloat16)
 
     def __init__(self, param_groups):
         self.params = [p for g in param_groups for p in g["params"]]
@@ -51,10 +58,11 @@ class _Layout:
             raise ValueError("the optimizer has no parameters")
         self.device = common_device(self.params, "params")
         dtypes = {p.dtype for p in self.params}
-        if dtypes not in ({torch.float32}, {torch.float64}):
-            raise TypeError(f"params have dtypes {sorted(str(d) for d in dtypes)}, expected all float32 "
-                            "(or all float64); float16/bfloat16 models keep float32 master weights: "
-                            "see gradkit.torch.MixedPrecisionStep")
+        if dtypes not in ({torch.float32}, {torch.float64}, {torch.float16}, {torch.bfloat16}):
+            raise TypeError(f"params have dtypes {sorted(str(d) for d in dtypes)}, expected one of float32, "
+                            "float64, float16 or bfloat16 for all of them (float16/bfloat16 parameters get "
+                            "float32 master weights)")
+        self.masters = self.params[0].dtype in self.LOW_PRECISION
         for i, p in enumerate(self.params):
             if not p.is_contiguous():
                 raise ValueError(f"params[{i}] is not contiguous; expected contiguous parameters")
@@ -116,16 +124,40 @@ class _PlannedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         """Loads torch's layout (from this class or from torch.optim's counterpart)."""
         self._cohorts = []  # their counters describe the state being replaced
-        super().load_state_dict(state_dict)
+        float32_state = self._float32_state(state_dict)
+        super().load_state_dict(state_dict)  # casts every state tensor to its parameter's dtype
+        for p, values in float32_state.items():
+            self.state[p].update(values)
         for p, s in self.state.items():
             for name in self._moment_names(self._group_of_param(p)):
                 if name not in s:
                     raise ValueError(f"the state of a parameter has no '{name}'; expected the state of "
                                      f"{type(self).__name__} or torch.optim's counterpart")
-                s[name] = s[name].to(device=p.device, dtype=p.dtype).contiguous()
+                s[name] = s[name].to(device=p.device, dtype=self._state_dtype(p)).contiguous()
             if "step" not in s:
                 raise ValueError("the state of a parameter has no 'step'")
+            if self._state_dtype(p) != p.dtype:
+                # torch.optim's state of a float16 model has no masters: they start from the weights.
+                master = s.get("master_param")
+                s["master_param"] = (p.detach().float() if master is None else master).to(
+                    device=p.device, dtype=torch.float32).contiguous()
+            else:
+                s.pop("master_param", None)
         self._invalidate()
+
+    def _float32_state(self, state_dict):
+        """The state tensors of float16/bfloat16 parameters as saved, before torch's
+        load_state_dict rounds them to the parameter's dtype (masters and moments
+        are float32; rounding them would lose what master weights are for)."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        saved_ids = [i for g in state_dict.get("param_groups", []) for i in g["params"]]
+        out = {}
+        for key, p in zip(saved_ids, params):
+            if self._state_dtype(p) != p.dtype and key in state_dict.get("state", {}):
+                out[p] = {k: v.to(device=p.device, dtype=torch.float32, copy=True)  # never shared with the source
+                          for k, v in state_dict["state"][key].items()
+                          if k != "step" and torch.is_tensor(v) and v.is_floating_point()}
+        return out
 
     # -- gradients -------------------------------------------------------------
 
@@ -215,10 +247,25 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         """Parameters with different keys never share a plan (LAMB: the group, whose lr is eta)."""
         return 0
 
+    def _state_dtype(self, p):
+        """float32 for the state of float16/bfloat16 parameters (master weights), else theirs."""
+        return torch.float32 if p.dtype in _Layout.LOW_PRECISION else p.dtype
+
     def _init_state(self, p, state):
         state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        dtype = self._state_dtype(p)
         for name in self._moment_names(self._group_of_param(p)):
-            state[name] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            state[name] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
+        if dtype != p.dtype:
+            state["master_param"] = p.detach().to(dtype).contiguous()
+
+    def master_params(self):
+        """The float32 master weights of float16/bfloat16 parameters, in param_groups order
+        (None for a parameter that has not been stepped yet); [] for float32/float64 models."""
+        layout = self._get_layout()
+        if not layout.masters:
+            return []
+        return [self.state[p].get("master_param") for p in layout.params]
 
     def _group_of_param(self, p):
         for g in self.param_groups:
@@ -282,11 +329,14 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         return True
 
     def _plan_lists(self, indices, grads):
+        """weights, gradients, group indices and the model copy (the float16/bfloat16
+        parameters a master-weight update writes; [] otherwise) of a cohort."""
         params = self._layout.params
-        weights = [params[i].detach() for i in indices]
         g = self._grad_arrays(grads, indices)
         groups = [self._layout.group_of[i] for i in indices]
-        return weights, g, groups
+        if self._layout.masters:
+            return self._state_list(indices, "master_param"), g, groups, [params[i].detach() for i in indices]
+        return [params[i].detach() for i in indices], g, groups, []
 
     def _state_list(self, indices, name):
         params = self._layout.params
@@ -351,7 +401,7 @@ class Adam(_PlannedOptimizer):
                                            maximize=g["maximize"])
 
     def _make_plan(self, indices, grads):
-        weights, g, groups = self._plan_lists(indices, grads)
+        weights, g, groups, copy = self._plan_lists(indices, grads)
         amsgrad = any(grp["amsgrad"] for grp in self.param_groups)
         vmax = []
         if amsgrad:
@@ -359,12 +409,13 @@ class Adam(_PlannedOptimizer):
             for i in indices:
                 s = self.state[params[i]]
                 if "max_exp_avg_sq" not in s:
-                    s["max_exp_avg_sq"] = torch.zeros_like(params[i], memory_format=torch.contiguous_format)
+                    s["max_exp_avg_sq"] = torch.zeros_like(params[i], dtype=self._state_dtype(params[i]),
+                                                           memory_format=torch.contiguous_format)
                 vmax.append(s["max_exp_avg_sq"])
         return gradkit.AdamPlan(weights, g, self._state_list(indices, "exp_avg"),
                                 self._state_list(indices, "exp_avg_sq"),
                                 [self._hyperparameters(grp) for grp in self.param_groups], groups,
-                                max_exp_avg_sq=vmax, hold_grads=False)
+                                max_exp_avg_sq=vmax, model_copy=copy, hold_grads=False)
 
     def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
         lr = self._lr_tensor()
@@ -417,10 +468,11 @@ class Lamb(_PlannedOptimizer):
                                            max_norm=self.max_grad_norm or 0.0, bias_correction=g["bias_correction"])
 
     def _make_plan(self, indices, grads):
-        weights, g, groups = self._plan_lists(indices, grads)
+        weights, g, groups, copy = self._plan_lists(indices, grads)
         return gradkit.LambPlan(weights, g, self._state_list(indices, "exp_avg"),
                                 self._state_list(indices, "exp_avg_sq"),
-                                [self._hyperparameters(grp) for grp in self.param_groups], groups, hold_grads=False)
+                                [self._hyperparameters(grp) for grp in self.param_groups], groups,
+                                model_copy=copy, hold_grads=False)
 
     def _clip_norm(self, stream):
         """The global gradient norm on the device, for LAMB's own clipping (None: no clipping)."""
