@@ -12,7 +12,11 @@ namespace gradkit {
 class Buffer {
  public:
   Buffer() = default;
-  // `bytes` of zero-filled memory on `device` (aligned to 256 bytes).
+  // `bytes` of zero-filled memory on `device`, aligned to 256 bytes and
+  // rounded up to whole 256-byte blocks: NCCL's LL protocols read whole 4-
+  // and 16-byte words, past the end of an odd-sized f16 buffer (bytes()
+  // still reports what was asked for). A side effect: memcheck no longer
+  // sees an over-read that stays inside the padding.
   Buffer(Device device, size_t bytes);
 
   void* data() const { return data_.get(); }
