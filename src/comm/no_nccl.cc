@@ -14,6 +14,16 @@ std::unique_ptr<Communicator> create_nccl_communicator(const CommunicatorOptions
               "libnccl); use create_mpi_communicator for host memory");
 }
 
+NcclUniqueId create_nccl_unique_id() {
+  throw Error(ErrorCode::backend_unavailable, "create_nccl_unique_id: gradkit was built without NCCL");
+}
+
+std::unique_ptr<Communicator> create_nccl_communicator(const NcclUniqueId&, int, int, const CommunicatorOptions&) {
+  throw Error(ErrorCode::backend_unavailable,
+              "create_nccl_communicator: gradkit was built without NCCL (it needs the CUDA backend and nccl.h / "
+              "libnccl)");
+}
+
 }  // namespace gradkit
 
 namespace gradkit::comm {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -299,6 +300,23 @@ std::unique_ptr<Communicator> create_mpi_communicator(const CommunicatorOptions&
 // this host has fewer GPUs than the GPU index this rank needs.
 std::unique_ptr<Communicator> create_nccl_communicator(const CommunicatorOptions& options = {},
                                                        MpiCommHandle comm = {});
+// An NCCL unique id (NCCL's ncclUniqueId, 128 bytes): made by one rank with
+// create_nccl_unique_id and handed to every rank by any means (a launcher's
+// store, a torch.distributed broadcast, a file).
+struct NcclUniqueId {
+  std::array<unsigned char, 128> bytes{};
+};
+NcclUniqueId create_nccl_unique_id();
+// An NCCL communicator without MPI: this process is `rank` of `size`, and
+// every rank passes the same id. options.cuda_device is this rank's GPU (-1:
+// the calling thread's current CUDA device). What the MPI-bootstrapped
+// communicator exchanges on the host (checked mode's fingerprints, Adasum's
+// layout check, barrier) goes over NCCL itself, with the same timeout and
+// abort; local_rank() and local_size() come from the ranks' host names.
+// Throws invalid_argument for a bad rank, size or timeout before any NCCL
+// call, and backend_unavailable when gradkit was built without NCCL.
+std::unique_ptr<Communicator> create_nccl_communicator(const NcclUniqueId& id, int rank, int size,
+                                                       const CommunicatorOptions& options = {});
 // Whether this build of gradkit has the NCCL communicator (CUDA and NCCL found).
 bool has_nccl_communicator();
 
