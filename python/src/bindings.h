@@ -9,6 +9,6 @@ namespace gradkit::python {
 void bind_core(nanobind::module_& m);   // dtypes, devices, errors, synchronize
 void bind_ops(nanobind::module_& m);    // zero/accumulate, Adam/LAMB plans, gradient check
 void bind_optim(nanobind::module_& m);  // Adam, Lamb, LossScaler, MixedPrecision
-void bind_comm(nanobind::module_& m);   // GradientArena
+void bind_comm(nanobind::module_& m);   // communicators, GradientArena, Adasum
 
 }  // namespace gradkit::python

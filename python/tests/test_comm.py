@@ -1,0 +1,48 @@
+"""The communicator bindings on the CPU: python/tests/ranks/mpi_collectives.py
+under mpiexec with 2, 3 and 4 ranks (MPI communicator, list collectives,
+GradientArena, Adasum, checked mode, bad input). Skipped where gradkit was
+built without MPI or mpiexec is missing."""
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import gradkit
+
+SCRIPT = pathlib.Path(__file__).parent / "ranks" / "mpi_collectives.py"
+needs_mpi = pytest.mark.skipif(not hasattr(gradkit, "create_mpi_communicator") or shutil.which("mpiexec") is None,
+                               reason="gradkit built without MPI, or no mpiexec")
+
+
+@needs_mpi
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_mpi_collectives_through_the_bindings(ranks):
+    cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", sys.executable, str(SCRIPT)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(": ok") == ranks, done.stdout
+
+
+def test_unique_id_arguments_are_checked():
+    if not hasattr(gradkit, "create_nccl_communicator"):
+        pytest.skip("gradkit built without MPI")
+    with pytest.raises(ValueError, match="unique_id"):
+        gradkit.create_nccl_communicator(b"short", 0, 1)
+    if not gradkit.has_nccl_communicator():
+        with pytest.raises(RuntimeError, match="without NCCL"):
+            gradkit.nccl_unique_id()
+        return
+    if gradkit.cuda_device_count() > 0:
+        uid = gradkit.nccl_unique_id()
+        assert isinstance(uid, bytes) and len(uid) == 128
+    uid = bytes(128)  # the arguments are checked before NCCL sees the id
+    with pytest.raises(ValueError, match="rank"):
+        gradkit.create_nccl_communicator(uid, 3, 2)
+    with pytest.raises(ValueError, match="size"):
+        gradkit.create_nccl_communicator(uid, 0, 0)
+    with pytest.raises(ValueError, match="timeout"):
+        gradkit.create_nccl_communicator(uid, 0, 1, gradkit.CommunicatorOptions(timeout_s=0))
