@@ -6,9 +6,9 @@ Reads one case per line from --cases: "<op> <workload words...> <sizes...>"
 where the sizes are the trailing integers; prints "case <index> <ms>" lines.
 """
 import argparse
-import statistics
 import sys
-import time
+
+import timing  # bench/timing.py, next to this script
 
 
 def parse_cases(path):
@@ -40,23 +40,8 @@ def main():
     device = torch.device(args.device)
     cuda = device.type == "cuda"
 
-    def median_ms(fn, warmup=3):
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(args.reps):
-            if cuda:
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                stop.record()
-                stop.synchronize()
-                times.append(start.elapsed_time(stop))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+    def median_ms(fn):
+        return timing.median_ms(fn, args.reps, cuda=cuda)
 
     for index, (op, sizes) in enumerate(parse_cases(args.cases)):
         gen = torch.Generator(device=device).manual_seed(index)

@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
 import gradkit.torch as gt  # noqa: E402
+import timing  # noqa: E402  (bench/, the script's own folder)
 
 
 def gpt2_shapes():
@@ -56,17 +57,7 @@ LISTS = {"gpt2": ("GPT-2 124M", gpt2_shapes), "bert": ("BERT-large", bert_large_
 
 
 def device_ms(fn, reps, warmup=3):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+    return timing.median_ms(fn, reps, warmup)
 
 
 def host_us(fn, reps, warmup=3):
