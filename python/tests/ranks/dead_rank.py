@@ -1,0 +1,34 @@
+"""Run by test_torch_distributed.py as 2 processes (torchrun's environment,
+without torchrun, whose agent would stop the survivor): rank 1 dies after the
+communicator is made; rank 0's all-reduce must end in an error within the
+communicator's timeout (here 15 s) instead of hanging."""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import gradkit.torch.distributed as gtd
+
+TIMEOUT = 15.0
+
+dist.init_process_group("gloo")  # the id travels over gloo: the gradkit communicator needs no NCCL group
+rank = dist.get_rank()
+torch.cuda.set_device(rank)
+comm = gtd.from_process_group(timeout=TIMEOUT)
+dist.barrier()
+if rank == 1:
+    os._exit(3)  # dies without a word
+time.sleep(1.0)
+x = torch.ones(1 << 20, device="cuda")
+start = time.monotonic()
+try:
+    comm.all_reduce([x])
+    comm.wait()
+except RuntimeError as e:
+    elapsed = time.monotonic() - start
+    print(f"rank 0: error after {elapsed:.1f} s: {e}", flush=True)
+    sys.exit(0 if elapsed <= TIMEOUT + 10 else 2)
+print("rank 0: FAILED: the all-reduce with a dead peer returned", flush=True)
+sys.exit(1)

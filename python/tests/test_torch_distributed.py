@@ -1,0 +1,74 @@
+"""gradkit.torch.distributed on 2 GPUs (skipped with fewer): the DDP hooks and
+the loop without DDP against torch's DDP under torchrun
+(ranks/torch_ddp.py), and a dead rank (ranks/dead_rank.py)."""
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import gradkit  # noqa: E402
+
+RANKS = pathlib.Path(__file__).parent / "ranks"
+two_gpus = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.device_count() >= 2 and gradkit.cuda_device_count() >= 2
+         and hasattr(gradkit, "create_nccl_communicator") and gradkit.has_nccl_communicator()),
+    reason="needs 2 GPUs and gradkit built with NCCL")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), NCCL_NVLS_ENABLE="0")
+
+
+@two_gpus
+def test_ddp_hooks_under_torchrun():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           str(RANKS / "torch_ddp.py")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env())
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.stdout.count(": ok") == 2, done.stdout
+
+
+@two_gpus
+def test_a_dead_rank_ends_in_an_error_within_the_timeout():
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        e = dict(env(), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, str(RANKS / "dead_rank.py")], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    start = time.monotonic()
+    out0, _ = procs[0].communicate(timeout=120)
+    procs[1].communicate(timeout=30)
+    assert procs[1].returncode == 3
+    assert procs[0].returncode == 0, out0
+    assert "error after" in out0, out0
+    assert time.monotonic() - start < 90
+
+
+@two_gpus
+def test_the_docs_torchrun_example_runs_as_written(tmp_path):
+    import re
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
+    example = next(b for b in re.findall(r"```python\n(.*?)```", docs.read_text(), re.S) if "torchrun" not in b
+                   and "from_process_group" in b)
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           str(script)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env())
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    losses = [float(v) for v in re.findall(r"rank \d: loss (\S+)", done.stdout)]
+    assert len(losses) == 2 and all(v < 0.05 for v in losses), done.stdout
