@@ -101,6 +101,20 @@ void expect_error(Call&& call, ErrorCode code, const std::vector<std::string>& p
   }
 }
 
+// Turns checked mode on for a scope (of a shared communicator, say).
+struct CheckedScope {
+  explicit CheckedScope(Communicator& c) : comm(c) { comm.set_checked(true); }
+  ~CheckedScope() { comm.set_checked(false); }
+  Communicator& comm;
+};
+
+// Checked mode's common cases on `c` (which must be in checked mode): the
+// last rank passes another element count (size_mismatch; the list is left
+// as it was), another tensor count, another dtype, or makes another
+// collective; every rank expects the error naming the difference. `seed`
+// picks the inputs.
+void expect_checked_mismatches_named(Communicator& c, uint64_t seed);
+
 // Where an all-reduce case reads and writes: the input list's layout, and
 // the output list's (none when in place).
 struct Placement {

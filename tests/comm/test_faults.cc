@@ -20,13 +20,6 @@ namespace {
 
 using Faults = OnEachBackend;
 
-// Turns checked mode on for a scope of a shared communicator.
-struct CheckedScope {
-  explicit CheckedScope(Communicator& c) : comm(c) { comm.set_checked(true); }
-  ~CheckedScope() { comm.set_checked(false); }
-  Communicator& comm;
-};
-
 TEST_P(Faults, CheckedModeNamesWhatDiffersOnEveryRank) {
   Communicator& c = comm();
   CheckedScope checked(c);
@@ -34,36 +27,7 @@ TEST_P(Faults, CheckedModeNamesWhatDiffersOnEveryRank) {
   const std::string last_name = "rank " + std::to_string(last);
   const bool odd_one = c.rank() == last;
 
-  {  // one element count differs
-    TestList list(c.device(), DType::f32, {10, 20, odd_one ? int64_t{31} : int64_t{30}}, Layout::with_gaps);
-    const std::vector<double> mine = rank_input(7000, c.rank(), list.total(), DType::f32);
-    list.write(mine);
-    expect_error([&] { c.all_reduce(list.views()); }, ErrorCode::size_mismatch,
-                 {"all_reduce", "'tensors'", "tensor 2 has 30 elements on rank 0 and 31 on " + last_name});
-    c.wait();
-    expect_equal(list.read(), mine, 0, list.total(), "a rejected call wrote");
-  }
-  {  // the tensor count differs
-    std::vector<int64_t> sizes = {10, 20, 30};
-    if (odd_one) sizes.push_back(5);
-    TestList list(c.device(), DType::f32, sizes, Layout::back_to_back);
-    expect_error([&] { c.all_reduce(list.views()); }, ErrorCode::invalid_argument,
-                 {"rank 0 passes 3 tensors, " + last_name + " passes 4"});
-  }
-  {  // the dtype differs
-    TestList list(c.device(), odd_one ? DType::f64 : DType::f32, {10, 20}, Layout::back_to_back);
-    expect_error([&] { c.all_reduce(list.views()); }, ErrorCode::invalid_argument,
-                 {"the dtype is f32 on rank 0 and f64 on " + last_name});
-  }
-  {  // the collective differs
-    TestList list(c.device(), DType::f32, {64}, Layout::back_to_back);
-    expect_error(
-        [&] {
-          if (odd_one) c.all_gather(list.views());
-          else c.all_reduce(list.views(), ReduceOp::average);
-        },
-        ErrorCode::invalid_argument, {"rank 0 calls all_reduce(average), " + last_name + " calls all_gather"});
-  }
+  expect_checked_mismatches_named(c, 7000);
   {  // the settings that decide a list all-reduce's collectives differ (NCCL
      // only: the MPI communicator issues one collective whatever they are)
     const size_t before = c.direct_tensor_bytes();

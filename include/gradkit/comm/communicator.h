@@ -48,7 +48,8 @@ struct CommunicatorOptions {
   // dtype, and for a list all-reduce the two NCCL settings below) across
   // ranks before the collective; costs one small host exchange.
   bool checked = false;
-  // NCCL only: the CUDA ordinal this rank uses; -1 means local_rank().
+  // NCCL only: the CUDA ordinal this rank uses; -1 means local_rank() (for
+  // a communicator made from a unique id: the calling thread's current device).
   int cuda_device = -1;
   // NCCL only: a list with no tensor of direct_tensor_bytes and more than
   // twice this many bytes is all-reduced in pieces of about this size, so
@@ -243,6 +244,13 @@ class Communicator {
   // when a call needs more).
   unsigned char* fusion_bytes(size_t bytes);
 
+  // For an engine that learns the host layout only once it has joined the
+  // other ranks (NCCL from a unique id: the ranks' host names).
+  void set_local_layout(int local_rank, int local_size) {
+    local_rank_ = local_rank;
+    local_size_ = local_size;
+  }
+
   // Throws if an earlier timeout or failure made this communicator unusable.
   void require_usable(std::string_view op) const;
   void mark_unusable(const std::string& why) { failure_ = why; }
@@ -313,8 +321,9 @@ NcclUniqueId create_nccl_unique_id();
 // communicator exchanges on the host (checked mode's fingerprints, Adasum's
 // layout check, barrier) goes over NCCL itself, with the same timeout and
 // abort; local_rank() and local_size() come from the ranks' host names.
-// Throws invalid_argument for a bad rank, size or timeout before any NCCL
-// call, and backend_unavailable when gradkit was built without NCCL.
+// Throws invalid_argument for a bad rank, size, timeout or cuda_device before
+// any NCCL call, and backend_unavailable when gradkit was built without NCCL
+// or no CUDA device is visible.
 std::unique_ptr<Communicator> create_nccl_communicator(const NcclUniqueId& id, int rank, int size,
                                                        const CommunicatorOptions& options = {});
 // Whether this build of gradkit has the NCCL communicator (CUDA and NCCL found).

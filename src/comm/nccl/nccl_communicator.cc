@@ -1,14 +1,29 @@
 // The NCCL communicator: GPU memory, collectives enqueued on the caller's
-// stream. It is created from MPI (rank 0's unique id broadcast over the
-// MpiChannel, which it keeps for checked mode and barriers) as a
-// non-blocking NCCL communicator, so that no NCCL call can block the host:
-// every call is followed by polling ncclCommGetAsyncError, bounded by the
-// timeout, and a communicator that runs out of time or reports an error is
-// aborted (ncclCommAbort) and throws.
+// stream. It is made in one of two ways:
+// - from MPI: rank 0's unique id is broadcast over an MpiChannel, which the
+//   communicator keeps for its host exchanges (checked mode's fingerprints,
+//   Adasum's layout check, barrier); local ranks come from MPI;
+// - from a unique id, a rank and a size that the caller hands every rank,
+//   with no MPI at all: the host exchanges then go over NCCL itself (the
+//   bytes staged through a small device buffer on an internal stream, one
+//   ncclAllGather, and back), and local_rank / local_size come from the
+//   ranks' host names, gathered that way right after NCCL has started.
+// Either way it is a non-blocking NCCL communicator, so that no NCCL call
+// can block the host: every call is followed by polling
+// ncclCommGetAsyncError, every wait for a stream polls it too, all bounded by
+// the timeout, and a communicator that runs out of time or reports an error
+// is aborted (ncclCommAbort) and throws.
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "backend/cuda_runtime.h"
 #include "comm/mpi/mpi_channel.h"
@@ -33,21 +48,55 @@ ncclDataType_t nccl_type(DType dtype) {
   return ncclFloat32;
 }
 
+static_assert(sizeof(ncclUniqueId) == 128 && sizeof(NcclUniqueId::bytes) == sizeof(ncclUniqueId),
+              "NcclUniqueId holds an ncclUniqueId byte for byte");
+
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::unique_ptr<comm::MpiChannel> channel, int cuda_device, const CommunicatorOptions& options)
-      : Communicator(channel->rank(), channel->size(), channel->local_rank(), channel->local_size(),
-                     Device::cuda(cuda_device), options),
-        channel_(std::move(channel)) {
-    cuda::DeviceGuard guard(cuda_device);
-    ncclUniqueId id{};
-    if (rank() == 0) GRADKIT_NCCL_CHECK(ncclGetUniqueId(&id));
-    channel_->broadcast_bytes(&id, sizeof(id), 0);
+  // `channel`: the MPI path's (it gives the local layout); null with a unique
+  // id (the local layout is then learnt in start()). Nothing is made until
+  // start(), so that whatever start() has made when it fails is released by
+  // the destructor.
+  NcclCommunicator(int rank, int size, int local_rank, int local_size, int cuda_device,
+                   const CommunicatorOptions& options, std::unique_ptr<comm::MpiChannel> channel)
+      : Communicator(rank, size, local_rank, local_size, Device::cuda(cuda_device), options),
+        channel_(std::move(channel)) {}
+
+  // Joins the other ranks (every rank calls it with the same id). Without
+  // MPI, then gathers the ranks' host names over NCCL: local_rank() is the
+  // number of lower ranks with this rank's host name, local_size() the
+  // number of ranks with it.
+  void start(const ncclUniqueId& id) {
+    cuda::DeviceGuard guard(device().index);
+    GRADKIT_CUDA_CHECK(cudaEventCreateWithFlags(&fusion_free_, cudaEventDisableTiming));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // every call returns at once; settle() polls with the timeout
     settle(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config), "ncclCommInitRankConfig", __FILE__,
            __LINE__);
-    GRADKIT_CUDA_CHECK(cudaEventCreateWithFlags(&fusion_free_, cudaEventDisableTiming));
+    if (channel_) return;
+    // The host exchanges' stream and staging buffers, made now rather than
+    // on first use, when growing them (which frees the old ones and waits
+    // for the device) could wait for a collective that never ends: large
+    // enough for the host names, fingerprints, barriers and Adasum's layout
+    // check.
+    GRADKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&exchange_stream_, cudaStreamNonBlocking));
+    reserve_exchange(std::max(size_t{64} << 10, size_t{256} * static_cast<size_t>(size())));
+    using HostName = std::array<char, 256>;  // Linux allows 64 characters
+    HostName mine{};
+    if (gethostname(mine.data(), mine.size() - 1) != 0) {
+      throw Error(ErrorCode::backend_unavailable,
+                  "create_nccl_communicator: gethostname failed (" + std::string(std::strerror(errno)) +
+                      "): the local rank cannot be found");
+    }
+    std::vector<HostName> all(static_cast<size_t>(size()));
+    gather_through_nccl(mine.data(), all.data(), sizeof(HostName), "create_nccl_communicator (host names)");
+    int local_rank = 0, local_size = 0;
+    for (int r = 0; r < size(); ++r) {
+      if (all[static_cast<size_t>(r)] != mine) continue;
+      if (r < rank()) ++local_rank;
+      ++local_size;
+    }
+    set_local_layout(local_rank, local_size);
   }
 
   ~NcclCommunicator() override {
@@ -69,7 +118,7 @@ class NcclCommunicator final : public Communicator {
       for (cudaEvent_t e : {fork_, packed_, reduced_, reduce_done_, unpack_done_}) {
         if (e != nullptr) cudaEventDestroy(e);
       }
-      for (cudaStream_t s : {pack_stream_, reduce_stream_, unpack_stream_}) {
+      for (cudaStream_t s : {pack_stream_, reduce_stream_, unpack_stream_, exchange_stream_}) {
         if (s != nullptr) cudaStreamDestroy(s);
       }
     } catch (...) {
@@ -82,23 +131,7 @@ class NcclCommunicator final : public Communicator {
   void wait(Stream stream) override {
     require_usable("wait");
     cuda::DeviceGuard guard(device().index);
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      const cudaError_t done = cudaStreamQuery(cuda::native(stream));
-      if (done == cudaSuccess) return;
-      if (done != cudaErrorNotReady) GRADKIT_CUDA_CHECK(done);
-      ncclResult_t state = ncclSuccess;
-      GRADKIT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
-      if (state != ncclSuccess && state != ncclInProgress) {
-        abort_and_throw(state, "wait", "a peer or the network failed while the stream's collectives ran");
-      }
-      if (std::chrono::steady_clock::now() - start > timeout()) {
-        abort_and_throw(ncclInProgress, "wait",
-                        "the stream's collectives did not finish within " + std::to_string(timeout().count()) +
-                            " ms: another rank has not joined (it died, hangs, or makes a different call)");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    await(cuda::native(stream), "wait");
   }
 
  protected:
@@ -140,10 +173,22 @@ class NcclCommunicator final : public Communicator {
     settle(ncclRecv(data, bytes, ncclUint8, peer, comm_, cuda::native(stream)), "ncclRecv", __FILE__, __LINE__);
   }
 
-  void do_barrier() override { guarded([&] { channel_->barrier(); }); }
+  void do_barrier() override {
+    if (channel_) {
+      guarded([&] { channel_->barrier(); });
+      return;
+    }
+    const unsigned char mine = 1;
+    std::vector<unsigned char> all(static_cast<size_t>(size()));
+    gather_through_nccl(&mine, all.data(), 1, "barrier");
+  }
 
   void host_all_gather(const void* input, void* output, size_t bytes) override {
-    guarded([&] { channel_->all_gather_bytes(input, output, bytes); });
+    if (channel_) {
+      guarded([&] { channel_->all_gather_bytes(input, output, bytes); });
+      return;
+    }
+    gather_through_nccl(input, output, bytes, "host_all_gather");
   }
 
   void copy(void* destination, const void* source, size_t bytes, Stream stream) override {
@@ -352,6 +397,68 @@ class NcclCommunicator final : public Communicator {
     if (uses_fusion) fusion_end(stream);
   }
 
+  // Returns once the work enqueued on `stream` has finished. Meanwhile polls
+  // the communicator: a failed peer or network, or the timeout, aborts it
+  // and throws naming `op` (wait() and the host exchanges over NCCL).
+  void await(cudaStream_t stream, const char* op) {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t done = cudaStreamQuery(stream);
+      if (done == cudaSuccess) return;
+      if (done != cudaErrorNotReady) GRADKIT_CUDA_CHECK(done);
+      ncclResult_t state = ncclSuccess;
+      GRADKIT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state != ncclSuccess && state != ncclInProgress) {
+        abort_and_throw(state, op, "a peer or the network failed while the stream's collectives ran");
+      }
+      if (std::chrono::steady_clock::now() - start > timeout()) {
+        abort_and_throw(ncclInProgress, op,
+                        "the stream's collectives did not finish within " + std::to_string(timeout().count()) +
+                            " ms: another rank has not joined (it died, hangs, or makes a different call)");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  // The host all-gather of a communicator without MPI: this rank's `bytes`
+  // go through pinned host memory into its slot of a device buffer, on an
+  // internal stream; one in-place ncclAllGather; the whole buffer back into
+  // pinned memory, and await() (so the timeout and the abort hold, and no
+  // copy to pageable memory can block the host). NCCL runs a communicator's
+  // operations in the order they were issued, so this also waits for the
+  // collectives enqueued before it on other streams.
+  void gather_through_nccl(const void* input, void* output, size_t bytes, const char* op) {
+    require_usable(op);
+    if (bytes == 0) return;
+    cuda::DeviceGuard guard(device().index);
+    const size_t total = bytes * static_cast<size_t>(size());
+    reserve_exchange(total);
+    unsigned char* host = exchange_host_.get();
+    auto* staged = static_cast<unsigned char*>(exchange_device_.data());
+    const size_t mine = static_cast<size_t>(rank()) * bytes;
+    std::memcpy(host + mine, input, bytes);
+    GRADKIT_CUDA_CHECK(
+        cudaMemcpyAsync(staged + mine, host + mine, bytes, cudaMemcpyHostToDevice, exchange_stream_));
+    settle(ncclAllGather(staged + mine, staged, bytes, ncclUint8, comm_, exchange_stream_), "ncclAllGather",
+           __FILE__, __LINE__);
+    GRADKIT_CUDA_CHECK(cudaMemcpyAsync(host, staged, total, cudaMemcpyDeviceToHost, exchange_stream_));
+    await(exchange_stream_, op);
+    std::memcpy(output, host, total);
+  }
+
+  // The staging buffers of gather_through_nccl, at least `bytes` long
+  // (grow-only). Only the second exchange of a checked-mode size mismatch
+  // on a list of thousands of tensors outgrows what start() makes.
+  void reserve_exchange(size_t bytes) {
+    if (exchange_device_.bytes() >= bytes) return;
+    exchange_host_.reset();
+    exchange_device_ = Buffer();
+    exchange_device_ = Buffer(device(), bytes);
+    void* pinned = nullptr;
+    GRADKIT_CUDA_CHECK(cudaMallocHost(&pinned, bytes));
+    exchange_host_.reset(static_cast<unsigned char*>(pinned));
+  }
+
   // A non-blocking communicator may answer ncclInProgress: the call is
   // still being set up, and nothing else may be issued until it has
   // settled. Polls until it has, within the timeout; aborts on failure.
@@ -394,9 +501,18 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  std::unique_ptr<comm::MpiChannel> channel_;
+  struct FreePinned {
+    void operator()(unsigned char* p) const { cudaFreeHost(p); }
+  };
+
+  std::unique_ptr<comm::MpiChannel> channel_;  // null: made from a unique id
   ncclComm_t comm_ = nullptr;
   cudaEvent_t fusion_free_ = nullptr;
+  // The host exchanges over NCCL (no channel_): a stream, and the staging
+  // buffers on the device and in pinned host memory, made in start().
+  cudaStream_t exchange_stream_ = nullptr;
+  Buffer exchange_device_;
+  std::unique_ptr<unsigned char, FreePinned> exchange_host_;
 
   // The streams and events of the pipelined fusion path, made on first use.
   void create_pipeline() {
@@ -456,7 +572,63 @@ std::unique_ptr<Communicator> create_nccl_communicator(const CommunicatorOptions
     throw Error(ErrorCode::backend_unavailable,
                 std::string(op) + ": rank " + std::to_string(r) + " has no GPU for its local rank; no rank starts NCCL");
   }
-  return std::make_unique<NcclCommunicator>(std::move(channel), index, options);
+  ncclUniqueId id{};
+  if (channel->rank() == 0) GRADKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+  channel->broadcast_bytes(&id, sizeof(id), 0);
+  const int rank = channel->rank(), size = channel->size();
+  const int local_rank = channel->local_rank(), local_size = channel->local_size();
+  auto c = std::make_unique<NcclCommunicator>(rank, size, local_rank, local_size, index, options, std::move(channel));
+  c->start(id);
+  return c;
+}
+
+NcclUniqueId create_nccl_unique_id() {
+  ncclUniqueId id{};
+  GRADKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+  NcclUniqueId out;
+  std::memcpy(out.bytes.data(), &id, sizeof(id));
+  return out;
+}
+
+std::unique_ptr<Communicator> create_nccl_communicator(const NcclUniqueId& id, int rank, int size,
+                                                       const CommunicatorOptions& options) {
+  constexpr std::string_view op = "create_nccl_communicator";
+  // Every argument before any NCCL call: a rank that fails here never joins,
+  // and the others give up after their timeout.
+  if (size < 1) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "size", "is " + std::to_string(size) + ", expected >= 1");
+  }
+  if (rank < 0 || rank >= size) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "rank",
+                         "is " + std::to_string(rank) + ", expected 0 <= rank < size (" + std::to_string(size) + ")");
+  }
+  if (options.timeout.count() <= 0) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "options.timeout",
+                         "is " + std::to_string(options.timeout.count()) + " ms, expected > 0");
+  }
+  if (options.cuda_device < -1) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "options.cuda_device",
+                         "is " + std::to_string(options.cuda_device) +
+                             ", expected -1 (the current device) or a CUDA device ordinal");
+  }
+  const int visible = backend::cuda_device_count();
+  if (visible == 0) {
+    throw Error(ErrorCode::backend_unavailable,
+                std::string(op) + ": rank " + std::to_string(rank) + " sees no CUDA device");
+  }
+  if (options.cuda_device >= visible) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "options.cuda_device",
+                         "is " + std::to_string(options.cuda_device) + ", expected -1 (the current device) or < " +
+                             std::to_string(visible) + " (the CUDA devices visible)");
+  }
+  int index = options.cuda_device;
+  if (index < 0) GRADKIT_CUDA_CHECK(cudaGetDevice(&index));
+  ncclUniqueId nccl_id{};
+  std::memcpy(&nccl_id, id.bytes.data(), sizeof(nccl_id));
+  // The local layout is a placeholder until start() has gathered the host names.
+  auto c = std::make_unique<NcclCommunicator>(rank, size, 0, 1, index, options, nullptr);
+  c->start(nccl_id);
+  return c;
 }
 
 }  // namespace gradkit
