@@ -125,6 +125,7 @@ def test_fused_amp_step_on_a_float16_model(device):
     opt = gt.AdamW(params, lr=1e-2, weight_decay=0.01)
     amp = gt.AmpStep(opt, max_norm=MAX_NORM, init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
     for step in range(steps):
+        scaler.scale(torch.ones((), device=device))  # GradScaler makes its scale in scale(), as a backward would
         scale = amp.get_scale()
         assert scale == float(scaler.get_scale())
         grads = grads_for(step, torch.float16, device, scale)  # what a scaled backward in float16 gives

@@ -15,6 +15,8 @@ current stream has finished and raises after the communicator's timeout, or
 when a peer failed (the communicator is then aborted): call it where a loop
 must notice a dead or stuck rank.
 """
+import collections
+
 import torch
 
 import gradkit
@@ -39,10 +41,13 @@ class Communicator:
     """A gradkit communicator for torch tensors. `comm` is a gradkit.Communicator
     (from from_process_group, or gradkit.create_*_communicator)."""
 
+    MAX_ADASUM_PLANS = 1024  # lists remembered (a DDP model has one per bucket)
+
     def __init__(self, comm):
         self.comm = comm
         self.device = torch.device(comm.device)
-        self._adasum_plans = {}
+        self._adasum_plans = collections.OrderedDict()
+        self._side_stream = None
 
     @property
     def rank(self):
@@ -76,10 +81,19 @@ class Communicator:
         key = tuple((t.data_ptr(), t.numel(), t.dtype) for t in tensors)
         plan = self._adasum_plans.get(key)
         if plan is None:
-            if len(self._adasum_plans) >= 16:  # lists that keep moving: keep the newest only
-                self._adasum_plans.clear()
+            if len(self._adasum_plans) >= self.MAX_ADASUM_PLANS:  # lists that keep moving: drop the oldest
+                self._adasum_plans.popitem(last=False)
             plan = self._adasum_plans[key] = gradkit.AdasumPlan(self.comm, tensors)
+        else:
+            self._adasum_plans.move_to_end(key)
         plan.run(stream=self._stream())
+
+    def side_stream(self):
+        """The stream the DDP hooks run on, so that a bucket's reduction overlaps the
+        rest of backward (as DDP's own all-reduce does)."""
+        if self._side_stream is None and self.device.type == "cuda":
+            self._side_stream = torch.cuda.Stream(self.device, priority=-1)
+        return self._side_stream
 
     def wait(self):
         """Blocks until this communicator's work on the current stream has finished;
@@ -111,28 +125,40 @@ def from_process_group(group=None, *, timeout=600.0, checked=False, device=None)
         return Communicator(gradkit.create_nccl_communicator(box[0], rank, size, options))
 
 
-def _completed(bucket_buffer):
-    """The future DDP expects: its value is the bucket, ready once the work
-    enqueued on the current stream so far has run (a CUDA-aware future records
-    an event on the current stream when its result is set)."""
-    future = torch.futures.Future(devices=[bucket_buffer.device] if bucket_buffer.is_cuda else None)
-    future.set_result(bucket_buffer)
+def _on_side_stream(comm, buffer, reduce):
+    """Runs `reduce` on the communicator's side stream after the work enqueued so
+    far on the current stream (backward's, which wrote the bucket), and returns
+    the future DDP expects: its value is the bucket, ready in stream order (a
+    CUDA-aware future records an event on the current stream, here the side
+    stream, when its result is set; DDP's wait makes its stream wait on it)."""
+    side = comm.side_stream()
+    if side is None:  # the CPU: everything is complete when reduce returns
+        reduce()
+        future = torch.futures.Future()
+        future.set_result(buffer)
+        return future
+    side.wait_stream(torch.cuda.current_stream(buffer.device))
+    with torch.cuda.stream(side):
+        reduce()
+        future = torch.futures.Future(devices=[buffer.device])
+        future.set_result(buffer)
     return future
 
 
 def all_reduce_hook(comm, bucket):
     """DDP communication hook: the bucket averaged over ranks by gradkit (one
-    collective on the flat bucket). Register with ddp.register_comm_hook(comm, all_reduce_hook)."""
+    collective on the flat bucket, overlapping the rest of backward). Register
+    with ddp.register_comm_hook(comm, all_reduce_hook)."""
     buffer = bucket.buffer()
-    comm.all_reduce([buffer], "average")
-    return _completed(buffer)
+    return _on_side_stream(comm, buffer, lambda: comm.all_reduce([buffer], "average"))
 
 
 def adasum_hook(comm, bucket):
     """DDP communication hook: each gradient in the bucket becomes its Adasum over
-    ranks (per tensor, as gradkit's Adasum treats a list)."""
-    comm.adasum(bucket.gradients())
-    return _completed(bucket.buffer())
+    ranks (per tensor, as gradkit's Adasum treats a list), overlapping the rest
+    of backward."""
+    grads = bucket.gradients()
+    return _on_side_stream(comm, bucket.buffer(), lambda: comm.adasum(grads))
 
 
 def all_reduce_gradients(gradients, comm, op="average", adasum=False):
