@@ -11,6 +11,8 @@ its forward is a weighted sum of each parameter, so that the step's time is
 the gradients' reduction and the optimizer, as in a large model's tail).
 Cases, each with torch's fused AdamW as the optimizer:
 - DDP default (NCCL all-reduce of each bucket, overlapped with backward);
+- DDP + torch's own Python all-reduce hook (default_hooks.allreduce_hook):
+  what calling any Python hook per bucket costs, for reference;
 - DDP + gradkit.torch.distributed.all_reduce_hook;
 - DDP + gradkit.torch.distributed.adasum_hook;
 - no DDP: gradients in one gradkit arena (flat_gradients), one all-reduce
@@ -71,12 +73,15 @@ def bert_case(device):
 def steps_for(make, device, comm):
     """{case: one training step} over fresh copies of the model."""
     steps = {}
-    for case in ("DDP default", "DDP + gradkit all-reduce hook", "DDP + gradkit Adasum hook",
-                 "no DDP, gradkit arena all-reduce"):
+    for case in ("DDP default", "DDP + torch's Python all-reduce hook", "DDP + gradkit all-reduce hook",
+                 "DDP + gradkit Adasum hook", "no DDP, gradkit arena all-reduce"):
         model, loss = make(device)
         if case.startswith("DDP"):
             wrapped = DDP(model, device_ids=[device.index])
-            if "all-reduce hook" in case:
+            if "torch's Python" in case:  # what any Python hook costs DDP: torch's own, for reference
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+                wrapped.register_comm_hook(None, default_hooks.allreduce_hook)
+            elif "all-reduce hook" in case:
                 wrapped.register_comm_hook(comm, gtd.all_reduce_hook)
             elif "Adasum" in case:
                 wrapped.register_comm_hook(comm, gtd.adasum_hook)
@@ -99,6 +104,27 @@ def steps_for(make, device, comm):
     return steps
 
 
+def call_host_us(comm, device, reps=50):
+    """Host time of one all-reduce call on a 25 MiB bucket-sized tensor: gradkit's
+    against torch.distributed's (async_op=True), the call's return time."""
+    import statistics
+    import time
+    x = torch.ones(25 << 18, device=device)
+    out = {}
+    for name, fn in (("gradkit all_reduce", lambda: comm.all_reduce([x], "average")),
+                     ("torch.distributed all_reduce", lambda: dist.all_reduce(x, async_op=True))):
+        times = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+        out[name] = statistics.median(times)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=30)
@@ -115,6 +141,9 @@ def main():
     if rank0:
         print(f"{dist.get_world_size()} ranks, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
               f"{args.reps} reps, best of {args.rounds} interleaved rounds", flush=True)
+    hosts = call_host_us(comm, device)
+    if rank0:
+        print("host time of one call, 25 MiB: " + ", ".join(f"{k} {v:.0f} us" for k, v in hosts.items()), flush=True)
     for key in args.models.split(","):
         name, make = {"gpt": ("small GPT", gpt_case), "bert": ("BERT-large list", bert_case)}[key]
         steps = steps_for(make, device, comm)
