@@ -23,6 +23,13 @@ namespace gradkit::comm {
 // in order) and a few other values the plan depends on (a buffer's address,
 // the dtype, a size threshold): a plan is reused only when all of them are
 // equal, so that its tables are exactly what a new plan would hold.
+// How many layouts a communicator remembers. A loop passes one list per
+// step, but DDP calls a hook once per bucket: a model of a few GB in 25 MB
+// buckets has a few hundred lists, each passed every step, and a cache
+// smaller than that would make every plan anew on every call (with a table
+// upload each).
+inline constexpr size_t kLayoutsKept = 256;
+
 template <class Plan>
 class LayoutCache {
  public:

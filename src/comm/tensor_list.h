@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/layout_cache.h"
 #include "gradkit/core/tensor.h"
 
 namespace gradkit::comm {
@@ -64,7 +65,7 @@ class ListCheckCache {
     std::vector<TensorView> inputs, outputs;
     ListPair result;
   };
-  static constexpr size_t kEntries = 8;
+  static constexpr size_t kEntries = kLayoutsKept;
   std::vector<Entry> entries_;  // most recent first
 };
 

@@ -76,6 +76,23 @@ TEST_F(Fusion, APlanIsBuiltOncePerListAndReused) {
   EXPECT_EQ(c->fusion_plans_built(), 3u) << "all-gather and reduce-scatter of list A reuse its plan";
 }
 
+// DDP calls a hook once per bucket, each bucket a list of its own, every
+// step: the plans of a few hundred lists passed in turn must all stay cached.
+TEST_F(Fusion, ListsPassedInTurnKeepTheirPlans) {
+  std::unique_ptr<Communicator> c = make_communicator(Backend::nccl);
+  constexpr int kBuckets = 60;
+  std::vector<TestList> buckets;
+  buckets.reserve(kBuckets);
+  for (int b = 0; b < kBuckets; ++b) buckets.emplace_back(c->device(), DType::f32, kSizesA, Layout::with_gaps);
+  for (int step = 0; step < 3; ++step) {
+    for (int b = 0; b < kBuckets; ++b) {
+      all_reduce_and_check(*c, buckets[static_cast<size_t>(b)], 100 + static_cast<uint64_t>(step * kBuckets + b),
+                           "bucket " + std::to_string(b) + ", step " + std::to_string(step));
+    }
+    EXPECT_EQ(c->fusion_plans_built(), static_cast<size_t>(kBuckets)) << "step " << step;
+  }
+}
+
 TEST_F(Fusion, OutOfPlaceListsHaveAPlanEach) {
   std::unique_ptr<Communicator> c = make_communicator(Backend::nccl);
   TestList in(c->device(), DType::f32, kSizesA, Layout::with_gaps);

@@ -534,8 +534,8 @@ class NcclCommunicator final : public Communicator {
                            [&] { return std::make_shared<const comm::FusionCopyPlan>(tensors, fusion, dtype); });
   }
 
-  comm::LayoutCache<comm::FusionCopyPlan> copy_plans_{8};
-  comm::LayoutCache<comm::SplitPlan> split_plans_{8};
+  comm::LayoutCache<comm::FusionCopyPlan> copy_plans_{comm::kLayoutsKept};
+  comm::LayoutCache<comm::SplitPlan> split_plans_{comm::kLayoutsKept};
   cudaStream_t pack_stream_ = nullptr, reduce_stream_ = nullptr, unpack_stream_ = nullptr;
   cudaEvent_t fork_ = nullptr, packed_ = nullptr, reduced_ = nullptr, reduce_done_ = nullptr,
               unpack_done_ = nullptr;
