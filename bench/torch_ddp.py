@@ -104,27 +104,6 @@ def steps_for(make, device, comm):
     return steps
 
 
-def call_host_us(comm, device, reps=50):
-    """Host time of one all-reduce call on a 25 MiB bucket-sized tensor: gradkit's
-    against torch.distributed's (async_op=True), the call's return time."""
-    import statistics
-    import time
-    x = torch.ones(25 << 18, device=device)
-    out = {}
-    for name, fn in (("gradkit all_reduce", lambda: comm.all_reduce([x], "average")),
-                     ("torch.distributed all_reduce", lambda: dist.all_reduce(x, async_op=True))):
-        times = []
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e6)
-        torch.cuda.synchronize()
-        out[name] = statistics.median(times)
-    return out
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=30)
@@ -141,9 +120,6 @@ def main():
     if rank0:
         print(f"{dist.get_world_size()} ranks, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
               f"{args.reps} reps, best of {args.rounds} interleaved rounds", flush=True)
-    hosts = call_host_us(comm, device)
-    if rank0:
-        print("host time of one call, 25 MiB: " + ", ".join(f"{k} {v:.0f} us" for k, v in hosts.items()), flush=True)
     for key in args.models.split(","):
         name, make = {"gpt": ("small GPT", gpt_case), "bert": ("BERT-large list", bert_case)}[key]
         steps = steps_for(make, device, comm)
