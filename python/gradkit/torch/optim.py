@@ -196,8 +196,13 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         if self._flat is not None and self._cohorts and self._flat.attached_cheap():
             return self._cohorts
         grads = [p.grad for p in params]
+        # -1 for a missing gradient (no tensor has that address, an empty one may have 0), so that
+        # equal pointers mean the same gradients present where they were: the common step reads
+        # each .grad once and compares one list.
+        ptrs = [-1 if g is None else g.data_ptr() for g in grads]
+        if ptrs == self._grad_ptrs:
+            return self._cohorts
         present = [g is not None for g in grads]
-        ptrs = [g.data_ptr() if g is not None else 0 for g in grads]
         if present == self._present:
             if ptrs != self._grad_ptrs:
                 for c in self._cohorts:
