@@ -33,7 +33,8 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [here, os.path.join(here, "..", "python", "tests")]
 import gradkit.torch as gt  # noqa: E402
 import gradkit.torch.distributed as gtd  # noqa: E402
-from torch_step import bert_large_shapes, device_ms  # noqa: E402
+from timing import median_ms as device_ms  # noqa: E402
+from torch_step import bert_large_shapes  # noqa: E402
 
 
 class ShapesModel(torch.nn.Module):

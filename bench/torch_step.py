@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
 import gradkit.torch as gt  # noqa: E402
-import timing  # noqa: E402  (bench/, the script's own folder)
+from timing import median_ms as device_ms  # noqa: E402  (bench/, the script's own folder)
 
 
 def gpt2_shapes():
@@ -54,10 +54,6 @@ def small_shapes(count=10000, seed=1):
 
 LISTS = {"gpt2": ("GPT-2 124M", gpt2_shapes), "bert": ("BERT-large", bert_large_shapes),
          "small": ("10,000 small", small_shapes)}
-
-
-def device_ms(fn, reps, warmup=3):
-    return timing.median_ms(fn, reps, warmup)
 
 
 def host_us(fn, reps, warmup=3):

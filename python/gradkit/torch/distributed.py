@@ -33,8 +33,9 @@ def _reduce_op(op):
         raise ValueError(f"op is {op!r}, expected 'sum' or 'average'") from None
 
 
-def _as_list(tensors):
-    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+def _detached(tensors):
+    """A tensor or a list of tensors as a list of detached tensors (what gradkit takes)."""
+    return [t.detach() for t in ([tensors] if isinstance(tensors, torch.Tensor) else tensors)]
 
 
 class Communicator:
@@ -63,21 +64,21 @@ class Communicator:
     def all_reduce(self, tensors, op="sum"):
         """Every element of every tensor (a tensor or a list) becomes the sum or
         average over ranks, in place."""
-        self.comm.all_reduce([t.detach() for t in _as_list(tensors)], _reduce_op(op), stream=self._stream())
+        self.comm.all_reduce(_detached(tensors), _reduce_op(op), stream=self._stream())
 
     def all_gather(self, tensors):
         """The list is the whole model on every rank, rank r owning its ShardLayout
         shard; each element becomes its owner's value (docs/ops.md)."""
-        self.comm.all_gather([t.detach() for t in _as_list(tensors)], stream=self._stream())
+        self.comm.all_gather(_detached(tensors), stream=self._stream())
 
     def reduce_scatter(self, tensors, op="sum"):
         """This rank's shard of the list's concatenation becomes the sum or average over ranks."""
-        self.comm.reduce_scatter([t.detach() for t in _as_list(tensors)], _reduce_op(op), stream=self._stream())
+        self.comm.reduce_scatter(_detached(tensors), _reduce_op(op), stream=self._stream())
 
     def adasum(self, tensors):
         """Every tensor becomes its Adasum over ranks (per tensor), in place. The plan
         is made once per list (where the tensors lie and their sizes) and kept."""
-        tensors = [t.detach() for t in _as_list(tensors)]
+        tensors = _detached(tensors)
         key = tuple((t.data_ptr(), t.numel(), t.dtype) for t in tensors)
         plan = self._adasum_plans.get(key)
         if plan is None:

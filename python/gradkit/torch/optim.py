@@ -203,12 +203,11 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         if ptrs == self._grad_ptrs:
             return self._cohorts
         present = [g is not None for g in grads]
-        if present == self._present:
-            if ptrs != self._grad_ptrs:
-                for c in self._cohorts:
-                    c.plan.set_grads(self._grad_arrays(grads, c.indices), hold_grads=False, stream=stream)
-                self._grad_ptrs = ptrs
-                self._pointer_version += 1
+        if present == self._present:  # the same gradients present, some elsewhere: re-point
+            for c in self._cohorts:
+                c.plan.set_grads(self._grad_arrays(grads, c.indices), hold_grads=False, stream=stream)
+            self._grad_ptrs = ptrs
+            self._pointer_version += 1
             return self._cohorts
         self._make_cohorts(grads, present)
         self._grad_ptrs = ptrs
