@@ -42,6 +42,16 @@ def test_ddp_hooks_over_the_mpi_communicator(ranks, tmp_path):
     assert done.stdout.count(": ok") == ranks, done.stdout
 
 
+def test_from_process_group_needs_an_initialized_process_group():
+    pytest.importorskip("torch")
+    gtd = pytest.importorskip("gradkit.torch.distributed")
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        gtd.from_process_group()
+
+
 def test_unique_id_arguments_are_checked():
     if not hasattr(gradkit, "create_nccl_communicator"):
         pytest.skip("gradkit built without MPI")

@@ -23,6 +23,9 @@ import gradkit
 from gradkit.torch._device import stream_handle
 from gradkit.torch.flat import FlatGradients
 
+if not hasattr(gradkit, "Communicator"):
+    raise ImportError("gradkit was built without its communication layer (MPI was not found when it was built)")
+
 _OPS = {"sum": gradkit.ReduceOp.sum, "average": gradkit.ReduceOp.average, "avg": gradkit.ReduceOp.average}
 
 

@@ -74,6 +74,15 @@ def main():
         rank, size = comm.rank, comm.size
         dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=rank, world_size=size)
 
+        # A bad reduction is refused, naming the argument, before anything is sent or written.
+        x = torch.full((5,), float(rank + 1))
+        try:
+            comm.all_reduce([x], "max")
+            fail(rank, "op='max' was accepted")
+        except ValueError as e:
+            if "op is 'max'" not in str(e) or not torch.equal(x, torch.full((5,), float(rank + 1))):
+                fail(rank, f"the error does not name op, or the tensor was written: {e}")
+
         default = train_ddp(comm, None, rank)
         close(rank, train_ddp(comm, gtd.all_reduce_hook, rank), default, "all-reduce hook against DDP's default")
         close(rank, train_flat(comm, rank), default, "all_reduce_gradients over flat gradients against DDP")
