@@ -22,4 +22,10 @@ struct GradCheckLaunch {
 void grad_check_cpu(const MultiTensorPlan& plan, const GradCheckLaunch& launch);
 void grad_check_cuda(const MultiTensorPlan& plan, const GradCheckLaunch& launch, Stream stream);
 
+// The outputs from `count` lists' partials (launch.outputs.partial's layout),
+// combined in index order; partial_norms and partial_flags are unused.
+void grad_check_combine_cpu(const double* partials, int count, const GradCheckLaunch& launch);
+void grad_check_combine_cuda(Device device, const double* partials, int count, const GradCheckLaunch& launch,
+                             Stream stream);
+
 }  // namespace gradkit::backend

@@ -38,4 +38,29 @@ GRADKIT_HD float grad_divisor(double norm, float loss_scale, float max_norm) {
   return static_cast<float>(divisor);
 }
 
+// The list's results from its combined partial: the found-inf flag, the
+// global norm, the divisor, and the partial itself for combining across
+// lists (GradientCheckOutputs::partial).
+GRADKIT_HD void write_check_outputs(const GradientCheckOutputs& out, double partial, bool nonfinite, NormType type,
+                                    float loss_scale, float max_norm) {
+  const double norm = nonfinite ? static_cast<double>(NAN) : norm_finish(partial, type);
+  if (out.found_inf != nullptr) *out.found_inf = nonfinite;
+  if (out.global_norm != nullptr) *out.global_norm = static_cast<float>(norm);
+  if (out.grad_divisor != nullptr) *out.grad_divisor = nonfinite ? loss_scale : grad_divisor(norm, loss_scale, max_norm);
+  if (out.partial != nullptr) {
+    out.partial[0] = partial;
+    out.partial[1] = nonfinite ? 1.0 : 0.0;
+  }
+}
+
+// Combines lists' partials (two doubles each) in index order.
+GRADKIT_HD void combine_partials(const double* partials, int count, NormType type, double* partial, bool* nonfinite) {
+  *partial = 0;
+  *nonfinite = false;
+  for (int i = 0; i < count; ++i) {
+    *partial = norm_combine(*partial, partials[2 * i], type);
+    *nonfinite = *nonfinite || partials[2 * i + 1] != 0.0;
+  }
+}
+
 }  // namespace gradkit::backend

@@ -1,5 +1,6 @@
 #include "gradkit/comm/gradient_arena.h"
 
+#include <algorithm>
 #include <string>
 
 #include "comm/stream_order.h"
@@ -39,6 +40,84 @@ GradientArena::GradientArena(Device device, DType dtype, std::span<const int64_t
   for (size_t i = 0; i < numels.size(); ++i) views_.push_back(buffer_.view(dtype, offsets[i], numels[i]));
 }
 
+ShardedLayout ShardedLayout::make(std::span<const int64_t> numels, int world_size, int64_t bucket_elements,
+                                  int64_t alignment) {
+  constexpr std::string_view op = "ShardedLayout::make";
+  if (world_size < 1) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "world_size", "is " + std::to_string(world_size) + ", expected >= 1");
+  }
+  if (bucket_elements < 0) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "bucket_elements",
+                         "is " + std::to_string(bucket_elements) + ", expected >= 0 (0: one bucket)");
+  }
+  if (alignment < 1 || alignment > 4096 || (alignment & (alignment - 1)) != 0) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "alignment",
+                         "is " + std::to_string(alignment) + ", expected a power of two from 1 to 4096");
+  }
+  ShardedLayout layout;
+  layout.world_size = world_size;
+  layout.alignment = alignment;
+  layout.numels.assign(numels.begin(), numels.end());
+  layout.offsets.resize(numels.size());
+  const int64_t unit = alignment * world_size;  // a bucket's span is a multiple of this
+  constexpr int64_t kMaxElements = int64_t{1} << 58;  // keeps every sum below 2^62 bytes for 16-byte types
+  int64_t end = 0;  // end of the last tensor placed
+  int64_t in_bucket = 0;
+  auto close_bucket = [&] {
+    ShardedLayout::Bucket& b = layout.buckets.back();
+    const int64_t span = (end - b.begin + unit - 1) / unit * unit;
+    b.slice = span / world_size;
+    end = b.begin + span;
+  };
+  for (size_t i = 0; i < numels.size(); ++i) {
+    if (numels[i] < 0 || numels[i] > kMaxElements - end - 2 * unit) {
+      throw_argument_error(ErrorCode::invalid_argument, op, "numels[" + std::to_string(i) + "]",
+                           "is " + std::to_string(numels[i]) + ", expected a count >= 0 that keeps the layout below 2^58 elements");
+    }
+    const bool new_bucket = layout.buckets.empty() ||
+                            (bucket_elements > 0 && in_bucket > 0 && in_bucket + numels[i] > bucket_elements);
+    if (new_bucket) {
+      if (!layout.buckets.empty()) close_bucket();
+      layout.buckets.push_back({i, i, end, 0});
+      in_bucket = 0;
+    }
+    layout.offsets[i] = (end + alignment - 1) / alignment * alignment;
+    end = layout.offsets[i] + numels[i];
+    in_bucket += numels[i];
+    layout.buckets.back().last = i + 1;
+  }
+  if (!layout.buckets.empty()) close_bucket();
+  layout.total = end;
+  return layout;
+}
+
+int64_t ShardedLayout::shard_elements() const {
+  int64_t n = 0;
+  for (const Bucket& b : buckets) n += b.slice;
+  return n;
+}
+
+std::vector<ShardedLayout::Piece> ShardedLayout::pieces(int rank) const {
+  std::vector<Piece> out;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const int64_t lo = slice_begin(b, rank), hi = lo + buckets[b].slice;
+    for (size_t t = buckets[b].first; t < buckets[b].last; ++t) {
+      const int64_t begin = std::max(lo, offsets[t]), end = std::min(hi, offsets[t] + numels[t]);
+      if (begin < end) out.push_back({t, b, begin - offsets[t], end - begin, begin - lo});
+    }
+  }
+  return out;
+}
+
+GradientArena::GradientArena(Device device, DType dtype, const ShardedLayout& layout) : dtype_(dtype) {
+  const size_t element = dtype_size(dtype);
+  buffer_ = Buffer(device, static_cast<size_t>(layout.total) * element);
+  views_.reserve(layout.numels.size());
+  for (size_t i = 0; i < layout.numels.size(); ++i) {
+    views_.push_back(buffer_.view(dtype, static_cast<size_t>(layout.offsets[i]) * element, layout.numels[i]));
+  }
+}
+
 TensorView GradientArena::range(size_t first, size_t last) const {
   if (first > last || last > views_.size()) {
     throw_argument_error(ErrorCode::invalid_argument, "GradientArena::range", "last",
@@ -68,56 +147,70 @@ BucketedAllReduce::BucketedAllReduce(const GradientArena& arena, Communicator& c
   if (bucket_bytes == 0) {
     throw_argument_error(ErrorCode::invalid_argument, name, "bucket_bytes", "is 0, expected > 0");
   }
-  bucket_of_.resize(arena.size());
-  ready_.assign(arena.size(), false);
-  size_t bytes = 0;
+  size_t first = 0, bytes = 0;
   for (size_t i = 0; i < arena.size(); ++i) {
-    if (buckets_.empty() || (bytes > 0 && bytes + arena[i].bytes() > bucket_bytes)) {
-      buckets_.push_back({i, i, 0, false});
+    if (i > first && bytes > 0 && bytes + arena[i].bytes() > bucket_bytes) {
+      buckets_.add_bucket(first, i);
+      first = i;
       bytes = 0;
     }
-    Bucket& b = buckets_.back();
-    b.last = i + 1;
-    ++b.pending;
     bytes += arena[i].bytes();
-    bucket_of_[i] = buckets_.size() - 1;
   }
+  if (arena.size() > 0) buckets_.add_bucket(first, arena.size());
 }
 
 TensorView BucketedAllReduce::bucket(size_t b) const {
-  const Bucket& bucket = buckets_.at(b);
-  return arena_.range(bucket.first, bucket.last);
+  return arena_.range(buckets_.first(b), buckets_.last(b));
 }
 
-void BucketedAllReduce::start(Bucket& b, Stream compute_stream) {
-  const TensorView range = arena_.range(b.first, b.last);
+void BucketedAllReduce::start(size_t b, Stream compute_stream) {
+  const TensorView range = bucket(b);
   if (comm_.device().is_cuda()) comm::stream_wait(comm_.device(), communication_stream_, compute_stream);
   comm_.all_reduce_buffer(range, range, op_, communication_stream_);
-  b.started = true;
+  buckets_.set_started(b);
 }
 
 void BucketedAllReduce::mark_ready(size_t gradient, Stream compute_stream) {
+  if (const auto completed = buckets_.mark("BucketedAllReduce::mark_ready", gradient)) start(*completed, compute_stream);
+}
+
+void BucketedAllReduce::finish(Stream compute_stream) {
+  for (size_t b = 0; b < buckets_.num_buckets(); ++b) {
+    if (!buckets_.started(b)) start(b, compute_stream);
+  }
+  if (comm_.device().is_cuda()) comm::stream_wait(comm_.device(), compute_stream, communication_stream_);
+  buckets_.reset();
+}
+
+namespace detail {
+
+void BucketReadiness::add_bucket(size_t first, size_t last) {
+  buckets_.push_back({first, last, last - first, false});
+  bucket_of_.resize(last, buckets_.size() - 1);
+  ready_.resize(last, false);
+}
+
+std::optional<size_t> BucketReadiness::mark(std::string_view op, size_t gradient) {
   if (gradient >= ready_.size() || ready_[gradient]) {
-    throw_argument_error(ErrorCode::invalid_argument, "BucketedAllReduce::mark_ready", "gradient",
+    throw_argument_error(ErrorCode::invalid_argument, op, "gradient",
                          "is " + std::to_string(gradient) +
                              (gradient >= ready_.size() ? ", expected an index below " + std::to_string(ready_.size())
                                                         : ", already marked ready in this step"));
   }
   ready_[gradient] = true;
-  Bucket& b = buckets_[bucket_of_[gradient]];
-  if (--b.pending == 0) start(b, compute_stream);
+  const size_t b = bucket_of_[gradient];
+  if (--buckets_[b].pending == 0) return b;
+  return std::nullopt;
 }
 
-void BucketedAllReduce::finish(Stream compute_stream) {
-  for (Bucket& b : buckets_) {
-    if (!b.started) start(b, compute_stream);
-  }
-  if (comm_.device().is_cuda()) comm::stream_wait(comm_.device(), compute_stream, communication_stream_);
+void BucketReadiness::reset() {
   for (Bucket& b : buckets_) {
     b.pending = b.last - b.first;
     b.started = false;
   }
   ready_.assign(ready_.size(), false);
 }
+
+}  // namespace detail
 
 }  // namespace gradkit

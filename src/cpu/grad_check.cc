@@ -53,10 +53,15 @@ void grad_check_cpu(const MultiTensorPlan& plan, const GradCheckLaunch& l) {
       out.tensor_norms[t] = tensor_nonfinite[t] ? NAN : static_cast<float>(norm_finish(per_tensor[t], type));
     }
   }
-  const double norm = nonfinite ? NAN : norm_finish(global, type);
-  if (out.found_inf != nullptr) *out.found_inf = nonfinite;
-  if (out.global_norm != nullptr) *out.global_norm = static_cast<float>(norm);
-  if (out.grad_divisor != nullptr) *out.grad_divisor = nonfinite ? scale : grad_divisor(norm, scale, l.options.max_norm);
+  write_check_outputs(out, global, nonfinite, type, scale, l.options.max_norm);
+}
+
+void grad_check_combine_cpu(const double* partials, int count, const GradCheckLaunch& l) {
+  double partial = 0;
+  bool nonfinite = false;
+  combine_partials(partials, count, l.options.norm, &partial, &nonfinite);
+  const float scale = l.loss_scale_device != nullptr ? *l.loss_scale_device : l.loss_scale;
+  write_check_outputs(l.outputs, partial, nonfinite, l.options.norm, scale, l.options.max_norm);
 }
 
 }  // namespace gradkit::backend

@@ -97,14 +97,17 @@ __global__ void global_kernel(int64_t num_chunks, GradCheckLaunch launch) {
   partial = cuda::block_reduce(partial, combine);
   nonfinite = __syncthreads_or(nonfinite);
   if (threadIdx.x == 0) {
-    const double norm = nonfinite ? static_cast<double>(NAN) : norm_finish(partial, type);
-    const GradientCheckOutputs& out = launch.outputs;
-    if (out.found_inf != nullptr) *out.found_inf = nonfinite;
-    if (out.global_norm != nullptr) *out.global_norm = static_cast<float>(norm);
-    if (out.grad_divisor != nullptr) {
-      *out.grad_divisor = nonfinite ? loss_scale_of(launch) : grad_divisor(norm, loss_scale_of(launch), launch.options.max_norm);
-    }
+    write_check_outputs(launch.outputs, partial, nonfinite, type, loss_scale_of(launch), launch.options.max_norm);
   }
+}
+
+// A handful of lists (one per rank): one thread combines them in order.
+__global__ void combine_kernel(const double* partials, int count, GradCheckLaunch launch) {
+  double partial = 0;
+  bool nonfinite = false;
+  combine_partials(partials, count, launch.options.norm, &partial, &nonfinite);
+  write_check_outputs(launch.outputs, partial, nonfinite, launch.options.norm, loss_scale_of(launch),
+                      launch.options.max_norm);
 }
 
 }  // namespace
@@ -127,6 +130,13 @@ void grad_check_cuda(const MultiTensorPlan& plan, const GradCheckLaunch& l, Stre
     }
   }
   global_kernel<<<1, 1024, 0, cuda::native(stream)>>>(args.num_chunks, l);
+  GRADKIT_CUDA_CHECK_LAUNCH();
+}
+
+void grad_check_combine_cuda(Device device, const double* partials, int count, const GradCheckLaunch& l,
+                             Stream stream) {
+  cuda::DeviceGuard guard(device.index);
+  combine_kernel<<<1, 1, 0, cuda::native(stream)>>>(partials, count, l);
   GRADKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -30,16 +30,26 @@ GradientCheckPlan::GradientCheckPlan(std::span<const TensorView> grads, Gradient
   scratch_ = Buffer(plan_.num_tensors() > 0 ? plan_.device() : Device::cpu(), chunks * (sizeof(double) + sizeof(bool)) + 1);
 }
 
+namespace {
+
+void check_outputs(std::string_view op, const GradientCheckOutputs& out, float loss_scale,
+                   const float* loss_scale_device, Device device) {
+  check_value(loss_scale_device != nullptr || (std::isfinite(loss_scale) && loss_scale > 0), op, "loss_scale",
+              loss_scale, "a finite value > 0");
+  ops::check_device_scalar(op, "loss_scale_device", loss_scale_device, device);
+  ops::check_device_scalar(op, "found_inf", out.found_inf, device);
+  ops::check_device_scalar(op, "grad_divisor", out.grad_divisor, device);
+  ops::check_device_scalar(op, "global_norm", out.global_norm, device);
+  ops::check_device_scalar(op, "tensor_norms", out.tensor_norms, device);
+  ops::check_device_scalar(op, "partial", out.partial, device);
+}
+
+}  // namespace
+
 void GradientCheckPlan::check(const GradientCheckOutputs& out, float loss_scale, const float* loss_scale_device,
                               Stream stream) const {
   const Device device = plan_.num_tensors() > 0 ? plan_.device() : Device::cpu();
-  check_value(loss_scale_device != nullptr || (std::isfinite(loss_scale) && loss_scale > 0), kOp, "loss_scale",
-              loss_scale, "a finite value > 0");
-  ops::check_device_scalar(kOp, "loss_scale_device", loss_scale_device, device);
-  ops::check_device_scalar(kOp, "found_inf", out.found_inf, device);
-  ops::check_device_scalar(kOp, "grad_divisor", out.grad_divisor, device);
-  ops::check_device_scalar(kOp, "global_norm", out.global_norm, device);
-  ops::check_device_scalar(kOp, "tensor_norms", out.tensor_norms, device);
+  check_outputs(kOp, out, loss_scale, loss_scale_device, device);
 
   backend::GradCheckLaunch launch;
   launch.options = options_;
@@ -50,6 +60,26 @@ void GradientCheckPlan::check(const GradientCheckOutputs& out, float loss_scale,
   launch.partial_flags = reinterpret_cast<bool*>(launch.partial_norms + plan_.chunks().size());
   if (device.is_cuda()) backend::grad_check_cuda(plan_, launch, stream);
   else backend::grad_check_cpu(plan_, launch);
+}
+
+void GradientCheckPlan::combine(const double* partials, int count, const GradientCheckOutputs& out, float loss_scale,
+                                const float* loss_scale_device, Stream stream) const {
+  constexpr std::string_view op = "check_gradients.combine";
+  const Device device = plan_.num_tensors() > 0 ? plan_.device() : Device::cpu();
+  check_outputs(op, out, loss_scale, loss_scale_device, device);
+  if (count < 1) throw_argument_error(ErrorCode::invalid_argument, op, "count", "is " + std::to_string(count) + ", expected >= 1");
+  ops::check_device_scalar(op, "partials", partials, device, /*optional=*/false);
+  if (out.tensor_norms != nullptr || out.partial != nullptr) {
+    throw_argument_error(ErrorCode::invalid_argument, op, out.tensor_norms != nullptr ? "tensor_norms" : "partial",
+                         "is given, expected null (combine writes the global results only)");
+  }
+  backend::GradCheckLaunch launch;
+  launch.options = options_;
+  launch.outputs = out;
+  launch.loss_scale = loss_scale;
+  launch.loss_scale_device = loss_scale_device;
+  if (device.is_cuda()) backend::grad_check_combine_cuda(device, partials, count, launch, stream);
+  else backend::grad_check_combine_cpu(partials, count, launch);
 }
 
 }  // namespace gradkit

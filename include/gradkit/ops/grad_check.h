@@ -29,6 +29,11 @@ struct GradientCheckOutputs {
   float* grad_divisor = nullptr;    // S / clip_coefficient: divide the raw gradients by this
   float* global_norm = nullptr;     // norm of the unscaled gradients (Inf/NaN if found_inf)
   float* tensor_norms = nullptr;    // one per tensor, unscaled
+  // What combine() needs from this list, when several lists (the ranks'
+  // shards of one model) are checked as one: two doubles, the norm's
+  // partial (the sum of squares of the unscaled values, or their largest
+  // magnitude) and 1 if any value was not finite, else 0.
+  double* partial = nullptr;
 };
 
 class GradientCheckPlan {
@@ -41,6 +46,15 @@ class GradientCheckPlan {
   // `loss_scale` S (> 0), or `loss_scale_device` (a float on the device).
   void check(const GradientCheckOutputs& outputs, float loss_scale = 1.0f, const float* loss_scale_device = nullptr,
              Stream stream = {}) const;
+
+  // The outputs of one check over several lists, from `count` partials
+  // (two doubles each, as check() writes to GradientCheckOutputs::partial,
+  // on this plan's device), combined in index order: found_inf, global_norm
+  // and grad_divisor as check() computes them for one list, with this
+  // plan's options. tensor_norms and partial must be null (per-tensor norms
+  // stay with each list).
+  void combine(const double* partials, int count, const GradientCheckOutputs& outputs, float loss_scale = 1.0f,
+               const float* loss_scale_device = nullptr, Stream stream = {}) const;
 
   // Points the plan at new gradients (the same count, element counts, dtype
   // and device) with one small copy enqueued on `stream` instead of a new

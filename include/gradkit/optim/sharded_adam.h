@@ -1,0 +1,122 @@
+// Adam with its state split across the ranks of a communicator (ZeRO stages
+// 1 and 2): each rank keeps the f32 master weights and the moments of its
+// shard alone (ShardedLayout: its slice of every bucket). One step:
+// reduce-scatter of the gradients (average) into each rank's slices, in
+// place; the mixed-precision check of the shard with the Inf/NaN flags and
+// the norms' partials of all ranks combined in one small all-gather, so
+// every rank takes the same skip and clip decision; Adam on the shard; the
+// loss scaler's update; all-gather of the updated weights into the model's
+// weights, in place. Stage 2: mark_ready() reduce-scatters a bucket as soon
+// as backward has produced all of its gradients.
+//
+// Adam is element-wise, so the weights are bitwise those of the unsharded
+// step (Adam, or MixedPrecision<Adam> for f16/bf16 models) on the same
+// averaged gradients; the clipping norm is summed in another order (per
+// rank, then across ranks) and agrees to f64 rounding. docs/ops.md
+// ("Sharded optimizer") states exactly what it computes.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradkit/comm/gradient_arena.h"
+#include "gradkit/ops/grad_check.h"
+#include "gradkit/optim/adam.h"
+#include "gradkit/optim/loss_scaler.h"
+
+namespace gradkit {
+
+struct ShardedOptions {
+  // No loss scale by default (f32 or bf16 models); dynamic for f16 models
+  // whose loss is scaled. Steps with Inf/NaN gradients are skipped either way.
+  LossScalerOptions scaler = {.mode = LossScaling::none};
+  float max_norm = 0.0f;  // > 0: clip the global norm of the unscaled gradients (clip_grad_norm_)
+  NormType norm = NormType::l2;
+  AdamOptions adam;
+  // Where mark_ready() reduce-scatters a completed bucket (NCCL), after the
+  // work the compute stream had queued; step() makes its stream wait for it.
+  Stream communication_stream = {};
+};
+
+class ShardedAdam {
+ public:
+  // `groups` hold the whole model, in the tensor order of `layout` (group 0's
+  // tensors first): `params` are the model's weights (f32, or f16/bf16 with
+  // f32 masters kept for the shard), views of one buffer at the layout's
+  // offsets (a GradientArena made from `layout`); `grads` likewise, in a
+  // second such buffer (f32, f16 or bf16); `model_copy` empty. Both buffers
+  // hold layout.total elements, on comm.device(), and every rank passes the
+  // same weights. layout.world_size must be comm.size(). Validates all of
+  // it, naming the argument, before allocating the shard's state.
+  ShardedAdam(Communicator& comm, const ShardedLayout& layout, std::vector<AdamGroup> groups,
+              ShardedOptions options = {});
+  ~ShardedAdam();
+  ShardedAdam(const ShardedAdam&) = delete;
+  ShardedAdam& operator=(const ShardedAdam&) = delete;
+
+  // Stage 2: tensor `tensor`'s gradient is final once the work queued so far
+  // on `compute_stream` has run; a bucket whose gradients are all final is
+  // reduce-scattered at once (on options.communication_stream). Every rank
+  // marks in the same order. Marking one twice in a step is an error.
+  void mark_ready(size_t tensor, Stream compute_stream = {});
+  // One step on `stream`: the buckets not reduce-scattered yet (all of them
+  // in stage 1), the check, Adam, the scaler, the all-gather.
+  void step(Stream stream = {});
+
+  float loss_scale() const;         // synchronous reads
+  bool last_step_skipped() const;
+  float last_grad_norm() const;     // unscaled global norm of the last step, all ranks
+  int64_t step_count() const;
+  float lr(int group) const;
+  void set_lr(int group, float lr);  // synchronous write
+
+  const ShardedLayout& layout() const { return layout_; }
+  const std::vector<ShardedLayout::Piece>& pieces() const { return pieces_; }  // this rank's
+  // Bytes of optimizer state this rank holds: masters (f16/bf16 models) and
+  // moments of its shard.
+  size_t state_bytes() const;
+  Adam& optimizer() { return *adam_; }  // the shard's Adam (its pieces)
+  const std::vector<TensorView>& masters() const { return masters_; }  // per piece; empty for f32 models
+
+  // The state in the unsharded optimizer's file format (Adam's for f32
+  // models, MixedPrecision<Adam>'s for f16/bf16), so a file moves between
+  // sharded and unsharded runs and between rank counts. Collective: every
+  // rank calls it; rank 0 writes the file, and every rank throws if it
+  // could not. load: every rank reads the file and takes its pieces; every
+  // rank checks the file against the whole model before any rank writes
+  // anything, and all throw if any rank could not load.
+  void save(const std::string& path);
+  void load(const std::string& path);
+
+ private:
+  void start(size_t bucket, Stream compute_stream);
+  TensorView slice(const TensorView& base, size_t bucket) const;
+  TensorView bucket_view(const TensorView& base, size_t bucket) const;
+  void gather_weights(Stream stream);
+  // Throws on every rank unless every rank's `ok` is true.
+  void agree(bool ok, const std::string& what);
+
+  Communicator& comm_;
+  ShardedLayout layout_;
+  std::vector<ShardedLayout::Piece> pieces_;
+  std::vector<AdamGroup> groups_;  // the whole model's, as given
+  // The shapes a state file's 'groups' section records: the whole model's
+  // (the unsharded optimizer's) and this rank's pieces' (the shard's Adam's).
+  std::vector<AdamGroup> model_shapes_, shard_shapes_;
+  TensorView weights_base_;        // the flat buffers: layout.total elements each
+  TensorView grads_base_;
+  Stream communication_stream_;
+  bool mixed_ = false;             // f16/bf16 weights with f32 masters
+  bool marked_ = false;            // a bucket was started by mark_ready in this step
+  std::vector<TensorView> weight_pieces_, grad_pieces_;
+  Buffer master_storage_;
+  std::vector<TensorView> masters_;
+  Buffer scalars_;                 // the all-gathered partials, then divisor, norm, found-inf
+  GradientCheckPlan check_;
+  LossScaler scaler_;
+  std::unique_ptr<Adam> adam_;
+  detail::BucketReadiness readiness_;
+};
+
+}  // namespace gradkit

@@ -1,0 +1,419 @@
+#include "gradkit/optim/sharded_adam.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "comm/stream_order.h"
+#include "gradkit/core/error.h"
+#include "gradkit/ops/gradient.h"
+#include "gradkit/optim/state_file.h"
+#include "optim/hyperparameter_io.h"
+#include "optim/moment_storage.h"
+
+namespace gradkit {
+namespace {
+
+constexpr std::string_view kOp = "ShardedAdam";
+
+// The device scalars one step passes between its kernels, after the
+// all-gathered partials (two doubles per rank).
+struct Scalars {
+  float grad_divisor;
+  float global_norm;
+  bool found_inf;
+};
+
+unsigned char* bytes_at(const TensorView& base, int64_t element) {
+  return static_cast<unsigned char*>(base.data) + static_cast<size_t>(element) * dtype_size(base.dtype);
+}
+
+// Checks that `tensors` are views of one buffer laid out by `layout` (a
+// GradientArena made from it) and returns that buffer's whole extent.
+TensorView check_flat(std::string_view arg, const std::vector<TensorView>& tensors, const ShardedLayout& layout,
+                      Device device) {
+  const std::string name = "groups' " + std::string(arg);
+  if (tensors.size() != layout.numels.size()) {
+    throw_argument_error(ErrorCode::size_mismatch, kOp, name,
+                         "hold " + std::to_string(tensors.size()) + " tensors, expected " +
+                             std::to_string(layout.numels.size()) + " (the layout's)");
+  }
+  const DType dtype = tensors[0].dtype;
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) {
+    throw_argument_error(ErrorCode::dtype_unsupported, kOp, name,
+                         "have dtype " + std::string(dtype_name(dtype)) + ", expected f32, f16 or bf16");
+  }
+  const size_t element = dtype_size(dtype);
+  const auto* base = static_cast<const unsigned char*>(tensors[0].data) - static_cast<size_t>(layout.offsets[0]) * element;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorView& t = tensors[i];
+    const std::string at = name + "[" + std::to_string(i) + "]";
+    if (t.dtype != dtype) {
+      throw_argument_error(ErrorCode::dtype_unsupported, kOp, at,
+                           "has dtype " + std::string(dtype_name(t.dtype)) + ", expected " +
+                               std::string(dtype_name(dtype)) + " (one dtype for the whole model)");
+    }
+    if (t.device != device) {
+      throw_argument_error(ErrorCode::device_mismatch, kOp, at,
+                           "is on " + to_string(t.device) + ", expected " + to_string(device) +
+                               " (the communicator's device)");
+    }
+    if (t.numel != layout.numels[i]) {
+      throw_argument_error(ErrorCode::size_mismatch, kOp, at,
+                           "has " + std::to_string(t.numel) + " elements, expected " +
+                               std::to_string(layout.numels[i]) + " (the layout's)");
+    }
+    if (t.data != base + static_cast<size_t>(layout.offsets[i]) * element) {
+      throw_argument_error(ErrorCode::invalid_argument, kOp, at,
+                           "is not at element " + std::to_string(layout.offsets[i]) +
+                               " of the buffer that holds tensor 0; expected views of one buffer laid out by the "
+                               "layout (a GradientArena made from it)");
+    }
+  }
+  return TensorView{const_cast<unsigned char*>(base), layout.total, dtype, device};
+}
+
+// A dtype whose elements have `bytes` bytes, to move raw state elements.
+DType dtype_of_size(size_t bytes) {
+  return bytes == 8 ? DType::f64 : bytes == 4 ? DType::f32 : DType::bf16;
+}
+
+// The groups' shapes alone (numel and dtype of each param), as a state
+// file's 'groups' section records them.
+std::vector<AdamGroup> shapes_of(const std::vector<AdamGroup>& groups, DType dtype) {
+  std::vector<AdamGroup> out;
+  for (const AdamGroup& g : groups) {
+    AdamGroup shape;
+    shape.hyperparameters = g.hyperparameters;
+    for (const TensorView& p : g.params) shape.params.push_back(TensorView{nullptr, p.numel, dtype, Device::cpu()});
+    out.push_back(std::move(shape));
+  }
+  return out;
+}
+
+// The state sections that are split like the weights, in the order the
+// unsharded optimizers write them.
+constexpr std::string_view kMomentSections[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+
+}  // namespace
+
+ShardedAdam::ShardedAdam(Communicator& comm, const ShardedLayout& layout, std::vector<AdamGroup> groups,
+                         ShardedOptions options)
+    : comm_(comm), layout_(layout), groups_(std::move(groups)), communication_stream_(options.communication_stream) {
+  if (groups_.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
+  if (layout_.world_size != comm.size()) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "layout",
+                         "was made for " + std::to_string(layout_.world_size) + " ranks, expected comm.size() = " +
+                             std::to_string(comm.size()));
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!groups_[g].model_copy.empty()) {
+      throw_argument_error(ErrorCode::invalid_argument, kOp, "groups[" + std::to_string(g) + "].model_copy",
+                           "is given; expected none (the params are the model's weights, which the step writes)");
+    }
+  }
+  const ParameterLists lists = flatten_groups(kOp, groups_);
+  if (lists.params.empty()) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "hold no tensors; expected the model's");
+  }
+  const Device device = comm.device();
+  weights_base_ = check_flat("params", lists.params, layout_, device);
+  grads_base_ = check_flat("grads", lists.grads, layout_, device);
+  mixed_ = weights_base_.dtype != DType::f32;
+
+  // This rank's pieces; a rank whose slices hold only padding keeps one
+  // empty piece, so that its plans still know the device.
+  pieces_ = layout_.pieces(comm.rank());
+  std::vector<int32_t> group_of_piece;
+  for (const ShardedLayout::Piece& p : pieces_) {
+    const int64_t at = layout_.offsets[p.tensor] + p.offset;
+    weight_pieces_.push_back(TensorView{bytes_at(weights_base_, at), p.count, weights_base_.dtype, device});
+    grad_pieces_.push_back(TensorView{bytes_at(grads_base_, at), p.count, grads_base_.dtype, device});
+    group_of_piece.push_back(lists.group_of_tensor[p.tensor]);
+  }
+  if (pieces_.empty()) {
+    weight_pieces_.push_back(TensorView{weights_base_.data, 0, weights_base_.dtype, device});
+    grad_pieces_.push_back(TensorView{grads_base_.data, 0, grads_base_.dtype, device});
+    group_of_piece.push_back(0);
+  }
+  if (mixed_) {
+    master_storage_ = allocate_moments(device, weight_pieces_, DType::f32, 1);
+    masters_ = moment_views(master_storage_, weight_pieces_, DType::f32, 1, 0);
+    AccumulatePlan(masters_, weight_pieces_).accumulate_v2(Flag::host(true));
+    synchronize(device);
+  }
+
+  std::vector<AdamGroup> shard_groups(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) shard_groups[g].hyperparameters = groups_[g].hyperparameters;
+  for (size_t k = 0; k < weight_pieces_.size(); ++k) {
+    AdamGroup& g = shard_groups[static_cast<size_t>(group_of_piece[k])];
+    g.params.push_back(mixed_ ? masters_[k] : weight_pieces_[k]);
+    g.grads.push_back(grad_pieces_[k]);
+    if (mixed_) g.model_copy.push_back(weight_pieces_[k]);
+  }
+  shard_shapes_ = shapes_of(shard_groups, DType::f32);
+  model_shapes_ = shapes_of(groups_, DType::f32);
+
+  scalars_ = Buffer(device, 2 * sizeof(double) * static_cast<size_t>(comm.size()) + sizeof(Scalars));
+  GradientCheckOptions check_options;
+  check_options.norm = options.norm;
+  check_options.max_norm = options.max_norm;
+  check_ = GradientCheckPlan(grad_pieces_, check_options);
+  scaler_ = LossScaler(device, options.scaler);
+  adam_ = std::make_unique<Adam>(std::move(shard_groups), options.adam);
+  for (const ShardedLayout::Bucket& b : layout_.buckets) readiness_.add_bucket(b.first, b.last);
+}
+
+ShardedAdam::~ShardedAdam() = default;
+
+TensorView ShardedAdam::slice(const TensorView& base, size_t bucket) const {
+  return TensorView{bytes_at(base, layout_.slice_begin(bucket, comm_.rank())), layout_.buckets[bucket].slice, base.dtype,
+                    base.device};
+}
+
+TensorView ShardedAdam::bucket_view(const TensorView& base, size_t bucket) const {
+  const ShardedLayout::Bucket& b = layout_.buckets[bucket];
+  return TensorView{bytes_at(base, b.begin), b.slice * layout_.world_size, base.dtype, base.device};
+}
+
+void ShardedAdam::start(size_t bucket, Stream compute_stream) {
+  if (comm_.device().is_cuda()) comm::stream_wait(comm_.device(), communication_stream_, compute_stream);
+  comm_.reduce_scatter_buffer(bucket_view(grads_base_, bucket), slice(grads_base_, bucket), ReduceOp::average,
+                              communication_stream_);
+  readiness_.set_started(bucket);
+}
+
+void ShardedAdam::mark_ready(size_t tensor, Stream compute_stream) {
+  if (const auto completed = readiness_.mark("ShardedAdam::mark_ready", tensor)) {
+    start(*completed, compute_stream);
+    marked_ = true;
+  }
+}
+
+void ShardedAdam::gather_weights(Stream stream) {
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    comm_.all_gather_buffer(slice(weights_base_, b), bucket_view(weights_base_, b), stream);
+  }
+}
+
+void ShardedAdam::step(Stream stream) {
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    if (!readiness_.started(b)) {
+      comm_.reduce_scatter_buffer(bucket_view(grads_base_, b), slice(grads_base_, b), ReduceOp::average, stream);
+    }
+  }
+  if (marked_ && comm_.device().is_cuda()) comm::stream_wait(comm_.device(), stream, communication_stream_);
+  readiness_.reset();
+  marked_ = false;
+
+  const int rank = comm_.rank(), ranks = comm_.size();
+  const Device device = comm_.device();
+  auto* partials = static_cast<double*>(scalars_.data());
+  auto* s = reinterpret_cast<Scalars*>(partials + 2 * ranks);
+  check_.check({.partial = partials + 2 * rank}, 1.0f, scaler_.scale_device(), stream);
+  comm_.all_gather_buffer(TensorView{partials + 2 * rank, 2, DType::f64, device},
+                          TensorView{partials, 2 * ranks, DType::f64, device}, stream);
+  check_.combine(partials, ranks, {.found_inf = &s->found_inf, .grad_divisor = &s->grad_divisor,
+                                   .global_norm = &s->global_norm},
+                 1.0f, scaler_.scale_device(), stream);
+  adam_->step(stream, &s->found_inf, &s->grad_divisor);
+  scaler_.update(&s->found_inf, stream);
+  gather_weights(stream);
+}
+
+float ShardedAdam::loss_scale() const { return scaler_.state().scale; }
+
+bool ShardedAdam::last_step_skipped() const {
+  Scalars s{};
+  copy_to_host(&s, static_cast<double*>(scalars_.data()) + 2 * comm_.size(), sizeof s, scalars_.device());
+  return s.found_inf;
+}
+
+float ShardedAdam::last_grad_norm() const {
+  Scalars s{};
+  copy_to_host(&s, static_cast<double*>(scalars_.data()) + 2 * comm_.size(), sizeof s, scalars_.device());
+  return s.global_norm;
+}
+
+int64_t ShardedAdam::step_count() const { return adam_->step_count(); }
+float ShardedAdam::lr(int group) const { return adam_->lr(group); }
+void ShardedAdam::set_lr(int group, float lr) { adam_->set_lr(group, lr); }
+
+size_t ShardedAdam::state_bytes() const {
+  size_t bytes = master_storage_.bytes();
+  for (const auto* list : {&adam_->exp_avg(), &adam_->exp_avg_sq(), &adam_->max_exp_avg_sq()}) {
+    for (const TensorView& t : *list) bytes += t.bytes();
+  }
+  return bytes;
+}
+
+void ShardedAdam::agree(bool ok, const std::string& what) {
+  Buffer flag(comm_.device(), sizeof(double));
+  const double mine = ok ? 0.0 : 1.0;
+  copy_from_host(flag.data(), comm_.device(), &mine, sizeof mine);
+  const TensorView view{flag.data(), 1, DType::f64, comm_.device()};
+  comm_.all_reduce_buffer(view, view, ReduceOp::sum);
+  comm_.wait();
+  double failed = 0;
+  copy_to_host(&failed, flag.data(), sizeof failed, comm_.device());
+  if (failed == 0) return;
+  throw Error(ErrorCode::io_error, ok ? std::string(kOp) + ": " + std::to_string(static_cast<int>(failed)) +
+                                            " other rank(s) failed; see their error"
+                                      : what);
+}
+
+namespace {
+
+// Each tensor's first element in a section of the unsharded file (tensors
+// back to back in group order, which is the layout's order).
+std::vector<int64_t> section_offsets(const ShardedLayout& layout) {
+  std::vector<int64_t> at(layout.numels.size() + 1, 0);
+  for (size_t t = 0; t < layout.numels.size(); ++t) at[t + 1] = at[t] + layout.numels[t];
+  return at;
+}
+
+}  // namespace
+
+void ShardedAdam::save(const std::string& path) {
+  comm_.wait();
+  synchronize(comm_.device());
+  // This rank's state, its pieces back to back, as the shard's Adam writes it.
+  StateFile mine;
+  adam_->save_to(mine);
+  const StateSection master_section[] = {{"masters", &masters_}};
+  if (mixed_) add_sections(mine, master_section);
+
+  const bool root = comm_.rank() == 0;
+  const std::vector<int64_t> at = section_offsets(layout_);
+  int64_t max_slice = 0;
+  for (const ShardedLayout::Bucket& b : layout_.buckets) max_slice = std::max(max_slice, b.slice);
+  // Every rank's pieces into the unsharded layout on rank 0, bucket by
+  // bucket through one device buffer of a bucket's size.
+  auto gather = [&](std::string_view name, size_t width) {
+    const std::vector<uint8_t>& part = mine.get(name);
+    std::vector<uint8_t> full(root ? static_cast<size_t>(at.back()) * width : 0);
+    Buffer staging(comm_.device(), static_cast<size_t>(max_slice * layout_.world_size) * width);
+    const TensorView staged{staging.data(), max_slice * layout_.world_size, dtype_of_size(width), comm_.device()};
+    std::vector<uint8_t> host(static_cast<size_t>(max_slice * layout_.world_size) * width);
+    size_t from = 0;  // the next piece's bytes in `part`
+    size_t next = 0;  // the next piece
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+      const ShardedLayout::Bucket& bucket = layout_.buckets[b];
+      std::fill(host.begin(), host.end(), 0);
+      for (; next < pieces_.size() && pieces_[next].bucket == b; ++next) {
+        const size_t n = static_cast<size_t>(pieces_[next].count) * width;
+        std::memcpy(host.data() + static_cast<size_t>(pieces_[next].in_slice) * width, part.data() + from, n);
+        from += n;
+      }
+      const size_t slice_bytes = static_cast<size_t>(bucket.slice) * width;
+      auto* device_slice = static_cast<unsigned char*>(staging.data()) + slice_bytes * static_cast<size_t>(comm_.rank());
+      copy_from_host(device_slice, comm_.device(), host.data(), slice_bytes);
+      comm_.all_gather_buffer(TensorView{device_slice, bucket.slice, staged.dtype, staged.device},
+                              TensorView{staging.data(), bucket.slice * layout_.world_size, staged.dtype, staged.device});
+      comm_.wait();
+      if (!root) continue;
+      copy_to_host(host.data(), staging.data(), slice_bytes * static_cast<size_t>(layout_.world_size), comm_.device());
+      for (size_t t = bucket.first; t < bucket.last; ++t) {
+        std::memcpy(full.data() + static_cast<size_t>(at[t]) * width,
+                    host.data() + static_cast<size_t>(layout_.offsets[t] - bucket.begin) * width,
+                    static_cast<size_t>(layout_.numels[t]) * width);
+      }
+    }
+    return full;
+  };
+
+  // The sections in the order the unsharded optimizer writes them, so that
+  // the files are the same byte for byte.
+  StateFile file;
+  const std::string_view kind = mixed_ ? "mixed_precision_adam" : "adam";
+  file.add("kind", std::vector<uint8_t>(kind.begin(), kind.end()));
+  const size_t moment = dtype_size(adam_->exp_avg()[0].dtype);
+  for (std::string_view name : kMomentSections) {
+    // amsgrad's maxima: kept by every rank or by none (the groups decide).
+    const bool kept = name != "max_exp_avg_sq" || !adam_->max_exp_avg_sq().empty();
+    file.add(std::string(name), kept ? gather(name, moment) : std::vector<uint8_t>());
+  }
+  std::vector<uint8_t> masters = mixed_ ? gather("masters", sizeof(float)) : std::vector<uint8_t>();
+  std::string error;
+  if (root) {
+    try {
+      file.add("meta", mine.get("meta"));
+      file.add("groups", write_groups(model_shapes_, read_groups("", mine.get("groups"), shard_shapes_)));
+      SectionWriter scaler;
+      scaler.put(scaler_.state());
+      if (mixed_) file.add("masters", std::move(masters));
+      if (mixed_ || scaler_.options().mode != LossScaling::none) file.add("scaler", scaler.take());
+      file.write(path);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  agree(error.empty(), error);
+}
+
+void ShardedAdam::load(const std::string& path) {
+  // The file checked against the whole model, then cut to this rank's
+  // pieces as a state file of the shard's Adam, which checks the rest.
+  StateFile shard;
+  std::string error;
+  const StateSection master_section[] = {{"masters", &masters_}};
+  try {
+    const StateFile file = read_state(path, mixed_ ? "mixed_precision_adam" : "adam");
+    const std::vector<AdamHyperparameters> hyper = read_groups(path, file.get("groups"), model_shapes_);
+    const std::vector<int64_t> at = section_offsets(layout_);
+    auto cut = [&](std::string_view name, size_t width) {
+      const std::vector<uint8_t>& full = file.get(name);
+      std::vector<uint8_t> part;
+      if (full.empty() && name == "max_exp_avg_sq") return part;  // checked by Adam against its groups
+      if (full.size() != static_cast<size_t>(at.back()) * width) {
+        throw Error(ErrorCode::io_error, "state file '" + path + "' section '" + std::string(name) + "' has " +
+                                             std::to_string(full.size()) + " bytes, expected " +
+                                             std::to_string(static_cast<size_t>(at.back()) * width));
+      }
+      for (const ShardedLayout::Piece& p : pieces_) {
+        const auto* from = full.data() + static_cast<size_t>(at[p.tensor] + p.offset) * width;
+        part.insert(part.end(), from, from + static_cast<size_t>(p.count) * width);
+      }
+      return part;
+    };
+    const size_t moment = dtype_size(adam_->exp_avg()[0].dtype);
+    for (std::string_view name : kMomentSections) shard.add(std::string(name), cut(name, moment));
+    shard.add("meta", file.get("meta"));
+    shard.add("groups", write_groups(shard_shapes_, hyper));
+    adam_->check_state(path, shard);
+    if (mixed_) {
+      shard.add("masters", cut("masters", sizeof(float)));
+      check_sections(path, shard, master_section);
+    }
+    if (file.has("scaler")) {
+      SectionReader reader(file.get("scaler"), "scaler");
+      const auto state = reader.get<LossScalerState>();
+      try {
+        scaler_.check_state(state);
+      } catch (const Error& e) {
+        throw Error(ErrorCode::io_error, "state file '" + path + "' has a bad loss scaler state: " + e.what());
+      }
+      shard.add("scaler", file.get("scaler"));
+    } else if (mixed_) {
+      file.get("scaler");  // throws, naming the file and the section
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error.empty(), error);
+
+  adam_->apply_state(shard);
+  if (shard.has("scaler")) {
+    SectionReader reader(shard.get("scaler"), "scaler");
+    scaler_.set_state(reader.get<LossScalerState>());
+  }
+  if (mixed_) {
+    apply_sections(shard, master_section);
+    // The model's weights from the loaded masters, on every rank.
+    AccumulatePlan(weight_pieces_, masters_).accumulate_v2(Flag::host(true));
+    gather_weights({});
+    comm_.wait();
+  }
+}
+
+}  // namespace gradkit
