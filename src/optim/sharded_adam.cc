@@ -274,7 +274,7 @@ std::vector<int64_t> section_offsets(const ShardedLayout& layout) {
 
 }  // namespace
 
-void ShardedAdam::save(const std::string& path) {
+void ShardedAdam::save_to(StateFile& file) {
   comm_.wait();
   synchronize(comm_.device());
   // This rank's state, its pieces back to back, as the shard's Adam writes it.
@@ -324,9 +324,6 @@ void ShardedAdam::save(const std::string& path) {
 
   // The sections in the order the unsharded optimizer writes them, so that
   // the files are the same byte for byte.
-  StateFile file;
-  const std::string_view kind = mixed_ ? "mixed_precision_adam" : "adam";
-  file.add("kind", std::vector<uint8_t>(kind.begin(), kind.end()));
   const size_t moment = dtype_size(adam_->exp_avg()[0].dtype);
   for (std::string_view name : kMomentSections) {
     // amsgrad's maxima: kept by every rank or by none (the groups decide).
@@ -334,15 +331,23 @@ void ShardedAdam::save(const std::string& path) {
     file.add(std::string(name), kept ? gather(name, moment) : std::vector<uint8_t>());
   }
   std::vector<uint8_t> masters = mixed_ ? gather("masters", sizeof(float)) : std::vector<uint8_t>();
+  if (!root) return;
+  file.add("meta", mine.get("meta"));
+  file.add("groups", write_groups(model_shapes_, read_groups("", mine.get("groups"), shard_shapes_)));
+  SectionWriter scaler;
+  scaler.put(scaler_.state());
+  if (mixed_) file.add("masters", std::move(masters));
+  if (mixed_ || scaler_.options().mode != LossScaling::none) file.add("scaler", scaler.take());
+}
+
+void ShardedAdam::save(const std::string& path) {
+  StateFile file;
+  const std::string_view kind = mixed_ ? "mixed_precision_adam" : "adam";
+  file.add("kind", std::vector<uint8_t>(kind.begin(), kind.end()));
+  save_to(file);
   std::string error;
-  if (root) {
+  if (comm_.rank() == 0) {
     try {
-      file.add("meta", mine.get("meta"));
-      file.add("groups", write_groups(model_shapes_, read_groups("", mine.get("groups"), shard_shapes_)));
-      SectionWriter scaler;
-      scaler.put(scaler_.state());
-      if (mixed_) file.add("masters", std::move(masters));
-      if (mixed_ || scaler_.options().mode != LossScaling::none) file.add("scaler", scaler.take());
       file.write(path);
     } catch (const Error& e) {
       error = e.what();
@@ -351,69 +356,82 @@ void ShardedAdam::save(const std::string& path) {
   agree(error.empty(), error);
 }
 
-void ShardedAdam::load(const std::string& path) {
+StateFile ShardedAdam::shard_state(const std::string& path, const StateFile& file) const {
   // The file checked against the whole model, then cut to this rank's
   // pieces as a state file of the shard's Adam, which checks the rest.
   StateFile shard;
-  std::string error;
-  const StateSection master_section[] = {{"masters", &masters_}};
-  try {
-    const StateFile file = read_state(path, mixed_ ? "mixed_precision_adam" : "adam");
-    const std::vector<AdamHyperparameters> hyper = read_groups(path, file.get("groups"), model_shapes_);
-    const std::vector<int64_t> at = section_offsets(layout_);
-    auto cut = [&](std::string_view name, size_t width) {
-      const std::vector<uint8_t>& full = file.get(name);
-      std::vector<uint8_t> part;
-      if (full.empty() && name == "max_exp_avg_sq") return part;  // checked by Adam against its groups
-      if (full.size() != static_cast<size_t>(at.back()) * width) {
-        throw Error(ErrorCode::io_error, "state file '" + path + "' section '" + std::string(name) + "' has " +
-                                             std::to_string(full.size()) + " bytes, expected " +
-                                             std::to_string(static_cast<size_t>(at.back()) * width));
-      }
-      for (const ShardedLayout::Piece& p : pieces_) {
-        const auto* from = full.data() + static_cast<size_t>(at[p.tensor] + p.offset) * width;
-        part.insert(part.end(), from, from + static_cast<size_t>(p.count) * width);
-      }
-      return part;
-    };
-    const size_t moment = dtype_size(adam_->exp_avg()[0].dtype);
-    for (std::string_view name : kMomentSections) shard.add(std::string(name), cut(name, moment));
-    shard.add("meta", file.get("meta"));
-    shard.add("groups", write_groups(shard_shapes_, hyper));
-    adam_->check_state(path, shard);
-    if (mixed_) {
-      shard.add("masters", cut("masters", sizeof(float)));
-      check_sections(path, shard, master_section);
+  const std::vector<AdamHyperparameters> hyper = read_groups(path, file.get("groups"), model_shapes_);
+  const std::vector<int64_t> at = section_offsets(layout_);
+  auto cut = [&](std::string_view name, size_t width) {
+    const std::vector<uint8_t>& full = file.get(name);
+    std::vector<uint8_t> part;
+    if (full.empty() && name == "max_exp_avg_sq") return part;  // checked by Adam against its groups
+    if (full.size() != static_cast<size_t>(at.back()) * width) {
+      throw Error(ErrorCode::io_error, "state file '" + path + "' section '" + std::string(name) + "' has " +
+                                           std::to_string(full.size()) + " bytes, expected " +
+                                           std::to_string(static_cast<size_t>(at.back()) * width));
     }
-    if (file.has("scaler")) {
-      SectionReader reader(file.get("scaler"), "scaler");
-      const auto state = reader.get<LossScalerState>();
-      try {
-        scaler_.check_state(state);
-      } catch (const Error& e) {
-        throw Error(ErrorCode::io_error, "state file '" + path + "' has a bad loss scaler state: " + e.what());
-      }
-      shard.add("scaler", file.get("scaler"));
-    } else if (mixed_) {
-      file.get("scaler");  // throws, naming the file and the section
+    for (const ShardedLayout::Piece& p : pieces_) {
+      const auto* from = full.data() + static_cast<size_t>(at[p.tensor] + p.offset) * width;
+      part.insert(part.end(), from, from + static_cast<size_t>(p.count) * width);
     }
-  } catch (const Error& e) {
-    error = e.what();
+    return part;
+  };
+  const size_t moment = dtype_size(adam_->exp_avg()[0].dtype);
+  for (std::string_view name : kMomentSections) shard.add(std::string(name), cut(name, moment));
+  shard.add("meta", file.get("meta"));
+  shard.add("groups", write_groups(shard_shapes_, hyper));
+  adam_->check_state(path, shard);
+  if (mixed_) {
+    shard.add("masters", cut("masters", sizeof(float)));
+    const StateSection masters[] = {{"masters", &masters_}};
+    check_sections(path, shard, masters);
   }
-  agree(error.empty(), error);
+  if (file.has("scaler")) {
+    SectionReader reader(file.get("scaler"), "scaler");
+    const auto state = reader.get<LossScalerState>();
+    try {
+      scaler_.check_state(state);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::io_error, "state file '" + path + "' has a bad loss scaler state: " + e.what());
+    }
+    shard.add("scaler", file.get("scaler"));
+  } else if (mixed_) {
+    file.get("scaler");  // throws, naming the section
+  }
+  return shard;
+}
 
+void ShardedAdam::check_state(const std::string& path, const StateFile& file) const { shard_state(path, file); }
+
+void ShardedAdam::apply_state(const StateFile& file) {
+  const StateFile shard = shard_state("", file);
   adam_->apply_state(shard);
   if (shard.has("scaler")) {
     SectionReader reader(shard.get("scaler"), "scaler");
     scaler_.set_state(reader.get<LossScalerState>());
   }
   if (mixed_) {
-    apply_sections(shard, master_section);
+    const StateSection masters[] = {{"masters", &masters_}};
+    apply_sections(shard, masters);
     // The model's weights from the loaded masters, on every rank.
     AccumulatePlan(weight_pieces_, masters_).accumulate_v2(Flag::host(true));
     gather_weights({});
     comm_.wait();
   }
+}
+
+void ShardedAdam::load(const std::string& path) {
+  StateFile file;
+  std::string error;
+  try {
+    file = read_state(path, mixed_ ? "mixed_precision_adam" : "adam");
+    check_state(path, file);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error.empty(), error);
+  apply_state(file);
 }
 
 }  // namespace gradkit

@@ -22,6 +22,18 @@ assert accuracy[-1] > 0.7, f"accuracy {accuracy[-1]} is not far above chance (0.
 print(f"e2e: loss {loss[0]:.4f} -> {loss[1]:.4f}, test accuracy {accuracy[-1]:.4f}")
 PY
 test -s run.ckpt
+# The sharded step (ZeRO stage 2, the optimizer state split over the 2
+# ranks) trains the same model: with 2 ranks a reduce-scatter adds the same
+# two numbers as the all-reduce, so the losses and accuracies are the same.
+"$gradkit" train --ranks 2 --epochs 2 --limit 12000 --progress off --log sharded.csv --shard 2 | tee sharded.txt
+grep -q "sharded (ZeRO stage 2" sharded.txt
+python3 - <<'PY'
+import csv
+plain = [(r["train_loss"], r["test_accuracy"]) for r in csv.DictReader(open("log.csv"))]
+sharded = [(r["train_loss"], r["test_accuracy"]) for r in csv.DictReader(open("sharded.csv"))]
+assert plain == sharded, f"sharded {sharded} != unsharded {plain}"
+print(f"e2e: --shard 2 gives the unsharded losses and accuracies {plain}")
+PY
 # A bad argument is an error that names it, before anything runs.
 if "$gradkit" train --ranks 1 --epochs 0 2> err.txt; then echo "accepted --epochs 0"; exit 1; fi
 grep -q -- "--epochs: expected an integer" err.txt

@@ -64,6 +64,7 @@ class ShardedAdam {
   // in stage 1), the check, Adam, the scaler, the all-gather.
   void step(Stream stream = {});
 
+  const float* loss_scale_device() const { return scaler_.scale_device(); }  // S, a float on the device
   float loss_scale() const;         // synchronous reads
   bool last_step_skipped() const;
   float last_grad_norm() const;     // unscaled global norm of the last step, all ranks
@@ -89,11 +90,24 @@ class ShardedAdam {
   void save(const std::string& path);
   void load(const std::string& path);
 
+  // The same state as sections of a larger file (a training checkpoint's).
+  // save_to is collective and adds the sections on rank 0 only (the other
+  // ranks' `file` is left as it was). check_state (this rank only) throws
+  // io_error unless the file fits the whole model; apply_state (after
+  // check_state, on every rank: collective for f16/bf16 models, whose
+  // weights are rewritten from the loaded masters) takes this rank's pieces.
+  void save_to(StateFile& file);
+  void check_state(const std::string& path, const StateFile& file) const;
+  void apply_state(const StateFile& file);
+
  private:
   void start(size_t bucket, Stream compute_stream);
   TensorView slice(const TensorView& base, size_t bucket) const;
   TensorView bucket_view(const TensorView& base, size_t bucket) const;
   void gather_weights(Stream stream);
+  // The file's state for this rank's pieces, as a state file of the shard's
+  // Adam; throws io_error unless the file fits the whole model.
+  StateFile shard_state(const std::string& path, const StateFile& file) const;
   // Throws on every rank unless every rank's `ok` is true.
   void agree(bool ok, const std::string& what);
 

@@ -15,7 +15,9 @@
 #include "train/trainer.h"
 
 namespace gradkit {
+class Communicator;
 class StateFile;
+struct ShardedLayout;
 }
 
 namespace gradkit::train {
@@ -25,12 +27,21 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual void step() = 0;
+  // Stage 2 of the sharded step: gradient `tensor` is final (a no-op for
+  // the others, which reduce before step()).
+  virtual void mark_ready(size_t /*tensor*/) {}
   virtual void set_lr(float lr) = 0;
-  virtual void save_to(StateFile& file) const = 0;
+  // Collective for the sharded optimizer (every rank calls it).
+  virtual void save_to(StateFile& file) = 0;
   virtual void check_state(const std::string& path, const StateFile& file) const = 0;
   virtual void apply_state(const StateFile& file) = 0;
   // A note for the epoch's summary (the loss scale, for mixed precision).
   virtual std::string note() const { return ""; }
+};
+
+struct ShardContext {
+  Communicator& comm;
+  const ShardedLayout& layout;
 };
 
 class TrainBackend {
@@ -49,8 +60,11 @@ class TrainBackend {
                                 std::span<const TensorView> grads) = 0;
   virtual double take_loss_sum() = 0;
   virtual int64_t count_correct(int64_t first, int64_t step, std::span<const TensorView> params) = 0;
+  // `shard`, when given, makes the sharded optimizer over its communicator
+  // and layout (params and grads are views of arenas made from the layout).
   virtual std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& options, std::span<const TensorView> params,
-                                                    std::span<const TensorView> grads) = 0;
+                                                    std::span<const TensorView> grads,
+                                                    const struct ShardContext* shard) = 0;
 };
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const TrainOptions& options, const FashionMnist& data);

@@ -53,8 +53,8 @@ class CpuBackend final : public TrainBackend {
   }
 
   std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, std::span<const TensorView> params,
-                                            std::span<const TensorView> grads) override {
-    return make_plain_optimizer(o, params, grads);
+                                            std::span<const TensorView> grads, const ShardContext* shard) override {
+    return make_plain_optimizer(o, params, grads, shard);
   }
 
  private:

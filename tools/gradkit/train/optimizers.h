@@ -9,6 +9,7 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/mixed_precision.h"
+#include "gradkit/optim/sharded_adam.h"
 #include "train/backend.h"
 
 namespace gradkit::train {
@@ -19,18 +20,23 @@ class OptimizerOf final : public Optimizer {
   template <class... Args>
   explicit OptimizerOf(Args&&... args) : optimizer_(std::forward<Args>(args)...) {}
   void step() override { optimizer_.step(); }
+  void mark_ready(size_t tensor) override {
+    if constexpr (std::is_same_v<T, ShardedAdam>) optimizer_.mark_ready(tensor);
+  }
   void set_lr(float lr) override {
-    if constexpr (std::is_same_v<T, Adam>) optimizer_.set_lr(0, lr);
+    if constexpr (std::is_same_v<T, Adam> || std::is_same_v<T, ShardedAdam>) optimizer_.set_lr(0, lr);
     else if constexpr (std::is_same_v<T, Lamb>) optimizer_.set_eta(lr);
     else if constexpr (std::is_same_v<T, MixedPrecisionAdam>) optimizer_.optimizer().set_lr(0, lr);
     else optimizer_.optimizer().set_eta(lr);
   }
-  void save_to(StateFile& file) const override { optimizer_.save_to(file); }
+  void save_to(StateFile& file) override { optimizer_.save_to(file); }
   void check_state(const std::string& path, const StateFile& file) const override { optimizer_.check_state(path, file); }
   void apply_state(const StateFile& file) override { optimizer_.apply_state(file); }
   std::string note() const override {
     if constexpr (std::is_same_v<T, MixedPrecisionAdam> || std::is_same_v<T, MixedPrecisionLamb>) {
       return "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.loss_scale()));
+    } else if constexpr (std::is_same_v<T, ShardedAdam>) {
+      return optimizer_.masters().empty() ? "" : "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.loss_scale()));
     } else {
       return "";
     }
@@ -56,8 +62,21 @@ Group one_group(const TrainOptions& o, std::span<const TensorView> params, std::
   return group;
 }
 
+// The sharded Adam over the context's communicator, with `scaler`.
+inline std::unique_ptr<OptimizerOf<ShardedAdam>> make_sharded_optimizer(const TrainOptions& o,
+                                                                        std::span<const TensorView> params,
+                                                                        std::span<const TensorView> grads,
+                                                                        const ShardContext& shard,
+                                                                        LossScalerOptions scaler) {
+  ShardedOptions options;
+  options.scaler = scaler;
+  return std::make_unique<OptimizerOf<ShardedAdam>>(
+      shard.comm, shard.layout, std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, options);
+}
+
 inline std::unique_ptr<Optimizer> make_plain_optimizer(const TrainOptions& o, std::span<const TensorView> params,
-                                                       std::span<const TensorView> grads) {
+                                                       std::span<const TensorView> grads, const ShardContext* shard) {
+  if (shard != nullptr) return make_sharded_optimizer(o, params, grads, *shard, {.mode = LossScaling::none});
   if (o.optimizer == "adam") {
     return std::make_unique<OptimizerOf<Adam>>(std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)});
   }

@@ -110,6 +110,10 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
       ->check(tool::number(0, 1));
   app.add_option("--reduce", o.reduce, "how ranks combine gradients: allreduce (average) or adasum")
       ->check(tool::one_of({"allreduce", "adasum"}));
+  app.add_option("--shard", o.shard,
+                 "ZeRO stage: 0 off; 1 optimizer state split across ranks; 2 also gradients reduce-scattered per "
+                 "bucket as they are ready (adam, allreduce)")
+      ->check(tool::integer(0, 2));
   app.add_option("--seed", o.seed, "seed of the initial weights and the data order")
       ->check(tool::integer(0, INT64_MAX));
   app.add_option("--limit", o.limit, "train on the first N images only (0: all 60,000)")

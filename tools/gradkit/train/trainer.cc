@@ -34,6 +34,9 @@ namespace gradkit::train {
 namespace {
 
 constexpr std::string_view kCheckpointKind = "gradkit-train";
+// --shard's buckets: the first layer's weights (200,704 for the default
+// widths) are a bucket alone, the later layers share one.
+constexpr int64_t kShardBucketElements = int64_t{1} << 16;
 
 // The order of the training images in `epoch`: the same on every rank and in
 // every run with the same seed, so a resumed run sees the same batches.
@@ -64,8 +67,10 @@ struct CheckpointHeader {
   uint64_t seed;
 };
 
+// Every rank calls it (the sharded optimizer gathers its state to rank 0);
+// `write`: the rank that writes the file.
 void save_checkpoint(const std::string& path, const CheckpointHeader& header, const TrainOptions& o,
-                     const GradientArena& params, const Optimizer& optimizer) {
+                     const GradientArena& params, Optimizer& optimizer, bool write) {
   StateFile file;
   file.add("kind", std::vector<uint8_t>(kCheckpointKind.begin(), kCheckpointKind.end()));
   SectionWriter train;
@@ -77,7 +82,7 @@ void save_checkpoint(const std::string& path, const CheckpointHeader& header, co
   file.add("widths", widths);
   file.add("weights", bytes_of(params));
   optimizer.save_to(file);
-  file.write(path);
+  if (write) file.write(path);
 }
 
 // Checks the whole checkpoint against this run, then loads it; returns the
@@ -169,6 +174,12 @@ void check_train_options(const TrainOptions& o, bool writes) {
                                                  std::to_string(o.epochs) + "), not '" +
                                                  std::to_string(o.stop_after) + "'");
   }
+  if (o.shard > 0 && o.optimizer != "adam") {
+    throw Error(ErrorCode::invalid_argument, "--shard: needs --optimizer adam (LAMB has no sharded step yet)");
+  }
+  if (o.shard > 0 && o.reduce != "allreduce") {
+    throw Error(ErrorCode::invalid_argument, "--shard: needs --reduce allreduce (the sharded step reduce-scatters)");
+  }
   if (!o.plot.empty() && o.log.empty()) {
     throw Error(ErrorCode::invalid_argument, "--plot: needs --log (the curves are drawn from the log)");
   }
@@ -209,13 +220,21 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
       cuda ? make_cuda_backend(o, data, comm->device()) : make_cpu_backend(o, data);
   const Device device = backend->device();
   const std::vector<int64_t> sizes = Mlp(o.widths).parameter_sizes();
-  // Parameters, the step's gradients (f32, all-reduced in one call), and one
-  // micro-batch's gradients, each in one allocation.
-  const GradientArena params(device, backend->parameter_dtype(), sizes), grads(device, DType::f32, sizes),
-      micro(device, backend->micro_gradient_dtype(), sizes);
+  // Parameters, the step's gradients (f32, all-reduced in one call, or
+  // reduce-scattered bucket by bucket when sharded: then both are laid out
+  // for the ranks' shards), and one micro-batch's gradients, each in one
+  // allocation.
+  const ShardedLayout layout = ShardedLayout::make(sizes, ranks, kShardBucketElements);
+  auto arena = [&](DType dtype) {
+    return o.shard > 0 ? GradientArena(device, dtype, layout) : GradientArena(device, dtype, sizes);
+  };
+  const GradientArena params = arena(backend->parameter_dtype()), grads = arena(DType::f32),
+                      micro(device, backend->micro_gradient_dtype(), sizes);
   backend->initialize(params.gradients(), o.seed);
   const AccumulatePlan accumulate(grads.gradients(), micro.gradients());
-  std::unique_ptr<Optimizer> optimizer = backend->make_optimizer(o, params.gradients(), grads.gradients());
+  const ShardContext shard{*comm, layout};
+  std::unique_ptr<Optimizer> optimizer =
+      backend->make_optimizer(o, params.gradients(), grads.gradients(), o.shard > 0 ? &shard : nullptr);
   Buffer totals_buffer(device, 2 * sizeof(double));
   // How the ranks combine their gradients: the average, or Adasum (which
   // keeps a gradient's size where ranks agree and adds where they are
@@ -232,10 +251,16 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
   if (lead) {
     std::string widths;
     for (int w : o.widths) widths += (widths.empty() ? "" : "-") + std::to_string(w);
-    std::printf("gradkit train: MLP %s on Fashion-MNIST, %d rank(s) on %s%s, %s, %s, batch %d x %d micro-batch(es) "
+    const std::string sharding =
+        o.shard > 0 ? ", sharded (ZeRO stage " + std::to_string(o.shard) + ", " +
+                          std::to_string(layout.shard_elements()) + " of " + std::to_string(layout.total) +
+                          " elements per rank)"
+                    : "";
+    std::printf("gradkit train: MLP %s on Fashion-MNIST, %d rank(s) on %s%s, %s%s, %s, batch %d x %d micro-batch(es) "
                 "per rank, %lld steps per epoch\n",
                 widths.c_str(), ranks, cuda ? "cuda" : "cpu", cuda ? " (f16, dynamic loss scaling)" : "",
-                o.optimizer.c_str(), o.reduce.c_str(), o.batch, o.accumulate, static_cast<long long>(steps));
+                o.optimizer.c_str(), sharding.c_str(), o.reduce.c_str(), o.batch, o.accumulate,
+                static_cast<long long>(steps));
   }
   if (lead && !o.log.empty()) start_log(o.log, /*resumed=*/!o.resume.empty());
 
@@ -257,7 +282,11 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
         accumulate.accumulate_v2(Flag::host(m == 0));  // the first micro-batch overwrites
       }
       if (adasum) adasum->run();
-      else grads.all_reduce(*comm, ReduceOp::average);
+      else if (o.shard == 0) grads.all_reduce(*comm, ReduceOp::average);
+      // Stage 2: the gradients as backward finishes them, last layer first.
+      if (o.shard == 2) {
+        for (size_t i = sizes.size(); i-- > 0;) optimizer->mark_ready(i);
+      }
       optimizer->step();
       // The running loss costs a synchronization on a GPU: read it now and then.
       if (lead && (step % 50 == 49 || step + 1 == steps)) {
@@ -286,10 +315,10 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
                   note.empty() ? "" : ", ", note.c_str());
     progress.finish(summary);
     if (lead && !o.log.empty()) log_epoch(o.log, result);
-    if (lead && !o.save.empty()) {
+    if (!o.save.empty()) {
       CheckpointHeader h = header;
       h.completed_epochs = epoch;
-      save_checkpoint(o.save, h, o, params, *optimizer);
+      save_checkpoint(o.save, h, o, params, *optimizer, /*write=*/lead);
     }
   }
   if (lead && !o.plot.empty()) {

@@ -22,6 +22,10 @@ struct TrainOptions {
   float lr = 1e-3f;
   float weight_decay = 0.0f;
   std::string reduce = "allreduce";  // allreduce | adasum
+  // ZeRO stage: 0 unsharded; 1 the optimizer state split across ranks
+  // (ShardedAdam); 2 also each bucket reduce-scattered once its gradients
+  // are final (mark_ready).
+  int shard = 0;
   uint64_t seed = 1;
   int64_t limit = 0;       // use only the first `limit` training images (0: all)
   std::string save;        // checkpoint after every epoch (atomic)
