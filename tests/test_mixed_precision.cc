@@ -13,6 +13,7 @@
 #include "gradkit/optim/mixed_precision.h"
 #include "support/adam_reference.h"
 #include "support/device_param.h"
+#include "support/expect_error.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"
 
@@ -88,6 +89,65 @@ TEST_P(GradientCheck, NormsFlagAndDivisorMatchTheReference) {
       }
     }
   }
+}
+
+// Three lists checked apart (the ranks' shards), their partials combined:
+// the flag, norm and divisor of one check over all three, with a NaN in
+// one list caught, and the combine's own arguments checked.
+TEST_P(GradientCheck, CombinedPartialsOfSeveralListsMatchOneCheck) {
+  std::mt19937_64 rng(5);
+  for (NormType type : {NormType::l2, NormType::infinity}) {
+    for (bool poison : {false, true}) {
+      std::vector<std::vector<double>> values;
+      std::vector<TestTensor> grads;
+      for (int64_t n : {1000, 70000, 3}) {
+        values.push_back(round_to(DType::f16, random_values(rng, n, 64.0)));
+        grads.emplace_back(device(), DType::f16, values.back());
+      }
+      if (poison) {
+        std::vector<double> v = values[1];
+        v[500] = NAN;
+        grads[1] = TestTensor(device(), DType::f16, v);
+      }
+      const float scale = 64.0f, max_norm = 2.0f;
+      TestTensor partials(device(), DType::f64, std::vector<double>(6, -1.0));
+      std::vector<GradientCheckPlan> plans;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const TensorView view = grads[i].view();
+        plans.emplace_back(std::span<const TensorView>(&view, 1), GradientCheckOptions{type, max_norm});
+        plans.back().check({.partial = partials.view().as<double>() + 2 * i}, scale);
+      }
+      TestTensor out(device(), DType::f32, std::vector<double>(2, -1.0));
+      TestFlag found(device(), !poison);
+      float* o = out.view().as<float>();
+      plans[0].combine(partials.view().as<double>(), 3, {.found_inf = found.pointer(), .grad_divisor = o, .global_norm = o + 1},
+                       scale);
+      synchronize(device());
+      const auto got = out.read();
+      const std::string what = std::string(type == NormType::l2 ? "l2" : "inf") + (poison ? " with a NaN" : "");
+      EXPECT_EQ(found.read(), poison) << what;
+      if (poison) {
+        EXPECT_TRUE(std::isnan(got[1])) << what;
+        EXPECT_EQ(got[0], scale) << what;  // a skipped step's divisor is the scale
+        continue;
+      }
+      const double norm = reference_norm(values, scale, type);
+      EXPECT_NEAR(got[1], norm, 1e-6 * norm) << what;
+      EXPECT_NEAR(got[0], scale / std::min(max_norm / (norm + 1e-6), 1.0), 1e-6 * got[0]) << what;
+    }
+  }
+  const TestTensor g(device(), DType::f32, {1.0, 2.0});
+  const TensorView view = g.view();
+  const GradientCheckPlan plan(std::span<const TensorView>(&view, 1));
+  TestTensor partials(device(), DType::f64, {1.0, 0.0});
+  TestTensor out(device(), DType::f32, {-1.0, -1.0});
+  float* o = out.view().as<float>();
+  expect_error([&] { plan.combine(partials.view().as<double>(), 0, {.global_norm = o}); }, ErrorCode::invalid_argument,
+               {"'count'", ">= 1"});
+  expect_error([&] { plan.combine(nullptr, 1, {.global_norm = o}); }, ErrorCode::null_pointer, {"'partials'"});
+  expect_error([&] { plan.combine(partials.view().as<double>(), 1, {.tensor_norms = o}); },
+               ErrorCode::invalid_argument, {"'tensor_norms'", "null"});
+  EXPECT_EQ(out.read(), (std::vector<double>{-1.0, -1.0}));  // nothing written
 }
 
 TEST_P(GradientCheck, OneBadElementAmongTenThousandTensorsIsCaught) {

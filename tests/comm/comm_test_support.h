@@ -17,6 +17,7 @@
 #include "gradkit/comm/communicator.h"
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
+#include "support/expect_error.h"
 #include "support/tolerance.h"
 
 namespace gradkit::test {
@@ -87,19 +88,6 @@ int expect_reduced(const std::vector<double>& got, uint64_t seed, int ranks, DTy
 // Element-by-element equality of [begin, end), reporting the first few.
 int expect_equal(const std::vector<double>& got, const std::vector<double>& want, int64_t begin, int64_t end,
                  const std::string& what);
-
-// Runs `call`, expects an Error of `code` whose message contains every one
-// of `parts`.
-template <class Call>
-void expect_error(Call&& call, ErrorCode code, const std::vector<std::string>& parts) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an Error(" << error_code_name(code) << ")";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const std::string& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
 
 // Turns checked mode on for a scope (of a shared communicator, say).
 struct CheckedScope {
