@@ -36,11 +36,42 @@ def bert_large_sizes():
     return sizes
 
 
+def zero_rows(record, device, rank, world):
+    """ZeroRedundancyOptimizer(AdamW, fused) on BERT-large's f32 parameters, after
+    the all-reduce it needs (DDP's), and the parts a sharded step is made of:
+    reduce-scatter and all-gather of the whole list, fused AdamW on one rank."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    sizes = bert_large_sizes()
+    total = sum(sizes)
+    padded = (total + world - 1) // world * world
+    flat = torch.randn(padded, device=device)
+    mine = flat[rank * (padded // world):(rank + 1) * (padded // world)]
+    record("zero-all-reduce", lambda: dist.all_reduce(flat))
+    record("zero-reduce-scatter", lambda: dist.reduce_scatter_tensor(mine, flat))
+    record("zero-all-gather", lambda: dist.all_gather_into_tensor(flat, mine))
+    del flat, mine
+    torch.manual_seed(0)  # the same weights on every rank
+    params = [torch.nn.Parameter(torch.randn(n, device=device) * 0.02) for n in sizes]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    fused = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    record("zero-fused-adamw", fused.step)
+    del fused
+    torch.cuda.empty_cache()
+    zero = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=1e-4, fused=True)
+    record("zero-step", zero.step)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1,16,256,1024", help="flat buffer sizes in MiB (f32)")
     parser.add_argument("--collectives", default="all-reduce,all-gather,reduce-scatter")
     parser.add_argument("--bert", default="on", choices=["on", "off"])
+    parser.add_argument("--zero", default="off", choices=["on", "off"],
+                        help="PyTorch's ZeRO path on BERT-large (gradkit-bench-sharded's torch rows)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--init-file", required=True, help="a path every rank can reach, not existing yet")
@@ -124,6 +155,9 @@ def main():
 
         record("bert-coalesced", lambda: dist.all_reduce_coalesced(tensors))
         record("bert-per-tensor", per_tensor)
+
+    if args.zero == "on":
+        zero_rows(record, device, rank, world)
 
     if rank == 0:
         with open(args.out, "w") as f:

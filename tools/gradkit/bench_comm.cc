@@ -29,6 +29,7 @@
 #include "gradkit/comm/gradient_arena.h"
 #include "gradkit/core/error.h"
 #include "options.h"
+#include "torch_results.h"
 #include "workloads.h"
 
 namespace gradkit::tool {
@@ -96,24 +97,6 @@ class Timer {
   int warmup_, reps_;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
-
-// torch_dist_bench.py's results: "<key> <ms>" per line.
-std::map<std::string, double> read_torch_results(const std::string& path) {
-  std::map<std::string, double> results;
-  if (path.empty()) return results;
-  std::ifstream in(path);
-  if (!in) {
-    std::fprintf(stderr, "gradkit-bench-comm: cannot read --torch-results %s; no torch column\n", path.c_str());
-    return results;
-  }
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream fields(line);
-    std::string key;
-    double ms = 0;
-    if (fields >> key >> ms && ms > 0) results[key] = ms;
-  }
-  return results;
-}
 
 std::string size_name(size_t bytes) {
   if (bytes < (size_t{1} << 20)) return std::to_string(bytes >> 10) + " KiB";
@@ -377,7 +360,7 @@ int run(int argc, char** argv, bool report) {
   }
   s.directs = shifted(directs, 10);
   s.pipelines = shifted(pipelines, 20);
-  s.torch = read_torch_results(torch_results);
+  s.torch = read_torch_results(torch_results, "gradkit-bench-comm");
 
   std::unique_ptr<Communicator> comm = create_nccl_communicator();
   const int device = comm->device().index;
