@@ -182,7 +182,20 @@ void bind_arena_and_adasum(nb::module_& m) {
           [](GradientArena* a, const std::string& device, DType dtype, const std::vector<int64_t>& numels,
              size_t alignment) { new (a) GradientArena(parse_device(device), dtype, numels, alignment); },
           nb::arg("device"), nb::arg("dtype"), nb::arg("numels"), nb::arg("alignment") = 256)
+      .def(
+          "__init__",
+          [](GradientArena* a, const std::string& device, DType dtype, const ShardedLayout& layout) {
+            new (a) GradientArena(parse_device(device), dtype, layout);
+          },
+          nb::arg("device"), nb::arg("dtype"), nb::arg("layout"),
+          "The tensors of a ShardedLayout at its offsets, padding included (a sharded model's weights or gradients).")
       .def("__len__", &GradientArena::size)
+      .def("buffer",
+           [](nb::handle self) {
+             const GradientArena& a = nb::cast<GradientArena&>(self);
+             return to_array(a.buffer().view(a.dtype(), 0, static_cast<int64_t>(a.buffer().bytes() / dtype_size(a.dtype()))), self);
+           },
+           "The whole allocation, padding included, as one 1-D array.")
       .def("gradients", [](nb::handle self) { return to_arrays(nb::cast<GradientArena&>(self).gradients(), self); },
            "Each gradient as a 1-D array (zero-copy; the arena stays alive while an array does).")
       .def("flat", [](nb::handle self) { return to_array(nb::cast<GradientArena&>(self).flat(), self); },

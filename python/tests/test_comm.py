@@ -3,7 +3,8 @@ under mpiexec with 2, 3 and 4 ranks (MPI communicator, list collectives,
 GradientArena, Adasum, checked mode, bad input), and
 ranks/torch_ddp_cpu.py with 2 and 3 ranks (the DDP hooks and
 all_reduce_gradients over the MPI communicator against DDP's default over
-gloo). Skipped where gradkit was built without MPI or mpiexec is missing.""" 
+gloo), ranks/sharded_adamw.py with 2 and 3 ranks (ShardedAdamW against
+DDP and torch.optim.AdamW). Skipped where gradkit was built without MPI or mpiexec is missing.""" 
 import os
 import pathlib
 import shutil
@@ -34,6 +35,19 @@ def test_mpi_collectives_through_the_bindings(ranks):
 def test_ddp_hooks_over_the_mpi_communicator(ranks, tmp_path):
     pytest.importorskip("torch")
     script = SCRIPT.parent / "torch_ddp_cpu.py"
+    cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", sys.executable, str(script),
+           str(tmp_path / "rendezvous")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.stdout.count(": ok") == ranks, done.stdout
+
+
+@needs_mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_sharded_adamw_over_the_mpi_communicator(ranks, tmp_path):
+    pytest.importorskip("torch")
+    script = SCRIPT.parent / "sharded_adamw.py"
     cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", sys.executable, str(script),
            str(tmp_path / "rendezvous")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")

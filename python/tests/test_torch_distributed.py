@@ -1,6 +1,7 @@
 """gradkit.torch.distributed on 2 GPUs (skipped with fewer): the DDP hooks and
 the loop without DDP against torch's DDP under torchrun
-(ranks/torch_ddp.py), and a dead rank (ranks/dead_rank.py)."""
+(ranks/torch_ddp.py), ShardedAdamW against DDP and torch.optim.AdamW
+(ranks/sharded_adamw.py), and a dead rank (ranks/dead_rank.py)."""
 import os
 import pathlib
 import shutil
@@ -35,6 +36,15 @@ def env():
 def test_ddp_hooks_under_torchrun():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            str(RANKS / "torch_ddp.py")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env())
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.stdout.count(": ok") == 2, done.stdout
+
+
+@two_gpus
+def test_sharded_adamw_under_torchrun(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           str(RANKS / "sharded_adamw.py"), str(tmp_path / "sharded")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env())
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert done.stdout.count(": ok") == 2, done.stdout

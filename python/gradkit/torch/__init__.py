@@ -8,3 +8,9 @@ from gradkit.torch.flat import FlatGradients, flat_gradients
 from gradkit.torch.optim import Adam, AdamW, Lamb
 
 __all__ = ["Adam", "AdamW", "Lamb", "AmpStep", "FlatGradients", "flat_gradients"]
+
+import gradkit as _gradkit
+
+if hasattr(_gradkit, "ShardedAdam"):  # built with the communication layer
+    from gradkit.torch.sharded import ShardedAdamW
+    __all__.append("ShardedAdamW")

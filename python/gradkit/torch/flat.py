@@ -19,7 +19,7 @@ class FlatGradients:
     step (zeros if it took no part), as with zero_grad(set_to_none=False).
     """
 
-    def __init__(self, params, alignment=256):
+    def __init__(self, params, alignment=256, layout=None):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params holds no parameter that requires a gradient")
@@ -29,8 +29,11 @@ class FlatGradients:
             raise TypeError(f"params have dtypes {sorted(str(d) for d in dtypes)}, expected one dtype "
                             "(one arena holds one dtype)")
         dtype = gradkit_dtype(self.params[0].dtype, "params[0]")
-        self.arena = gradkit.GradientArena(device_name(self.device), dtype, [p.numel() for p in self.params],
-                                           alignment)
+        if layout is not None:  # a sharded optimizer's layout (gradkit.ShardedLayout)
+            self.arena = gradkit.GradientArena(device_name(self.device), dtype, layout)
+        else:
+            self.arena = gradkit.GradientArena(device_name(self.device), dtype, [p.numel() for p in self.params],
+                                               alignment)
         self.flat = torch.from_dlpack(self.arena.flat())
         self.views = [torch.from_dlpack(a).view(p.shape) for a, p in zip(self.arena.gradients(), self.params)]
         self._zero = gradkit.ZeroPlan([self.flat])  # planned once: zeroing costs one launch, no table upload

@@ -1,0 +1,192 @@
+"""AdamW with its state split across ranks (ZeRO stages 1 and 2), for
+training loops without DDP: gradkit.ShardedAdam under a torch.optim.Optimizer.
+
+    comm = gradkit.torch.distributed.from_process_group()   # or a gradkit communicator
+    opt = gradkit.torch.ShardedAdamW(model.parameters(), comm, lr=1e-4, weight_decay=0.01)
+    for batch in data:
+        opt.zero_grad()
+        loss_fn(model(batch)).backward()
+        opt.step()      # reduce-scatter, check, AdamW on this rank's shard, all-gather
+
+Do not all-reduce the gradients yourself: the step averages them over the
+ranks (a reduce-scatter), and every rank ends the step with every weight.
+
+The parameters' data and gradients move into two flat buffers laid out for
+the ranks' shards (gradkit.ShardedLayout): each parameter's .data becomes a
+view of the weight buffer and its .grad a view of the gradient buffer
+(copied in, zero-copy from then on). Each rank keeps the moments (and for
+float16/bfloat16 parameters the float32 master weights) of its shard only:
+8 (12) bytes per parameter over the rank count, where torch.optim.AdamW on
+every rank keeps 8 (and no masters). Every number is computed by gradkit.
+
+Stage 2 (torch 2.1 or newer): each bucket is reduce-scattered as soon as
+backward has produced all of its gradients (post-accumulate-grad hooks), so
+communication overlaps backward. Accumulating several backward passes into
+one step: run the earlier ones inside `with opt.no_sync():`.
+
+The state is saved and loaded with save(path)/load(path) (collective: every
+rank calls them): one file in the unsharded optimizer's format, which loads
+onto any number of ranks and into gradkit.MixedPrecisionAdam / gradkit.Adam.
+state_dict() is refused: no rank holds the whole state.
+"""
+import contextlib
+
+import torch
+
+import gradkit
+from gradkit.torch._device import common_device, device_name, gradkit_dtype, stream_handle
+from gradkit.torch.flat import FlatGradients
+
+if not hasattr(gradkit, "ShardedAdam"):
+    raise ImportError("gradkit was built without its communication layer (MPI was not found when it was built)")
+
+
+class ShardedAdamW(torch.optim.Optimizer):
+    """AdamW (PyTorch's decoupled weight decay) with its state split over the
+    ranks of `comm`. `stage` 1 reduce-scatters every bucket in step(); 2 as
+    backward finishes each. `bucket_elements`: elements per bucket (one
+    reduce-scatter and one all-gather each). `max_norm` > 0 clips the global
+    gradient norm (over every rank's shard). `scaler` (a
+    gradkit.LossScalerOptions) for float16 models whose loss is scaled:
+    multiply the loss by `loss_scale_tensor`; steps with Inf/NaN gradients are
+    skipped either way."""
+
+    def __init__(self, params, comm, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False,
+                 maximize=False, *, stage=1, bucket_elements=1 << 24, max_norm=0.0, scaler=None,
+                 moment_dtype=torch.float32):
+        if stage not in (1, 2):
+            raise ValueError(f"stage is {stage!r}, expected 1 or 2")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
+        super().__init__(params, defaults)
+        self.comm = getattr(comm, "comm", comm)  # gradkit.torch.distributed.Communicator, or gradkit's own
+        params = [p for g in self.param_groups for p in g["params"]]
+        self._device = common_device(params, "params")
+        if self._device != torch.device(self.comm.device):
+            raise ValueError(f"params are on {self._device}, expected {self.comm.device} (the communicator's device)")
+        dtype = gradkit_dtype(params[0].dtype, "params[0]")
+        self.layout = gradkit.ShardedLayout([p.numel() for p in params], self.comm.size, bucket_elements)
+        self._weights = gradkit.GradientArena(device_name(self._device), dtype, self.layout)
+        with torch.no_grad():
+            views = [torch.from_dlpack(a).view(p.shape) for a, p in zip(self._weights.gradients(), params)]
+            for p, v in zip(params, views):
+                v.copy_(p)
+                p.data = v
+        self.gradients = FlatGradients(params, layout=self.layout)
+        groups, at = [], 0
+        for g in self.param_groups:
+            n = len(g["params"])
+            groups.append({"params": views[at:at + n], "grads": self.gradients.views[at:at + n],
+                           "hyperparameters": self._hyperparameters(g)})
+            at += n
+        self._sharded = gradkit.ShardedAdam(self.comm, self.layout, groups, scaler=scaler, max_norm=max_norm,
+                                            moment_dtype=gradkit_dtype(moment_dtype, "moment_dtype"))
+        self._lrs = [float(g["lr"]) for g in self.param_groups]
+        self._marking = True
+        self._hooks = []
+        if stage == 2:
+            if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+                raise RuntimeError(f"stage 2 needs torch 2.1 or newer (Tensor.register_post_accumulate_grad_hook); "
+                                   f"this is torch {torch.__version__}")
+            for i, p in enumerate(params):
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._marker(i)))
+
+    def _marker(self, index):
+        def mark(_param):
+            if self._marking:
+                self._sharded.mark_ready(index, stream_handle(self._device))
+        return mark
+
+    @staticmethod
+    def _hyperparameters(g):
+        return gradkit.AdamHyperparameters(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
+                                           weight_decay=g["weight_decay"], decay=gradkit.WeightDecay.decoupled,
+                                           amsgrad=g["amsgrad"], maximize=g["maximize"])
+
+    def add_param_group(self, param_group):
+        if hasattr(self, "_sharded"):
+            raise RuntimeError("ShardedAdamW lays out its parameters once; make a new optimizer to add a group")
+        super().add_param_group(param_group)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Stage 2: backward passes inside do not start reduce-scatters (gradient accumulation)."""
+        self._marking = False
+        try:
+            yield
+        finally:
+            self._marking = True
+
+    def _reattach(self):
+        """A .grad was replaced (model.zero_grad(set_to_none=True), say): back into the buffer,
+        zeros where a parameter has no gradient."""
+        with torch.no_grad():
+            for p, v in zip(self.gradients.params, self.gradients.views):
+                if p.grad is None:
+                    v.zero_()
+            self.gradients.attach()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Reduce-scatter (average), check, AdamW on this rank's shard, loss scaler, all-gather."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self.gradients.attached_cheap():
+            self._reattach()
+        for i, g in enumerate(self.param_groups):
+            lr = float(g["lr"])
+            if lr != self._lrs[i]:  # an lr scheduler changed it
+                self._sharded.set_lr(i, lr)
+                self._lrs[i] = lr
+        self._sharded.step(stream_handle(self._device))
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        """Zeroes the gradient buffer in one launch; the .grad views stay (set_to_none is
+        not honoured: the gradients must stay in the buffer)."""
+        if not self.gradients.attached_cheap():
+            self._reattach()
+        self.gradients.zero_()
+
+    def state_dict(self):
+        raise NotImplementedError("ShardedAdamW keeps its state split over the ranks: save it with save(path) "
+                                  "(every rank calls it; one file in gradkit's unsharded format, loadable on any "
+                                  "rank count) and load(path)")
+
+    def load_state_dict(self, state_dict):
+        raise NotImplementedError("ShardedAdamW loads its state with load(path) (see state_dict)")
+
+    def save(self, path):
+        """Every rank calls it; rank 0 writes the file (gradkit's unsharded format)."""
+        self._sharded.save(str(path))
+
+    def load(self, path):
+        """Every rank calls it; nothing is loaded on any rank unless every rank can load.
+        float16/bfloat16 parameters are rewritten from the loaded master weights."""
+        self._sharded.load(str(path))
+        self._lrs = [self._sharded.lr(i) for i in range(len(self.param_groups))]
+        for g, lr in zip(self.param_groups, self._lrs):
+            g["lr"] = lr
+
+    @property
+    def loss_scale(self):
+        return self._sharded.loss_scale
+
+    @property
+    def loss_scale_tensor(self):
+        """The loss scale as a one-element float32 tensor on the device (multiply the loss by it)."""
+        return torch.from_dlpack(self._sharded.loss_scale_device)
+
+    @property
+    def last_step_skipped(self):
+        return self._sharded.last_step_skipped
+
+    @property
+    def step_count(self):
+        return self._sharded.step_count
+
+    @property
+    def state_bytes(self):
+        """Bytes of optimizer state (moments, masters) this rank holds."""
+        return self._sharded.state_bytes

@@ -1,0 +1,159 @@
+"""gradkit.torch.ShardedAdamW against DDP's default all-reduce with
+torch.optim.AdamW and the same lr schedule; every rank ends with the same
+weights; its state saved and loaded goes on bitwise alike; stage 2 (torch
+2.1 and newer) equals stage 1; bad input is refused. Exits non-zero on the
+first mismatch. Two ways to run it:
+- by test_comm.py under mpiexec (2 or 3 ranks, the CPU): gradkit's MPI
+  communicator, DDP over gloo; argv[1] names a file for gloo's rendezvous;
+- by test_torch_distributed.py under torchrun (2 GPUs): gradkit's NCCL
+  communicator from the NCCL process group; argv[1] a path prefix for the
+  state file."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradkit
+import gradkit.torch as gt
+import gradkit.torch.distributed as gtd
+from torch_ddp_cpu import batch, close, fail
+
+TORCHRUN = "LOCAL_RANK" in os.environ
+DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if TORCHRUN else torch.device("cpu")
+
+STEPS = 20
+BUCKET = 300  # elements: several buckets even for this model
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4)).to(DEVICE)
+
+
+def loss_of(model, step, rank):
+    x, y = batch(step, rank)
+    return torch.nn.functional.mse_loss(model(x.to(DEVICE)), y.to(DEVICE))
+
+
+def schedule(opt):
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
+
+
+def train_reference():
+    model = make_model()
+    ddp = DDP(model, device_ids=[DEVICE.index] if TORCHRUN else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = schedule(opt)
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss_of(ddp, step, dist.get_rank()).backward()
+        opt.step()
+        sched.step()
+    del ddp
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def train_sharded(comm, stage=1, steps=STEPS, model=None, opt=None, first=0):
+    if model is None:
+        model = make_model()
+        opt = gt.ShardedAdamW(model.parameters(), comm, lr=1e-2, stage=stage, bucket_elements=BUCKET)
+    sched = schedule(opt) if first == 0 else None
+    for step in range(first, first + steps):
+        opt.zero_grad()
+        loss_of(model, step, comm.rank).backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+    return model, opt
+
+
+def weights(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def same_on_every_rank(rank, size, tensors, what):
+    for t in tensors:
+        everyone = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(everyone, t)
+        if not all(torch.equal(everyone[0], x) for x in everyone):
+            fail(rank, f"{what}: the ranks hold different weights")
+
+
+def main():
+    if TORCHRUN:
+        torch.cuda.set_device(DEVICE)
+        dist.init_process_group("nccl")
+        run(gtd.from_process_group())
+        return
+    with gradkit.MpiEnvironment():
+        comm = gtd.Communicator(gradkit.create_mpi_communicator(gradkit.CommunicatorOptions(timeout_s=60)))
+        dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=comm.rank, world_size=comm.size)
+        run(comm)
+        del comm  # before MPI is finalized
+
+
+def run(comm):
+    rank, size = comm.rank, comm.size
+
+    reference = train_reference()
+    model, opt = train_sharded(comm)
+    close(rank, weights(model), reference, "ShardedAdamW against DDP + torch.optim.AdamW")
+    same_on_every_rank(rank, size, weights(model), "stage 1")
+    n = sum(p.numel() for p in model.parameters())
+    if not 0 < opt.state_bytes <= 8 * n / size + 3 * 256 * 2 * len(list(model.parameters())):
+        fail(rank, f"holds {opt.state_bytes} bytes of state, expected about 8 x {n} / {size}")
+    if opt.step_count != STEPS:
+        fail(rank, f"step_count {opt.step_count}, expected {STEPS}")
+
+    if hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+        staged, _ = train_sharded(comm, stage=2)
+        if not all(torch.equal(a, b) for a, b in zip(weights(staged), weights(model))):
+            fail(rank, "stage 2 differs from stage 1")
+
+    # Saved after 10 steps and loaded into a new optimizer (the weights go with the
+    # model): both go on alike, bit for bit.
+    path = sys.argv[1] + ".state"
+    first, first_opt = train_sharded(comm, steps=10)
+    first_opt.save(path)
+    second = make_model()
+    with torch.no_grad():
+        for a, b in zip(second.parameters(), first.parameters()):
+            a.copy_(b)
+    second_opt = gt.ShardedAdamW(second.parameters(), comm, lr=1e-2, bucket_elements=BUCKET)
+    second_opt.load(path)
+    f32 = lambda x: torch.tensor(x, dtype=torch.float32)  # gradkit keeps learning rates in float32
+    if second_opt.step_count != 10 or f32(second_opt.param_groups[0]["lr"]) != f32(first_opt.param_groups[0]["lr"]):
+        fail(rank, f"loaded step {second_opt.step_count}, lr {second_opt.param_groups[0]['lr']}")
+    train_sharded(comm, steps=5, model=first, opt=first_opt, first=10)
+    train_sharded(comm, steps=5, model=second, opt=second_opt, first=10)
+    if not all(torch.equal(a, b) for a, b in zip(weights(first), weights(second))):
+        fail(rank, "the run loaded from the file differs from the run that saved it")
+    dist.barrier()
+    if rank == 0:
+        os.remove(path)
+
+    # Bad input: named, and nothing made.
+    for call, expected in [(lambda: gt.ShardedAdamW(make_model().parameters(), comm, stage=3), "stage is 3"),
+                           (lambda: opt.state_dict(), "save(path)")]:
+        try:
+            call()
+            fail(rank, f"accepted: expected an error saying {expected!r}")
+        except (ValueError, NotImplementedError) as e:
+            if expected not in str(e):
+                fail(rank, f"the error does not say {expected!r}: {e}")
+    try:
+        opt.load(sys.argv[1] + ".missing")
+        fail(rank, "loaded a missing file")
+    except OSError as e:
+        if ".missing" not in str(e):
+            fail(rank, f"the error does not name the file: {e}")
+
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank} of {size}: ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()
