@@ -30,30 +30,27 @@ def test_mpi_collectives_through_the_bindings(ranks):
     assert done.stdout.count(": ok") == ranks, done.stdout
 
 
-@needs_mpi
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_ddp_hooks_over_the_mpi_communicator(ranks, tmp_path):
+def run_torch_ranks(script, ranks, tmp_path):
+    """`script` (in ranks/) under mpiexec with `ranks` ranks and torch; argv[1] a rendezvous file."""
     pytest.importorskip("torch")
-    script = SCRIPT.parent / "torch_ddp_cpu.py"
-    cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", sys.executable, str(script),
-           str(tmp_path / "rendezvous")]
+    cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", sys.executable,
+           str(SCRIPT.parent / script), str(tmp_path / "rendezvous")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert done.stdout.count(": ok") == ranks, done.stdout
+
+
+@needs_mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ddp_hooks_over_the_mpi_communicator(ranks, tmp_path):
+    run_torch_ranks("torch_ddp_cpu.py", ranks, tmp_path)
 
 
 @needs_mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_sharded_adamw_over_the_mpi_communicator(ranks, tmp_path):
-    pytest.importorskip("torch")
-    script = SCRIPT.parent / "sharded_adamw.py"
-    cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", sys.executable, str(script),
-           str(tmp_path / "rendezvous")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert done.stdout.count(": ok") == ranks, done.stdout
+    run_torch_ranks("sharded_adamw.py", ranks, tmp_path)
 
 
 def test_from_process_group_needs_an_initialized_process_group():

@@ -99,20 +99,20 @@ constexpr std::string_view kMomentSections[] = {"exp_avg", "exp_avg_sq", "max_ex
 
 ShardedAdam::ShardedAdam(Communicator& comm, const ShardedLayout& layout, std::vector<AdamGroup> groups,
                          ShardedOptions options)
-    : comm_(comm), layout_(layout), groups_(std::move(groups)), communication_stream_(options.communication_stream) {
-  if (groups_.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
+    : comm_(comm), layout_(layout), communication_stream_(options.communication_stream) {
+  if (groups.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
   if (layout_.world_size != comm.size()) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "layout",
                          "was made for " + std::to_string(layout_.world_size) + " ranks, expected comm.size() = " +
                              std::to_string(comm.size()));
   }
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    if (!groups_[g].model_copy.empty()) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!groups[g].model_copy.empty()) {
       throw_argument_error(ErrorCode::invalid_argument, kOp, "groups[" + std::to_string(g) + "].model_copy",
                            "is given; expected none (the params are the model's weights, which the step writes)");
     }
   }
-  const ParameterLists lists = flatten_groups(kOp, groups_);
+  const ParameterLists lists = flatten_groups(kOp, groups);
   if (lists.params.empty()) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "hold no tensors; expected the model's");
   }
@@ -143,8 +143,8 @@ ShardedAdam::ShardedAdam(Communicator& comm, const ShardedLayout& layout, std::v
     synchronize(device);
   }
 
-  std::vector<AdamGroup> shard_groups(groups_.size());
-  for (size_t g = 0; g < groups_.size(); ++g) shard_groups[g].hyperparameters = groups_[g].hyperparameters;
+  std::vector<AdamGroup> shard_groups(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) shard_groups[g].hyperparameters = groups[g].hyperparameters;
   for (size_t k = 0; k < weight_pieces_.size(); ++k) {
     AdamGroup& g = shard_groups[static_cast<size_t>(group_of_piece[k])];
     g.params.push_back(mixed_ ? masters_[k] : weight_pieces_[k]);
@@ -152,7 +152,7 @@ ShardedAdam::ShardedAdam(Communicator& comm, const ShardedLayout& layout, std::v
     if (mixed_) g.model_copy.push_back(weight_pieces_[k]);
   }
   shard_shapes_ = shapes_of(shard_groups, DType::f32);
-  model_shapes_ = shapes_of(groups_, DType::f32);
+  model_shapes_ = shapes_of(groups, DType::f32);
 
   scalars_ = Buffer(device, 2 * sizeof(double) * static_cast<size_t>(comm.size()) + sizeof(Scalars));
   GradientCheckOptions check_options;

@@ -29,6 +29,7 @@
 #include "gradkit/comm/gradient_arena.h"
 #include "gradkit/core/error.h"
 #include "options.h"
+#include "rank_main.h"
 #include "torch_results.h"
 #include "workloads.h"
 
@@ -402,16 +403,5 @@ int run(int argc, char** argv, bool report) {
 }  // namespace gradkit::tool
 
 int main(int argc, char** argv) {
-  gradkit::MpiEnvironment mpi(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  // Rank 0 prints the report (and --help); every rank prints its errors.
-  if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return 1;
-  try {
-    return gradkit::tool::run(argc, argv, /*report=*/rank == 0);
-  } catch (const std::exception& e) {
-    gradkit::tool::print_error("gradkit-bench-comm (rank " + std::to_string(rank) + ")", e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
-  }
+  return gradkit::tool::rank_main("gradkit-bench-comm", argc, argv, gradkit::tool::run);
 }

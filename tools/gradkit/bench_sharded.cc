@@ -17,8 +17,6 @@
 //
 // The NCCL backend (the default where built) needs a GPU per local rank; the
 // MPI backend runs on host memory, by default with every size divided by 16.
-#include <mpi.h>
-
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -33,6 +31,7 @@
 #include "gradkit/core/error.h"
 #include "gradkit/optim/sharded_adam.h"
 #include "options.h"
+#include "rank_main.h"
 #include "torch_results.h"
 #include "workloads.h"
 
@@ -183,15 +182,5 @@ int run(int argc, char** argv, bool report) {
 }  // namespace gradkit::tool
 
 int main(int argc, char** argv) {
-  gradkit::MpiEnvironment mpi(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return 1;
-  try {
-    return gradkit::tool::run(argc, argv, /*report=*/rank == 0);
-  } catch (const std::exception& e) {
-    gradkit::tool::print_error("gradkit-bench-sharded (rank " + std::to_string(rank) + ")", e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
-  }
+  return gradkit::tool::rank_main("gradkit-bench-sharded", argc, argv, gradkit::tool::run);
 }

@@ -114,7 +114,6 @@ class ShardedAdam {
   Communicator& comm_;
   ShardedLayout layout_;
   std::vector<ShardedLayout::Piece> pieces_;
-  std::vector<AdamGroup> groups_;  // the whole model's, as given
   // The shapes a state file's 'groups' section records: the whole model's
   // (the unsharded optimizer's) and this rank's pieces' (the shard's Adam's).
   std::vector<AdamGroup> model_shapes_, shard_shapes_;
