@@ -288,6 +288,76 @@ TEST_P(Lamb, BitwiseDeterministic) {
   EXPECT_EQ(first.bits(), second.bits());
 }
 
+// Every tensor cut in two pieces held by two plans (as two ranks' shards
+// hold them): pass 1 on each writes its row of sums, pass 2 on each adds
+// both rows in order. The moments are bitwise those of the whole step; the
+// trust ratio sums in another order, so the weights agree to f32 roundoff.
+TEST_P(Lamb, TwoPassesOverPiecesMatchTheWholeStep) {
+  std::mt19937_64 a(9), b(9), ga(10), gb(10);
+  Lists whole(device(), a, kSizes), cut(device(), b, kSizes);
+  LambHyperparameters h;
+  h.lambda = 0.01f;
+  const LambPlan full(whole.tensors(), std::span(&h, 1));
+  const size_t n = kSizes.size();
+  std::vector<LambTensors> halves(2);
+  std::vector<std::vector<TensorView>> lists(8);  // w, g, m, v for each half
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t mid = kSizes[i] / 2;
+    for (int half = 0; half < 2; ++half) {
+      const int64_t at = half == 0 ? 0 : mid, count = half == 0 ? mid : kSizes[i] - mid;
+      const TensorView* sources[] = {&cut.wv[i], &cut.gv[i], &cut.mv[i], &cut.vv[i]};
+      for (int k = 0; k < 4; ++k) {
+        const TensorView& t = *sources[k];
+        lists[half * 4 + k].push_back(
+            {static_cast<unsigned char*>(t.data) + at * static_cast<int64_t>(dtype_size(t.dtype)), count, t.dtype, t.device});
+      }
+    }
+  }
+  for (int half = 0; half < 2; ++half) {
+    halves[half] = {lists[half * 4], lists[half * 4 + 1], lists[half * 4 + 2], lists[half * 4 + 3], {}, {}};
+  }
+  const LambPlan first_half(halves[0], std::span(&h, 1)), second_half(halves[1], std::span(&h, 1));
+  std::vector<int32_t> index(n);
+  for (size_t i = 0; i < n; ++i) index[i] = static_cast<int32_t>(i);
+  Buffer index_buffer(device(), n * sizeof(int32_t)), sums(device(), 2 * 2 * n * sizeof(double));
+  copy_from_host(index_buffer.data(), device(), index.data(), n * sizeof(int32_t));
+  const auto* idx = static_cast<const int32_t*>(index_buffer.data());
+  auto* rows = static_cast<double*>(sums.data());
+  const auto stride = static_cast<int64_t>(2 * n);
+  for (int step = 1; step <= 3; ++step) {
+    whole.new_gradients(ga);
+    cut.new_gradients(gb);
+    full.step({.eta = 0.01f, .step = step});
+    first_half.step({.eta = 0.01f, .step = step, .split = {LambPass::first, rows, idx}});
+    second_half.step({.eta = 0.01f, .step = step, .split = {LambPass::first, rows + stride, idx}});
+    for (const LambPlan* p : {&first_half, &second_half}) {
+      p->step({.eta = 0.01f, .step = step, .split = {LambPass::second, rows, idx, 2, stride}});
+    }
+  }
+  synchronize(device());
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(cut.m[i].bytes(), whole.m[i].bytes()) << "tensor " << i;
+    EXPECT_EQ(cut.v[i].bytes(), whole.v[i].bytes()) << "tensor " << i;
+    EXPECT_LE(relative_error(cut.w[i].read(), whole.w[i].read()), 4 * elementwise_tolerance(DType::f32).relative)
+        << "tensor " << i;
+  }
+  // The split's own arguments are checked before anything is written.
+  const auto before = cut.bits();
+  try {
+    first_half.step({.eta = 0.01f, .step = 4, .split = {LambPass::second, nullptr, idx}});
+    ADD_FAILURE() << "a null split.sums was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'split.sums'"), std::string::npos) << e.what();
+  }
+  try {
+    first_half.step({.eta = 0.01f, .step = 4, .split = {LambPass::second, rows, idx, 0, stride}});
+    ADD_FAILURE() << "split.rows 0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'split.rows'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cut.bits(), before);
+}
+
 TEST_P(Lamb, RejectsBadInputsWithoutWriting) {
   std::mt19937_64 rng(7);
   Lists l(device(), rng, kSizes, DType::f32, DType::f32, DType::f16, true);

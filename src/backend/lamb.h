@@ -8,7 +8,9 @@
 // otherwise). Between the passes, each tensor's partials are summed in chunk
 // order into its trust ratio. Pass 2 reads w, m, v; recomputes d (bit for bit
 // as pass 1 did); writes w (or the delta, and the copy); and clears the mark
-// of a marked element, whose update is 0.
+// of a marked element, whose update is 0. A split step (inputs.split) runs
+// pass 1 and writes each tensor's two sums out (first), or takes the ratios
+// from sums combined elsewhere and runs pass 2 (second).
 #pragma once
 
 #include "gradkit/core/multi_tensor_plan.h"

@@ -2,6 +2,7 @@
 // the CUDA backend (backend/lamb.h, backend/lamb_math.h).
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "backend/lamb.h"
 #include "backend/lamb_math.h"
@@ -24,38 +25,56 @@ void run(const MultiTensorPlan& plan, const LambLaunch& l) {
     return lamb_coefficients<C>(l.groups[plan.groups()[chunk.chunk.tensor]], eta, scale, norm, step);
   };
 
-  // Pass 1: moments, and per-chunk sums of squares.
-  cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
-    const LambCoefficients<C> c = coefficients(chunk);
-    const W* w = chunk.tensor<W>(0);
-    const G* g = chunk.tensor<G>(1);
-    M* m = chunk.tensor<M>(2);
-    M* v = chunk.tensor<M>(3);
-    double w2 = 0, d2 = 0;
-    for (int i = 0; i < chunk.chunk.length; ++i) {
-      const C wc = cpu::to_compute<C>(w[i]);
-      C mc = cpu::to_compute<C>(m[i]), vc = cpu::to_compute<C>(v[i]);
-      lamb_moments(cpu::to_compute<C>(g[i]), mc, vc, c);
-      const M m_stored = cpu::from_compute<M>(mc), v_stored = cpu::from_compute<M>(vc);
-      const C d = lamb_direction(wc, cpu::to_compute<C>(m_stored), cpu::to_compute<C>(v_stored), c);
-      if (finite(d)) {
-        m[i] = m_stored;
-        v[i] = v_stored;
-        d2 += static_cast<double>(d) * d;
-      } else {
-        v[i] = cpu::from_compute<M>(-cpu::to_compute<C>(v[i]));  // mark (see backend/lamb.h)
-      }
-      w2 += static_cast<double>(wc) * wc;
-    }
-    l.partials[2 * chunk.index] = w2;
-    l.partials[2 * chunk.index + 1] = d2;
-  });
-
-  // Per-tensor trust ratios, summing each tensor's chunks in order.
+  const LambSplit& split = in.split;
   std::vector<double> w2(plan.num_tensors(), 0.0), d2(plan.num_tensors(), 0.0);
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    w2[chunks[c].tensor] += l.partials[2 * c];
-    d2[chunks[c].tensor] += l.partials[2 * c + 1];
+  if (split.pass == LambPass::second) {
+    // The whole tensors' sums, every row's added in row order.
+    for (size_t t = 0; t < plan.num_tensors(); ++t) {
+      for (int r = 0; r < split.rows; ++r) {
+        const double* row = split.sums + r * split.row_stride + 2 * static_cast<int64_t>(split.index[t]);
+        w2[t] += row[0];
+        d2[t] += row[1];
+      }
+    }
+  } else {
+    // Pass 1: moments, and per-chunk sums of squares.
+    cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
+      const LambCoefficients<C> c = coefficients(chunk);
+      const W* w = chunk.tensor<W>(0);
+      const G* g = chunk.tensor<G>(1);
+      M* m = chunk.tensor<M>(2);
+      M* v = chunk.tensor<M>(3);
+      double w2c = 0, d2c = 0;
+      for (int i = 0; i < chunk.chunk.length; ++i) {
+        const C wc = cpu::to_compute<C>(w[i]);
+        C mc = cpu::to_compute<C>(m[i]), vc = cpu::to_compute<C>(v[i]);
+        lamb_moments(cpu::to_compute<C>(g[i]), mc, vc, c);
+        const M m_stored = cpu::from_compute<M>(mc), v_stored = cpu::from_compute<M>(vc);
+        const C d = lamb_direction(wc, cpu::to_compute<C>(m_stored), cpu::to_compute<C>(v_stored), c);
+        if (finite(d)) {
+          m[i] = m_stored;
+          v[i] = v_stored;
+          d2c += static_cast<double>(d) * d;
+        } else {
+          v[i] = cpu::from_compute<M>(-cpu::to_compute<C>(v[i]));  // mark (see backend/lamb.h)
+        }
+        w2c += static_cast<double>(wc) * wc;
+      }
+      l.partials[2 * chunk.index] = w2c;
+      l.partials[2 * chunk.index + 1] = d2c;
+    });
+    // Each tensor's chunks summed in order.
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      w2[chunks[c].tensor] += l.partials[2 * c];
+      d2[chunks[c].tensor] += l.partials[2 * c + 1];
+    }
+    if (split.pass == LambPass::first) {
+      for (size_t t = 0; t < plan.num_tensors(); ++t) {
+        split.sums[2 * static_cast<int64_t>(split.index[t])] = w2[t];
+        split.sums[2 * static_cast<int64_t>(split.index[t]) + 1] = d2[t];
+      }
+      return;
+    }
   }
   for (size_t t = 0; t < plan.num_tensors(); ++t) l.ratios[t] = lamb_ratio(w2[t], d2[t], l.groups[plan.groups()[t]]);
 
@@ -107,7 +126,7 @@ void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& l) {
       });
     }
   }
-  if (l.inputs.step_device != nullptr) ++*l.inputs.step_device;
+  if (l.inputs.step_device != nullptr && l.inputs.split.pass != LambPass::first) ++*l.inputs.step_device;
 }
 
 }  // namespace gradkit::backend

@@ -115,19 +115,40 @@ struct NormsPass {
 // dozen dependent loads rather than thousands.
 constexpr int kRatioWarps = 8;
 
+//
+// A split step (backend/lamb.h): the first pass writes the two sums out
+// instead of the ratio; the second reads each tensor's sums from every row,
+// in row order (one lane: a handful of rows), and makes the ratio.
 __global__ void ratios_kernel(PlanArgs plan, LambLaunch launch) {
   const int64_t t = blockIdx.x * int64_t{kRatioWarps} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (t >= plan.num_tensors || !step_enabled(launch)) return;  // uniform across the warp
-  const int64_t begin = plan.first_chunk(t), end = plan.first_chunk(t + 1);
+  const LambSplit& split = launch.inputs.split;
   double w2 = 0, d2 = 0;
+  if (split.pass == LambPass::second) {
+    if (lane != 0) return;
+    for (int r = 0; r < split.rows; ++r) {
+      const double* row = split.sums + r * split.row_stride + 2 * static_cast<int64_t>(split.index[t]);
+      w2 += row[0];
+      d2 += row[1];
+    }
+    launch.ratios[t] = lamb_ratio(w2, d2, launch.groups[plan.groups[t]]);
+    return;
+  }
+  const int64_t begin = plan.first_chunk(t), end = plan.first_chunk(t + 1);
   for (int64_t c = begin + lane; c < end; c += 32) {
     w2 += launch.partials[2 * c];
     d2 += launch.partials[2 * c + 1];
   }
   w2 = cuda::warp_reduce(w2, cuda::Plus{});
   d2 = cuda::warp_reduce(d2, cuda::Plus{});
-  if (lane == 0) launch.ratios[t] = lamb_ratio(w2, d2, launch.groups[plan.groups[t]]);
+  if (lane != 0) return;
+  if (split.pass == LambPass::first) {
+    split.sums[2 * static_cast<int64_t>(split.index[t])] = w2;
+    split.sums[2 * static_cast<int64_t>(split.index[t]) + 1] = d2;
+  } else {
+    launch.ratios[t] = lamb_ratio(w2, d2, launch.groups[plan.groups[t]]);
+  }
 }
 
 template <class W, class M, class Copy, class Update>
@@ -211,7 +232,7 @@ struct UpdatePass {
 };
 
 __global__ void finish_step_kernel(LambLaunch launch) {
-  if (step_enabled(launch)) ++*launch.inputs.step_device;
+  if (step_enabled(launch) && launch.inputs.split.pass != LambPass::first) ++*launch.inputs.step_device;
 }
 
 template <class W, class M, class Copy>
@@ -225,11 +246,13 @@ template <class W, class G, class M>
 void launch_all(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
   using NW = native_t<W>;
   using NM = native_t<M>;
-  cuda::launch_multi_tensor(plan, NormsPass<NW, native_t<G>, NM>{l}, stream);
+  const LambPass pass = l.inputs.split.pass;
+  if (pass != LambPass::second) cuda::launch_multi_tensor(plan, NormsPass<NW, native_t<G>, NM>{l}, stream);
   const cuda::PlanArgs args = cuda::plan_args(plan);
   const auto blocks = static_cast<unsigned>((plan.num_tensors() + kRatioWarps - 1) / kRatioWarps);
   ratios_kernel<<<blocks, 32 * kRatioWarps, 0, cuda::native(stream)>>>(args, l);
   GRADKIT_CUDA_CHECK_LAUNCH();
+  if (pass == LambPass::first) return;
   if (l.copy_list < 0) return launch_update<NW, NM, None>(plan, l, stream);
   if (plan.dtype(l.copy_list) == DType::f16) launch_update<NW, NM, __half>(plan, l, stream);
   else launch_update<NW, NM, __nv_bfloat16>(plan, l, stream);

@@ -84,6 +84,16 @@ void LambPlan::validate_inputs(const LambStepInputs& in) const {
   if (in.do_update.where == Flag::Where::device) {
     ops::check_device_scalar(kOp, "do_update", in.do_update.pointer, device, false);
   }
+  const LambSplit& split = in.split;
+  if (split.pass != LambPass::both && split.pass != LambPass::first && split.pass != LambPass::second) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "split.pass", "is not both, first or second");
+  }
+  if (split.pass != LambPass::both) {
+    ops::check_device_scalar(kOp, "split.sums", split.sums, device, /*optional=*/false);
+    ops::check_device_scalar(kOp, "split.index", split.index, device, /*optional=*/false);
+    check_value(split.rows >= 1, kOp, "split.rows", split.rows, "a count >= 1");
+    check_value(split.row_stride >= 0, kOp, "split.row_stride", static_cast<double>(split.row_stride), "a stride >= 0");
+  }
 }
 
 void LambPlan::step(const LambStepInputs& in, Stream stream) const {

@@ -51,6 +51,26 @@ struct LambTensors {
   std::span<const TensorView> update;      // optional: write the delta here, leave the weights
 };
 
+// A step whose tensors are pieces of larger tensors held by several lists
+// (the ranks' shards of one model): the trust ratio needs each whole
+// tensor's norms, so the step runs in two calls with the norms' partial
+// sums combined in between (docs/ops.md, "lamb_step in two passes").
+enum class LambPass {
+  both,    // the whole step (one call)
+  first,   // pass 1 (moments), then each tensor's sums of w^2 and d^2 to `sums`
+  second,  // the trust ratios from `sums` (every row's, added in row order), pass 2, the step counter
+};
+struct LambSplit {
+  LambPass pass = LambPass::both;
+  // On the plan's device. first: tensor i's two sums go to sums[2 index[i]]
+  // and sums[2 index[i] + 1]; second: its sums are those of rows 0 .. rows-1,
+  // row r at sums + r * row_stride.
+  double* sums = nullptr;
+  const int32_t* index = nullptr;  // one per tensor of the plan
+  int rows = 1;
+  int64_t row_stride = 0;
+};
+
 // Per-step inputs; each may be a host value or a pointer on the plan's device.
 struct LambStepInputs {
   float eta = 1e-3f;  // learning rate, shared by every group
@@ -63,6 +83,7 @@ struct LambStepInputs {
   int64_t* step_device = nullptr;  // read as t, then set to t + 1 if the update happens
   Flag do_update = Flag::none();   // false: nothing is written (and the step stays)
   const bool* found_inf = nullptr; // true: nothing is written (and the step stays)
+  LambSplit split;                 // the whole step unless split.pass says otherwise
 };
 
 class LambPlan {
