@@ -17,7 +17,7 @@
 #include "tensors.h"
 
 #if GRADKIT_WITH_MPI
-#include "gradkit/optim/sharded_adam.h"
+#include "gradkit/optim/sharded.h"
 #endif
 
 namespace gradkit::python {

@@ -23,7 +23,7 @@ target_sources(gradkit PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/mpi/mpi_communicator.cc
   ${CMAKE_CURRENT_LIST_DIR}/mpi/mpi_environment.cc
   # The sharded optimizer is an optimizer over a communicator: it needs this layer.
-  ${CMAKE_CURRENT_LIST_DIR}/../optim/sharded_adam.cc
+  ${CMAKE_CURRENT_LIST_DIR}/../optim/sharded.cc
 )
 target_link_libraries(gradkit PRIVATE MPI::MPI_CXX)
 target_compile_definitions(gradkit PUBLIC GRADKIT_WITH_MPI=1)

@@ -49,6 +49,7 @@ void Lamb::step(Stream stream, const LambStep& s) {
   in.gradient_norm_device = s.gradient_norm_device;
   in.step_device = next_step_device();
   in.found_inf = s.found_inf;
+  in.split = s.split;
   plan_.step(in, stream);
 }
 

@@ -30,7 +30,10 @@ void optimizer_step(Adam& adam, Stream stream, const bool* found_inf, const floa
 }
 void optimizer_step(Lamb& lamb, Stream stream, const bool* found_inf, const float* grad_divisor) {
   // The global clipping is in the divisor; LAMB's own clipping gets no norm.
-  lamb.step(stream, LambStep{.loss_scale_device = grad_divisor, .found_inf = found_inf});
+  LambStep inputs;
+  inputs.loss_scale_device = grad_divisor;
+  inputs.found_inf = found_inf;
+  lamb.step(stream, inputs);
 }
 
 void cast_into(const std::vector<TensorView>& to, const std::vector<TensorView>& from) {

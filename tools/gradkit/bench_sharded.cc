@@ -29,7 +29,7 @@
 #include "cli.h"
 #include "gradkit/comm/gradient_arena.h"
 #include "gradkit/core/error.h"
-#include "gradkit/optim/sharded_adam.h"
+#include "gradkit/optim/sharded.h"
 #include "options.h"
 #include "rank_main.h"
 #include "torch_results.h"

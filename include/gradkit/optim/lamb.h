@@ -34,6 +34,7 @@ struct LambStep {
   float gradient_norm = -1.0f;  // < 0: no clipping
   const float* gradient_norm_device = nullptr;
   const bool* found_inf = nullptr;  // true when the step runs: nothing changes, the counter included
+  LambSplit split;  // a step in two calls over pieces of larger tensors (LambStepInputs::split)
 };
 
 class Lamb {

@@ -9,7 +9,7 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/mixed_precision.h"
-#include "gradkit/optim/sharded_adam.h"
+#include "gradkit/optim/sharded.h"
 #include "train/backend.h"
 
 namespace gradkit::train {

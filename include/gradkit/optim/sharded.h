@@ -1,21 +1,25 @@
-// Adam with its state split across the ranks of a communicator (ZeRO stages
-// 1 and 2): each rank keeps the f32 master weights and the moments of its
-// shard alone (ShardedLayout: its slice of every bucket). One step:
+// Adam or LAMB with its state split across the ranks of a communicator (ZeRO
+// stages 1 and 2): each rank keeps the f32 master weights and the moments of
+// its shard alone (ShardedLayout: its slice of every bucket). One step:
 // reduce-scatter of the gradients (average) into each rank's slices, in
 // place; the mixed-precision check of the shard with the Inf/NaN flags and
 // the norms' partials of all ranks combined in one small all-gather, so
-// every rank takes the same skip and clip decision; Adam on the shard; the
+// every rank takes the same skip and clip decision; the update of the shard
+// (LAMB: pass 1, one small all-gather of every tensor's sums of w^2 and d^2,
+// the trust ratios from all ranks' sums added in rank order, pass 2); the
 // loss scaler's update; all-gather of the updated weights into the model's
 // weights, in place. Stage 2: mark_ready() reduce-scatters a bucket as soon
 // as backward has produced all of its gradients.
 //
-// Adam is element-wise, so the weights are bitwise those of the unsharded
+// Adam is element-wise, so its weights are bitwise those of the unsharded
 // step (Adam, or MixedPrecision<Adam> for f16/bf16 models) on the same
-// averaged gradients; the clipping norm is summed in another order (per
-// rank, then across ranks) and agrees to f64 rounding. docs/ops.md
-// ("Sharded optimizer") states exactly what it computes.
+// averaged gradients. LAMB's moments are bitwise those of the unsharded step;
+// its trust ratios, like the clipping norm, are summed in another order and
+// agree to f64 rounding. docs/ops.md ("ShardedLayout and Sharded<Adam or
+// Lamb>") states exactly what it computes.
 #pragma once
 
+#include <concepts>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +27,7 @@
 #include "gradkit/comm/gradient_arena.h"
 #include "gradkit/ops/grad_check.h"
 #include "gradkit/optim/adam.h"
+#include "gradkit/optim/lamb.h"
 #include "gradkit/optim/loss_scaler.h"
 
 namespace gradkit {
@@ -33,27 +38,30 @@ struct ShardedOptions {
   LossScalerOptions scaler = {.mode = LossScaling::none};
   float max_norm = 0.0f;  // > 0: clip the global norm of the unscaled gradients (clip_grad_norm_)
   NormType norm = NormType::l2;
-  AdamOptions adam;
+  AdamOptions adam;  // the sharded optimizer's own options: Adam's
+  LambOptions lamb;  // or LAMB's
   // Where mark_ready() reduce-scatters a completed bucket (NCCL), after the
   // work the compute stream had queued; step() makes its stream wait for it.
   Stream communication_stream = {};
 };
 
-class ShardedAdam {
+template <class Optimizer>
+class Sharded {
  public:
-  // `groups` hold the whole model, in the tensor order of `layout` (group 0's
-  // tensors first): `params` are the model's weights (f32, or f16/bf16 with
+  using Group = typename Optimizer::Group;
+
+  // `groups` (the optimizer's groups) hold the whole model, in the tensor
+  // order of `layout` (group 0's tensors first): `params` are the model's weights (f32, or f16/bf16 with
   // f32 masters kept for the shard), views of one buffer at the layout's
   // offsets (a GradientArena made from `layout`); `grads` likewise, in a
   // second such buffer (f32, f16 or bf16); `model_copy` empty. Both buffers
   // hold layout.total elements, on comm.device(), and every rank passes the
   // same weights. layout.world_size must be comm.size(). Validates all of
   // it, naming the argument, before allocating the shard's state.
-  ShardedAdam(Communicator& comm, const ShardedLayout& layout, std::vector<AdamGroup> groups,
-              ShardedOptions options = {});
-  ~ShardedAdam();
-  ShardedAdam(const ShardedAdam&) = delete;
-  ShardedAdam& operator=(const ShardedAdam&) = delete;
+  Sharded(Communicator& comm, const ShardedLayout& layout, std::vector<Group> groups, ShardedOptions options = {});
+  ~Sharded();
+  Sharded(const Sharded&) = delete;
+  Sharded& operator=(const Sharded&) = delete;
 
   // Stage 2: tensor `tensor`'s gradient is final once the work queued so far
   // on `compute_stream` has run; a bucket whose gradients are all final is
@@ -61,27 +69,30 @@ class ShardedAdam {
   // marks in the same order. Marking one twice in a step is an error.
   void mark_ready(size_t tensor, Stream compute_stream = {});
   // One step on `stream`: the buckets not reduce-scattered yet (all of them
-  // in stage 1), the check, Adam, the scaler, the all-gather.
+  // in stage 1), the check, the update, the scaler, the all-gather.
   void step(Stream stream = {});
 
   const float* loss_scale_device() const { return scaler_.scale_device(); }  // S, a float on the device
   float loss_scale() const;         // synchronous reads
   bool last_step_skipped() const;
   float last_grad_norm() const;     // unscaled global norm of the last step, all ranks
-  int64_t step_count() const;
-  float lr(int group) const;
-  void set_lr(int group, float lr);  // synchronous write
+  int64_t step_count() const { return optimizer_->step_count(); }
+  // Adam's per-group learning rates; LAMB's eta. Synchronous.
+  float lr(int group) const requires std::same_as<Optimizer, Adam> { return optimizer_->lr(group); }
+  void set_lr(int group, float lr) requires std::same_as<Optimizer, Adam> { optimizer_->set_lr(group, lr); }
+  float eta() const requires std::same_as<Optimizer, Lamb> { return optimizer_->eta(); }
+  void set_eta(float eta) requires std::same_as<Optimizer, Lamb> { optimizer_->set_eta(eta); }
 
   const ShardedLayout& layout() const { return layout_; }
   const std::vector<ShardedLayout::Piece>& pieces() const { return pieces_; }  // this rank's
   // Bytes of optimizer state this rank holds: masters (f16/bf16 models) and
   // moments of its shard.
   size_t state_bytes() const;
-  Adam& optimizer() { return *adam_; }  // the shard's Adam (its pieces)
+  Optimizer& optimizer() { return *optimizer_; }  // the shard's optimizer (its pieces)
   const std::vector<TensorView>& masters() const { return masters_; }  // per piece; empty for f32 models
 
-  // The state in the unsharded optimizer's file format (Adam's for f32
-  // models, MixedPrecision<Adam>'s for f16/bf16), so a file moves between
+  // The state in the unsharded optimizer's file format (the optimizer's for
+  // f32 models, MixedPrecision's for f16/bf16), so a file moves between
   // sharded and unsharded runs and between rank counts. Collective: every
   // rank calls it; rank 0 writes the file, and every rank throws if it
   // could not. load: every rank reads the file and takes its pieces; every
@@ -105,8 +116,10 @@ class ShardedAdam {
   TensorView slice(const TensorView& base, size_t bucket) const;
   TensorView bucket_view(const TensorView& base, size_t bucket) const;
   void gather_weights(Stream stream);
+  // The optimizer's update of the shard with the check's divisor and flag.
+  void update(Stream stream, const bool* found_inf, const float* grad_divisor);
   // The file's state for this rank's pieces, as a state file of the shard's
-  // Adam; throws io_error unless the file fits the whole model.
+  // optimizer; throws io_error unless the file fits the whole model.
   StateFile shard_state(const std::string& path, const StateFile& file) const;
   // Throws on every rank unless every rank's `ok` is true.
   void agree(bool ok, const std::string& what);
@@ -115,8 +128,8 @@ class ShardedAdam {
   ShardedLayout layout_;
   std::vector<ShardedLayout::Piece> pieces_;
   // The shapes a state file's 'groups' section records: the whole model's
-  // (the unsharded optimizer's) and this rank's pieces' (the shard's Adam's).
-  std::vector<AdamGroup> model_shapes_, shard_shapes_;
+  // (the unsharded optimizer's) and this rank's pieces' (the shard's).
+  std::vector<Group> model_shapes_, shard_shapes_;
   TensorView weights_base_;        // the flat buffers: layout.total elements each
   TensorView grads_base_;
   Stream communication_stream_;
@@ -128,8 +141,15 @@ class ShardedAdam {
   Buffer scalars_;                 // the all-gathered partials, then divisor, norm, found-inf
   GradientCheckPlan check_;
   LossScaler scaler_;
-  std::unique_ptr<Adam> adam_;
+  std::unique_ptr<Optimizer> optimizer_;
   detail::BucketReadiness readiness_;
+  // LAMB: every rank's row of per-tensor sums (w^2, d^2), and each piece's
+  // tensor (its slot in a row).
+  Buffer tensor_sums_;
+  Buffer piece_tensor_;
 };
+
+using ShardedAdam = Sharded<Adam>;
+using ShardedLamb = Sharded<Lamb>;
 
 }  // namespace gradkit

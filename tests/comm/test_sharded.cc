@@ -1,7 +1,9 @@
-// The sharded Adam step (ZeRO stages 1 and 2) against the unsharded step
-// on the same averaged gradients: bitwise equal weights over 50 steps with
-// injected Inf/NaN, on every rank; its layout; its state file (byte for
-// byte the unsharded optimizer's, loaded onto other rank counts); bad input.
+// The sharded Adam and LAMB steps (ZeRO stages 1 and 2) against the
+// unsharded step on the same averaged gradients: Adam's weights bitwise
+// equal over 50 steps with injected Inf/NaN, LAMB's moments bitwise and its
+// weights to f32 roundoff, on every rank; the layout; the state file (byte
+// for byte the unsharded optimizer's, loaded onto other rank counts); bad
+// input.
 // Gradients are multiples of a power of two small enough that their sum over
 // ranks is exact in every dtype, so that a reduce-scatter and an all-reduce
 // give the same bits whatever their order of additions.
@@ -24,8 +26,10 @@
 #include "gradkit/core/error.h"
 #include "gradkit/ops/grad_check.h"
 #include "gradkit/optim/mixed_precision.h"
-#include "gradkit/optim/sharded_adam.h"
+#include "gradkit/optim/sharded.h"
+#include "gradkit/optim/state_file.h"
 #include "support/test_tensor.h"
+#include "support/tolerance.h"
 
 namespace gradkit::test {
 namespace {
@@ -33,32 +37,71 @@ namespace {
 const std::vector<int64_t> kModel = {1000, 37, 3, 4096, 129, 1, 700};
 const std::vector<int64_t> kTiny = {3, 5};  // with 4 ranks, two own only padding
 
-// Two groups: the first three tensors, the rest.
-std::vector<AdamHyperparameters> hyperparameters(bool amsgrad = false) {
-  AdamHyperparameters a;
-  a.lr = 1e-2f;
-  a.weight_decay = 0.01f;
-  a.amsgrad = amsgrad;
-  AdamHyperparameters b;
-  b.lr = 3e-3f;
-  b.beta1 = 0.8f;
-  b.weight_decay = 1e-3f;
-  b.decay = WeightDecay::l2;
-  return {a, b};
-}
+// What the tests need to know of each optimizer: two groups' hyperparameters
+// (the first three tensors, the rest), its step with the check's divisor
+// and flag, and its learning rate.
+template <class Optimizer> struct Kind;
 
-std::vector<AdamGroup> groups_of(std::span<const TensorView> params, std::span<const TensorView> grads,
-                                 const std::vector<AdamHyperparameters>& hyper) {
+template <>
+struct Kind<Adam> {
+  static std::vector<AdamHyperparameters> hyperparameters(bool amsgrad) {
+    AdamHyperparameters a;
+    a.lr = 1e-2f;
+    a.weight_decay = 0.01f;
+    a.amsgrad = amsgrad;
+    AdamHyperparameters b;
+    b.lr = 3e-3f;
+    b.beta1 = 0.8f;
+    b.weight_decay = 1e-3f;
+    b.decay = WeightDecay::l2;
+    return {a, b};
+  }
+  static void step(Adam& adam, const bool* found_inf, const float* divisor) { adam.step({}, found_inf, divisor); }
+  static void set_rate(Adam& adam, float rate) { adam.set_lr(0, rate); }
+  static void set_rate(ShardedAdam& sharded, float rate) { sharded.set_lr(0, rate); }
+};
+
+template <>
+struct Kind<Lamb> {
+  static std::vector<LambHyperparameters> hyperparameters(bool) {
+    LambHyperparameters a;
+    a.lambda = 0.01f;
+    LambHyperparameters b;
+    b.alpha = 0.8f;
+    b.ratio_min = 0.05f;
+    b.ratio_max = 5.0f;
+    return {a, b};
+  }
+  static void step(Lamb& lamb, const bool* found_inf, const float* divisor) {
+    LambStep in;
+    in.loss_scale_device = divisor;
+    in.found_inf = found_inf;
+    lamb.step({}, in);
+  }
+  static void set_rate(Lamb& lamb, float rate) { lamb.set_eta(rate); }
+  static void set_rate(ShardedLamb& sharded, float rate) { sharded.set_eta(rate); }
+};
+
+template <class Hyper>
+auto groups_of(std::span<const TensorView> params, std::span<const TensorView> grads, const std::vector<Hyper>& hyper) {
+  using Group = std::conditional_t<std::is_same_v<Hyper, AdamHyperparameters>, AdamGroup, LambGroup>;
   const size_t split = std::min<size_t>(3, params.size() - 1);
-  std::vector<AdamGroup> groups(2);
+  std::vector<Group> groups(2);
   for (size_t i = 0; i < params.size(); ++i) {
-    AdamGroup& g = groups[i < split ? 0 : 1];
+    Group& g = groups[i < split ? 0 : 1];
     g.params.push_back(params[i]);
     g.grads.push_back(grads[i]);
   }
   groups[0].hyperparameters = hyper[0];
   groups[1].hyperparameters = hyper[1];
   return groups;
+}
+
+// A tensor's values, exactly, as float64.
+std::vector<double> values(const TensorView& t) {
+  TestTensor host(Device::cpu(), t.dtype, std::vector<double>(static_cast<size_t>(t.numel), 0.0));
+  copy_to_host(host.view().data, t.data, t.bytes(), t.device);
+  return host.read();
 }
 
 void put(const TensorView& t, const std::vector<double>& values) {
@@ -108,8 +151,9 @@ struct RunSetup {
 };
 
 // The unsharded step on the same model: the gradients all-reduced (average),
-// then the check (Inf/NaN skip, clipping) and Adam, as MixedPrecision<Adam>
-// does for f16/bf16 weights and GradientCheckPlan + Adam for f32.
+// then the check (Inf/NaN skip, clipping) and the update, as MixedPrecision
+// does for f16/bf16 weights and GradientCheckPlan + the optimizer for f32.
+template <class Optimizer>
 class Unsharded {
  public:
   Unsharded(Communicator& comm, const RunSetup& s, const std::vector<std::vector<double>>& initial) : comm_(comm) {
@@ -119,20 +163,20 @@ class Unsharded {
       w_.push_back(weights_.back().view());
       g_.push_back(grads_.back().view());
     }
-    auto groups = groups_of(w_, g_, hyperparameters(s.amsgrad));
+    auto groups = groups_of(w_, g_, Kind<Optimizer>::hyperparameters(s.amsgrad));
     if (s.weights == DType::f32) {
       GradientCheckOptions o;
       o.max_norm = s.options.max_norm;
       o.norm = s.options.norm;
       check_ = GradientCheckPlan(g_, o);
       scalars_ = Buffer(comm.device(), 16);
-      adam_ = std::make_unique<Adam>(std::move(groups), s.options.adam);
+      plain_ = std::make_unique<Optimizer>(std::move(groups), options(s.options));
     } else {
       MixedPrecisionOptions o;
       o.scaler = s.options.scaler;
       o.max_norm = s.options.max_norm;
       o.norm = s.options.norm;
-      mixed_ = std::make_unique<MixedPrecisionAdam>(std::move(groups), o, s.options.adam);
+      mixed_ = std::make_unique<MixedPrecision<Optimizer>>(std::move(groups), o, options(s.options));
     }
   }
 
@@ -147,7 +191,7 @@ class Unsharded {
       auto* divisor = static_cast<float*>(scalars_.data());
       auto* found_inf = reinterpret_cast<bool*>(divisor + 2);
       check_.check({.found_inf = found_inf, .grad_divisor = divisor, .global_norm = divisor + 1});
-      adam_->step({}, found_inf, divisor);
+      Kind<Optimizer>::step(*plain_, found_inf, divisor);
     }
     comm_.wait();
   }
@@ -164,21 +208,27 @@ class Unsharded {
     return n;
   }
   float loss_scale() const { return mixed_ ? mixed_->loss_scale() : 1.0f; }
-  void set_lr(int g, float lr) { mixed_ ? mixed_->optimizer().set_lr(g, lr) : adam_->set_lr(g, lr); }
-  void save(const std::string& path) const { mixed_ ? mixed_->save(path) : adam_->save(path); }
-  void load(const std::string& path) { mixed_ ? mixed_->load(path) : adam_->load(path); }
+  void set_rate(float rate) { Kind<Optimizer>::set_rate(mixed_ ? mixed_->optimizer() : *plain_, rate); }
+  void save(const std::string& path) const { mixed_ ? mixed_->save(path) : plain_->save(path); }
+  void load(const std::string& path) { mixed_ ? mixed_->load(path) : plain_->load(path); }
 
  private:
+  static const typename Optimizer::Options& options(const ShardedOptions& o) {
+    if constexpr (std::is_same_v<Optimizer, Adam>) return o.adam;
+    else return o.lamb;
+  }
+
   Communicator& comm_;
   std::vector<TestTensor> weights_, grads_;
   std::vector<TensorView> w_, g_;
   GradientCheckPlan check_;
   Buffer scalars_;
-  std::unique_ptr<Adam> adam_;
-  std::unique_ptr<MixedPrecisionAdam> mixed_;
+  std::unique_ptr<Optimizer> plain_;
+  std::unique_ptr<MixedPrecision<Optimizer>> mixed_;
 };
 
 // The sharded optimizer and the unsharded one side by side on one communicator.
+template <class Optimizer = Adam>
 class Pair {
  public:
   Pair(Communicator& comm, const RunSetup& s)
@@ -192,14 +242,14 @@ class Pair {
       initial_.push_back(round_to(s.weights, random_values(rng, s.model[i], 0.5)));
       put(weights_[i], initial_[i]);
     }
-    reference_ = std::make_unique<Unsharded>(comm, s, initial_);
-    sharded_ = std::make_unique<ShardedAdam>(comm, layout_, groups_of(weights_.gradients(), grads_.gradients(),
-                                                                      hyperparameters(s.amsgrad)),
-                                             s.options);
+    reference_ = std::make_unique<Unsharded<Optimizer>>(comm, s, initial_);
+    sharded_ = std::make_unique<Sharded<Optimizer>>(
+        comm, layout_, groups_of(weights_.gradients(), grads_.gradients(), Kind<Optimizer>::hyperparameters(s.amsgrad)),
+        s.options);
   }
 
-  ShardedAdam& sharded() { return *sharded_; }
-  Unsharded& reference() { return *reference_; }
+  Sharded<Optimizer>& sharded() { return *sharded_; }
+  Unsharded<Optimizer>& reference() { return *reference_; }
   const GradientArena& weights() const { return weights_; }
   const ShardedLayout& layout() const { return layout_; }
 
@@ -227,11 +277,14 @@ class Pair {
     reference_->step();
   }
 
-  // The weights of both, bitwise; the decisions; the same on every rank.
-  int expect_same(const std::string& what) {
+  // The weights of both, bitwise (or, given `tolerance`, within it: the
+  // relative error of each tensor); the decisions.
+  int expect_same(const std::string& what, double tolerance = 0) {
     int failures = 0;
     for (size_t i = 0; i < s_.model.size(); ++i) {
-      if (bits(weights_[i]) != bits(reference_->weights()[i])) {
+      const bool same = tolerance == 0 ? bits(weights_[i]) == bits(reference_->weights()[i])
+                                       : relative_error(values(weights_[i]), values(reference_->weights()[i])) <= tolerance;
+      if (!same) {
         ADD_FAILURE() << what << ": tensor " << i << " differs from the unsharded step";
         if (++failures > 3) break;
       }
@@ -247,8 +300,8 @@ class Pair {
   ShardedLayout layout_;
   GradientArena weights_, grads_;
   std::vector<std::vector<double>> initial_;
-  std::unique_ptr<Unsharded> reference_;
-  std::unique_ptr<ShardedAdam> sharded_;
+  std::unique_ptr<Unsharded<Optimizer>> reference_;
+  std::unique_ptr<Sharded<Optimizer>> sharded_;
 };
 
 // Every rank's `t` is the same, byte for byte.
@@ -329,14 +382,14 @@ TEST_P(ShardedAdamTest, EqualsTheUnshardedStepBitwise) {
     s.options.scaler.mode = c.scaling;
     s.options.scaler.initial_scale = 1024;
     s.options.scaler.growth_interval = 5;
-    Pair pair(comm(), s);
+    Pair<> pair(comm(), s);
     const std::string name = std::string(dtype_name(c.weights)) + "/" + std::string(dtype_name(c.grads)) +
                              (c.model.size() == kTiny.size() ? " tiny" : "");
     int failures = 0;
     for (int step = 1; step <= 50 && failures == 0; ++step) {
       if (step == 25) {
-        pair.sharded().set_lr(0, 5e-3f);
-        pair.reference().set_lr(0, 5e-3f);
+        Kind<Adam>::set_rate(pair.sharded(), 5e-3f);
+        pair.reference().set_rate(5e-3f);
       }
       pair.write_gradients(step, step == 7 || step == 20 || step == 33);
       pair.step(step % 2 == 0);
@@ -354,7 +407,7 @@ TEST_P(ShardedAdamTest, EqualsTheUnshardedStepBitwise) {
 TEST_P(ShardedAdamTest, ClipsByTheGlobalNormOfAllRanks) {
   RunSetup s;
   s.options.max_norm = 1.0f;
-  Pair pair(comm(), s);
+  Pair<> pair(comm(), s);
   for (int step = 1; step <= 10; ++step) {
     pair.write_gradients(step);
     pair.step(false);
@@ -377,7 +430,7 @@ TEST_P(ShardedAdamTest, HoldsOnlyItsShardOfTheState) {
   RunSetup s;
   s.weights = DType::f16;
   s.grads = DType::f16;
-  Pair pair(comm(), s);
+  Pair<> pair(comm(), s);
   int64_t mine = 0;
   for (const ShardedLayout::Piece& p : pair.sharded().pieces()) mine += p.count;
   // 12 bytes per element of its pieces (f32 master, two f32 moments), each
@@ -397,7 +450,7 @@ TEST_P(ShardedAdamTest, SavesTheUnshardedFileByteForByte) {
       s.grads = weights;
       s.amsgrad = amsgrad;
       s.options.scaler.mode = weights == DType::f16 ? LossScaling::dynamic : LossScaling::none;
-      Pair pair(comm(), s);
+      Pair<> pair(comm(), s);
       for (int step = 1; step <= 6; ++step) {
         pair.write_gradients(step, step == 3);
         pair.step(step % 2 == 0);
@@ -445,7 +498,7 @@ void expect_reshards(Backend backend, int from, int to, DType weights) {
     MPI_Comm sub = MPI_COMM_NULL;
     auto comm = first_ranks(backend, from, &sub);
     if (comm) {
-      Pair pair(*comm, s);
+      Pair<> pair(*comm, s);
       for (int step = 1; step <= 5; ++step) {
         pair.write_gradients(step);
         pair.step(false);
@@ -465,7 +518,7 @@ void expect_reshards(Backend backend, int from, int to, DType weights) {
     MPI_Comm sub = MPI_COMM_NULL;
     auto comm = first_ranks(backend, to, &sub);
     if (comm) {
-      Pair pair(*comm, s);  // a new layout for `to` ranks; offsets within tensors alike
+      Pair<> pair(*comm, s);  // a new layout for `to` ranks; offsets within tensors alike
       if (weights == DType::f32) {
         // Same tensor order and alignment, another padding: copy tensor by tensor.
         const ShardedLayout old_layout = ShardedLayout::make(s.model, from, s.bucket_elements);
@@ -506,12 +559,12 @@ TEST_P(ShardedAdamTest, LoadsOntoAnotherNumberOfRanks) {
 
 TEST_P(ShardedAdamTest, RefusesAFileOfAnotherModelOnEveryRankWritingNothing) {
   RunSetup s;
-  Pair pair(comm(), s);
+  Pair<> pair(comm(), s);
   pair.write_gradients(1);
   pair.step(false);
   RunSetup other = s;
   other.model = kTiny;
-  Pair small(comm(), other);
+  Pair<> small(comm(), other);
   const std::string path = shared_path(MPI_COMM_WORLD, "other");
   small.sharded().save(path);
   const std::vector<uint8_t> before = bits(pair.weights().flat());
@@ -529,20 +582,20 @@ TEST_P(ShardedAdamTest, RefusesAFileOfAnotherModelOnEveryRankWritingNothing) {
 TEST_P(ShardedAdamTest, RejectsBadArgumentsNamingThem) {
   const ShardedLayout layout = ShardedLayout::make(kModel, comm().size(), 1500);
   const GradientArena weights(comm().device(), DType::f32, layout), grads(comm().device(), DType::f32, layout);
-  auto groups = [&] { return groups_of(weights.gradients(), grads.gradients(), hyperparameters()); };
+  auto groups = [&] { return groups_of(weights.gradients(), grads.gradients(), Kind<Adam>::hyperparameters(false)); };
 
   const ShardedLayout wrong_world = ShardedLayout::make(kModel, comm().size() + 1, 1500);
   expect_error([&] { ShardedAdam(comm(), wrong_world, groups()); }, ErrorCode::invalid_argument,
                {"'layout'", "comm.size()"});
   // Gradients that are not views of one buffer laid out by the layout.
   const GradientArena loose(comm().device(), DType::f32, kModel, 4);  // back to back
-  expect_error([&] { ShardedAdam(comm(), layout, groups_of(weights.gradients(), loose.gradients(), hyperparameters())); },
+  expect_error([&] { ShardedAdam(comm(), layout, groups_of(weights.gradients(), loose.gradients(), Kind<Adam>::hyperparameters(false))); },
                ErrorCode::invalid_argument, {"grads[1]", "not at element"});
   auto with_copy = groups();
   with_copy[1].model_copy = with_copy[1].params;
   expect_error([&] { ShardedAdam(comm(), layout, with_copy); }, ErrorCode::invalid_argument, {"groups[1].model_copy"});
   const GradientArena doubles(comm().device(), DType::f64, layout);
-  expect_error([&] { ShardedAdam(comm(), layout, groups_of(doubles.gradients(), grads.gradients(), hyperparameters())); },
+  expect_error([&] { ShardedAdam(comm(), layout, groups_of(doubles.gradients(), grads.gradients(), Kind<Adam>::hyperparameters(false))); },
                ErrorCode::dtype_unsupported, {"params", "f64"});
   const std::vector<int64_t> fewer(kModel.begin(), kModel.end() - 1);
   expect_error([&] { ShardedAdam(comm(), ShardedLayout::make(fewer, comm().size()), groups()); },
@@ -552,6 +605,64 @@ TEST_P(ShardedAdamTest, RejectsBadArgumentsNamingThem) {
   adam.mark_ready(2);
   expect_error([&] { adam.mark_ready(2); }, ErrorCode::invalid_argument, {"'gradient'", "already marked"});
   expect_error([&] { adam.mark_ready(kModel.size()); }, ErrorCode::invalid_argument, {"'gradient'", "below"});
+}
+
+// LAMB: the moments are element-wise, so bitwise the unsharded step's (its
+// state file's moment sections, byte for byte); each trust ratio adds every
+// rank's partial sums in rank order, so the weights agree with the
+// unsharded step's to f32 roundoff (f16/bf16 weights: to their own
+// rounding); the same skipped steps and scales; identical on every rank.
+TEST_P(ShardedAdamTest, LambMatchesTheUnshardedLamb) {
+  const Case cases[] = {{DType::f32, DType::f32, kModel, LossScaling::none},
+                        {DType::f16, DType::f16, kModel, LossScaling::dynamic},
+                        {DType::f32, DType::bf16, kTiny, LossScaling::none}};
+  for (const Case& c : cases) {
+    RunSetup s;
+    s.weights = c.weights;
+    s.grads = c.grads;
+    s.model = c.model;
+    s.options.scaler.mode = c.scaling;
+    s.options.scaler.initial_scale = 1024;
+    s.options.scaler.growth_interval = 5;
+    s.options.lamb.eta = 1e-2f;
+    Pair<Lamb> pair(comm(), s);
+    const std::string name = "LAMB " + std::string(dtype_name(c.weights)) + "/" + std::string(dtype_name(c.grads)) +
+                             (c.model.size() == kTiny.size() ? " tiny" : "");
+    const double tolerance = c.weights == DType::f32 ? 1e-6 : 2 * elementwise_tolerance(c.weights).relative;
+    int failures = 0;
+    for (int step = 1; step <= 30 && failures == 0; ++step) {
+      if (step == 15) {
+        Kind<Lamb>::set_rate(pair.sharded(), 5e-3f);
+        pair.reference().set_rate(5e-3f);
+      }
+      pair.write_gradients(step, step == 7 || step == 20);
+      pair.step(step % 2 == 0);
+      failures += pair.expect_same(name + " step " + std::to_string(step), tolerance);
+    }
+    EXPECT_EQ(pair.sharded().step_count(), 28) << name;  // two skipped
+    EXPECT_FLOAT_EQ(pair.sharded().eta(), 5e-3f) << name;
+    expect_same_on_every_rank(comm(), pair.weights().buffer().view(c.weights, 0, pair.layout().total), name);
+
+    const std::string sharded = shared_path(MPI_COMM_WORLD, "lamb_sharded");
+    const std::string unsharded = shared_path(MPI_COMM_WORLD, "lamb_unsharded");
+    pair.sharded().save(sharded);
+    if (comm().rank() == 0) pair.reference().save(unsharded);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const StateFile a = StateFile::read(sharded), b = StateFile::read(unsharded);
+    for (const char* section : {"exp_avg", "exp_avg_sq", "meta", "groups"}) {
+      EXPECT_TRUE(a.get(section) == b.get(section)) << name << ": section " << section;
+    }
+    // f32 models: no masters, so the whole file is the unsharded one.
+    if (c.weights == DType::f32) EXPECT_TRUE(file_bytes(sharded) == file_bytes(unsharded)) << name;
+    // The unsharded file loads into the sharded LAMB (the same state back).
+    pair.sharded().load(unsharded);
+    EXPECT_EQ(pair.sharded().step_count(), 28) << name;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (comm().rank() == 0) {
+      std::remove(sharded.c_str());
+      std::remove(unsharded.c_str());
+    }
+  }
 }
 
 GRADKIT_INSTANTIATE_ON_EACH_BACKEND(ShardedAdamTest);

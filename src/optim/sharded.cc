@@ -1,8 +1,9 @@
-#include "gradkit/optim/sharded_adam.h"
+#include "gradkit/optim/sharded.h"
 
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "comm/stream_order.h"
 #include "gradkit/core/error.h"
@@ -14,7 +15,7 @@
 namespace gradkit {
 namespace {
 
-constexpr std::string_view kOp = "ShardedAdam";
+constexpr std::string_view kOp = "Sharded";
 
 // The device scalars one step passes between its kernels, after the
 // all-gathered partials (two doubles per rank).
@@ -80,10 +81,11 @@ DType dtype_of_size(size_t bytes) {
 
 // The groups' shapes alone (numel and dtype of each param), as a state
 // file's 'groups' section records them.
-std::vector<AdamGroup> shapes_of(const std::vector<AdamGroup>& groups, DType dtype) {
-  std::vector<AdamGroup> out;
-  for (const AdamGroup& g : groups) {
-    AdamGroup shape;
+template <class Group>
+std::vector<Group> shapes_of(const std::vector<Group>& groups, DType dtype) {
+  std::vector<Group> out;
+  for (const Group& g : groups) {
+    Group shape;
     shape.hyperparameters = g.hyperparameters;
     for (const TensorView& p : g.params) shape.params.push_back(TensorView{nullptr, p.numel, dtype, Device::cpu()});
     out.push_back(std::move(shape));
@@ -91,14 +93,37 @@ std::vector<AdamGroup> shapes_of(const std::vector<AdamGroup>& groups, DType dty
   return out;
 }
 
-// The state sections that are split like the weights, in the order the
-// unsharded optimizers write them.
-constexpr std::string_view kMomentSections[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+// What differs between the sharded optimizers: the state file's kinds,
+// the state sections split like the weights (in the order the unsharded
+// optimizer writes them), the options, and the update.
+template <class Optimizer> struct Traits;
+
+template <>
+struct Traits<Adam> {
+  static constexpr std::string_view kind = "adam";
+  static constexpr std::string_view mixed_kind = "mixed_precision_adam";
+  static constexpr std::string_view sections[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  static const AdamOptions& options(const ShardedOptions& o) { return o.adam; }
+  // amsgrad's maxima: kept by every rank or by none (the groups decide).
+  static bool keeps(const Adam& adam, std::string_view section) {
+    return section != "max_exp_avg_sq" || !adam.max_exp_avg_sq().empty();
+  }
+};
+
+template <>
+struct Traits<Lamb> {
+  static constexpr std::string_view kind = "lamb";
+  static constexpr std::string_view mixed_kind = "mixed_precision_lamb";
+  static constexpr std::string_view sections[] = {"exp_avg", "exp_avg_sq"};
+  static const LambOptions& options(const ShardedOptions& o) { return o.lamb; }
+  static bool keeps(const Lamb&, std::string_view) { return true; }
+};
 
 }  // namespace
 
-ShardedAdam::ShardedAdam(Communicator& comm, const ShardedLayout& layout, std::vector<AdamGroup> groups,
-                         ShardedOptions options)
+template <class Optimizer>
+Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std::vector<Group> groups,
+                            ShardedOptions options)
     : comm_(comm), layout_(layout), communication_stream_(options.communication_stream) {
   if (groups.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
   if (layout_.world_size != comm.size()) {
@@ -143,10 +168,10 @@ ShardedAdam::ShardedAdam(Communicator& comm, const ShardedLayout& layout, std::v
     synchronize(device);
   }
 
-  std::vector<AdamGroup> shard_groups(groups.size());
+  std::vector<Group> shard_groups(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) shard_groups[g].hyperparameters = groups[g].hyperparameters;
   for (size_t k = 0; k < weight_pieces_.size(); ++k) {
-    AdamGroup& g = shard_groups[static_cast<size_t>(group_of_piece[k])];
+    Group& g = shard_groups[static_cast<size_t>(group_of_piece[k])];
     g.params.push_back(mixed_ ? masters_[k] : weight_pieces_[k]);
     g.grads.push_back(grad_pieces_[k]);
     if (mixed_) g.model_copy.push_back(weight_pieces_[k]);
@@ -160,43 +185,82 @@ ShardedAdam::ShardedAdam(Communicator& comm, const ShardedLayout& layout, std::v
   check_options.max_norm = options.max_norm;
   check_ = GradientCheckPlan(grad_pieces_, check_options);
   scaler_ = LossScaler(device, options.scaler);
-  adam_ = std::make_unique<Adam>(std::move(shard_groups), options.adam);
+  optimizer_ = std::make_unique<Optimizer>(std::move(shard_groups), Traits<Optimizer>::options(options));
   for (const ShardedLayout::Bucket& b : layout_.buckets) readiness_.add_bucket(b.first, b.last);
+  if constexpr (std::is_same_v<Optimizer, Lamb>) {
+    // Each piece's slot in a row is its tensor (the one empty piece of a
+    // rank without pieces: tensor 0, whose sums it leaves at 0).
+    std::vector<int32_t> tensor_of_piece;
+    for (const ShardedLayout::Piece& p : pieces_) tensor_of_piece.push_back(static_cast<int32_t>(p.tensor));
+    if (pieces_.empty()) tensor_of_piece.push_back(0);
+    piece_tensor_ = Buffer(device, tensor_of_piece.size() * sizeof(int32_t));
+    copy_from_host(piece_tensor_.data(), device, tensor_of_piece.data(), tensor_of_piece.size() * sizeof(int32_t));
+    tensor_sums_ = Buffer(device, 2 * sizeof(double) * layout_.numels.size() * static_cast<size_t>(comm.size()));
+  }
 }
 
-ShardedAdam::~ShardedAdam() = default;
+template <class Optimizer>
+Sharded<Optimizer>::~Sharded() = default;
 
-TensorView ShardedAdam::slice(const TensorView& base, size_t bucket) const {
+template <class Optimizer>
+TensorView Sharded<Optimizer>::slice(const TensorView& base, size_t bucket) const {
   return TensorView{bytes_at(base, layout_.slice_begin(bucket, comm_.rank())), layout_.buckets[bucket].slice, base.dtype,
                     base.device};
 }
 
-TensorView ShardedAdam::bucket_view(const TensorView& base, size_t bucket) const {
+template <class Optimizer>
+TensorView Sharded<Optimizer>::bucket_view(const TensorView& base, size_t bucket) const {
   const ShardedLayout::Bucket& b = layout_.buckets[bucket];
   return TensorView{bytes_at(base, b.begin), b.slice * layout_.world_size, base.dtype, base.device};
 }
 
-void ShardedAdam::start(size_t bucket, Stream compute_stream) {
+template <class Optimizer>
+void Sharded<Optimizer>::start(size_t bucket, Stream compute_stream) {
   if (comm_.device().is_cuda()) comm::stream_wait(comm_.device(), communication_stream_, compute_stream);
   comm_.reduce_scatter_buffer(bucket_view(grads_base_, bucket), slice(grads_base_, bucket), ReduceOp::average,
                               communication_stream_);
   readiness_.set_started(bucket);
 }
 
-void ShardedAdam::mark_ready(size_t tensor, Stream compute_stream) {
-  if (const auto completed = readiness_.mark("ShardedAdam::mark_ready", tensor)) {
+template <class Optimizer>
+void Sharded<Optimizer>::mark_ready(size_t tensor, Stream compute_stream) {
+  if (const auto completed = readiness_.mark("Sharded::mark_ready", tensor)) {
     start(*completed, compute_stream);
     marked_ = true;
   }
 }
 
-void ShardedAdam::gather_weights(Stream stream) {
+template <class Optimizer>
+void Sharded<Optimizer>::update(Stream stream, const bool* found_inf, const float* grad_divisor) {
+  if constexpr (std::is_same_v<Optimizer, Adam>) {
+    optimizer_->step(stream, found_inf, grad_divisor);
+  } else {
+    // The global clipping is in the divisor (LAMB's own clipping gets no
+    // norm, as in MixedPrecision<Lamb>). Pass 1 leaves this rank's sums of
+    // w^2 and d^2 per tensor in its row; every rank's rows, added in rank
+    // order, give each tensor's trust ratio in pass 2.
+    const int64_t row = 2 * static_cast<int64_t>(layout_.numels.size());
+    auto* rows = static_cast<double*>(tensor_sums_.data());
+    auto* mine = rows + row * comm_.rank();
+    const auto* index = static_cast<const int32_t*>(piece_tensor_.data());
+    optimizer_->step(stream, LambStep{.loss_scale_device = grad_divisor, .found_inf = found_inf,
+                                      .split = {LambPass::first, mine, index}});
+    comm_.all_gather_buffer(TensorView{mine, row, DType::f64, comm_.device()},
+                            TensorView{rows, row * comm_.size(), DType::f64, comm_.device()}, stream);
+    optimizer_->step(stream, LambStep{.loss_scale_device = grad_divisor, .found_inf = found_inf,
+                                      .split = {LambPass::second, rows, index, comm_.size(), row}});
+  }
+}
+
+template <class Optimizer>
+void Sharded<Optimizer>::gather_weights(Stream stream) {
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     comm_.all_gather_buffer(slice(weights_base_, b), bucket_view(weights_base_, b), stream);
   }
 }
 
-void ShardedAdam::step(Stream stream) {
+template <class Optimizer>
+void Sharded<Optimizer>::step(Stream stream) {
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     if (!readiness_.started(b)) {
       comm_.reduce_scatter_buffer(bucket_view(grads_base_, b), slice(grads_base_, b), ReduceOp::average, stream);
@@ -216,38 +280,41 @@ void ShardedAdam::step(Stream stream) {
   check_.combine(partials, ranks, {.found_inf = &s->found_inf, .grad_divisor = &s->grad_divisor,
                                    .global_norm = &s->global_norm},
                  1.0f, scaler_.scale_device(), stream);
-  adam_->step(stream, &s->found_inf, &s->grad_divisor);
+  update(stream, &s->found_inf, &s->grad_divisor);
   scaler_.update(&s->found_inf, stream);
   gather_weights(stream);
 }
 
-float ShardedAdam::loss_scale() const { return scaler_.state().scale; }
+template <class Optimizer>
+float Sharded<Optimizer>::loss_scale() const { return scaler_.state().scale; }
 
-bool ShardedAdam::last_step_skipped() const {
+template <class Optimizer>
+bool Sharded<Optimizer>::last_step_skipped() const {
   Scalars s{};
   copy_to_host(&s, static_cast<double*>(scalars_.data()) + 2 * comm_.size(), sizeof s, scalars_.device());
   return s.found_inf;
 }
 
-float ShardedAdam::last_grad_norm() const {
+template <class Optimizer>
+float Sharded<Optimizer>::last_grad_norm() const {
   Scalars s{};
   copy_to_host(&s, static_cast<double*>(scalars_.data()) + 2 * comm_.size(), sizeof s, scalars_.device());
   return s.global_norm;
 }
 
-int64_t ShardedAdam::step_count() const { return adam_->step_count(); }
-float ShardedAdam::lr(int group) const { return adam_->lr(group); }
-void ShardedAdam::set_lr(int group, float lr) { adam_->set_lr(group, lr); }
 
-size_t ShardedAdam::state_bytes() const {
+template <class Optimizer>
+size_t Sharded<Optimizer>::state_bytes() const {
   size_t bytes = master_storage_.bytes();
-  for (const auto* list : {&adam_->exp_avg(), &adam_->exp_avg_sq(), &adam_->max_exp_avg_sq()}) {
-    for (const TensorView& t : *list) bytes += t.bytes();
+  for (const TensorView& t : optimizer_->exp_avg()) bytes += 2 * t.bytes();  // and exp_avg_sq
+  if constexpr (std::is_same_v<Optimizer, Adam>) {
+    for (const TensorView& t : optimizer_->max_exp_avg_sq()) bytes += t.bytes();
   }
   return bytes;
 }
 
-void ShardedAdam::agree(bool ok, const std::string& what) {
+template <class Optimizer>
+void Sharded<Optimizer>::agree(bool ok, const std::string& what) {
   Buffer flag(comm_.device(), sizeof(double));
   const double mine = ok ? 0.0 : 1.0;
   copy_from_host(flag.data(), comm_.device(), &mine, sizeof mine);
@@ -274,12 +341,13 @@ std::vector<int64_t> section_offsets(const ShardedLayout& layout) {
 
 }  // namespace
 
-void ShardedAdam::save_to(StateFile& file) {
+template <class Optimizer>
+void Sharded<Optimizer>::save_to(StateFile& file) {
   comm_.wait();
   synchronize(comm_.device());
   // This rank's state, its pieces back to back, as the shard's Adam writes it.
   StateFile mine;
-  adam_->save_to(mine);
+  optimizer_->save_to(mine);
   const StateSection master_section[] = {{"masters", &masters_}};
   if (mixed_) add_sections(mine, master_section);
 
@@ -324,10 +392,9 @@ void ShardedAdam::save_to(StateFile& file) {
 
   // The sections in the order the unsharded optimizer writes them, so that
   // the files are the same byte for byte.
-  const size_t moment = dtype_size(adam_->exp_avg()[0].dtype);
-  for (std::string_view name : kMomentSections) {
-    // amsgrad's maxima: kept by every rank or by none (the groups decide).
-    const bool kept = name != "max_exp_avg_sq" || !adam_->max_exp_avg_sq().empty();
+  const size_t moment = dtype_size(optimizer_->exp_avg()[0].dtype);
+  for (std::string_view name : Traits<Optimizer>::sections) {
+    const bool kept = Traits<Optimizer>::keeps(*optimizer_, name);
     file.add(std::string(name), kept ? gather(name, moment) : std::vector<uint8_t>());
   }
   std::vector<uint8_t> masters = mixed_ ? gather("masters", sizeof(float)) : std::vector<uint8_t>();
@@ -340,9 +407,10 @@ void ShardedAdam::save_to(StateFile& file) {
   if (mixed_ || scaler_.options().mode != LossScaling::none) file.add("scaler", scaler.take());
 }
 
-void ShardedAdam::save(const std::string& path) {
+template <class Optimizer>
+void Sharded<Optimizer>::save(const std::string& path) {
   StateFile file;
-  const std::string_view kind = mixed_ ? "mixed_precision_adam" : "adam";
+  const std::string_view kind = mixed_ ? Traits<Optimizer>::mixed_kind : Traits<Optimizer>::kind;
   file.add("kind", std::vector<uint8_t>(kind.begin(), kind.end()));
   save_to(file);
   std::string error;
@@ -356,11 +424,12 @@ void ShardedAdam::save(const std::string& path) {
   agree(error.empty(), error);
 }
 
-StateFile ShardedAdam::shard_state(const std::string& path, const StateFile& file) const {
+template <class Optimizer>
+StateFile Sharded<Optimizer>::shard_state(const std::string& path, const StateFile& file) const {
   // The file checked against the whole model, then cut to this rank's
   // pieces as a state file of the shard's Adam, which checks the rest.
   StateFile shard;
-  const std::vector<AdamHyperparameters> hyper = read_groups(path, file.get("groups"), model_shapes_);
+  const auto hyper = read_groups(path, file.get("groups"), model_shapes_);
   const std::vector<int64_t> at = section_offsets(layout_);
   auto cut = [&](std::string_view name, size_t width) {
     const std::vector<uint8_t>& full = file.get(name);
@@ -377,11 +446,11 @@ StateFile ShardedAdam::shard_state(const std::string& path, const StateFile& fil
     }
     return part;
   };
-  const size_t moment = dtype_size(adam_->exp_avg()[0].dtype);
-  for (std::string_view name : kMomentSections) shard.add(std::string(name), cut(name, moment));
+  const size_t moment = dtype_size(optimizer_->exp_avg()[0].dtype);
+  for (std::string_view name : Traits<Optimizer>::sections) shard.add(std::string(name), cut(name, moment));
   shard.add("meta", file.get("meta"));
   shard.add("groups", write_groups(shard_shapes_, hyper));
-  adam_->check_state(path, shard);
+  optimizer_->check_state(path, shard);
   if (mixed_) {
     shard.add("masters", cut("masters", sizeof(float)));
     const StateSection masters[] = {{"masters", &masters_}};
@@ -402,11 +471,13 @@ StateFile ShardedAdam::shard_state(const std::string& path, const StateFile& fil
   return shard;
 }
 
-void ShardedAdam::check_state(const std::string& path, const StateFile& file) const { shard_state(path, file); }
+template <class Optimizer>
+void Sharded<Optimizer>::check_state(const std::string& path, const StateFile& file) const { shard_state(path, file); }
 
-void ShardedAdam::apply_state(const StateFile& file) {
+template <class Optimizer>
+void Sharded<Optimizer>::apply_state(const StateFile& file) {
   const StateFile shard = shard_state("", file);
-  adam_->apply_state(shard);
+  optimizer_->apply_state(shard);
   if (shard.has("scaler")) {
     SectionReader reader(shard.get("scaler"), "scaler");
     scaler_.set_state(reader.get<LossScalerState>());
@@ -421,11 +492,12 @@ void ShardedAdam::apply_state(const StateFile& file) {
   }
 }
 
-void ShardedAdam::load(const std::string& path) {
+template <class Optimizer>
+void Sharded<Optimizer>::load(const std::string& path) {
   StateFile file;
   std::string error;
   try {
-    file = read_state(path, mixed_ ? "mixed_precision_adam" : "adam");
+    file = read_state(path, mixed_ ? Traits<Optimizer>::mixed_kind : Traits<Optimizer>::kind);
     check_state(path, file);
   } catch (const Error& e) {
     error = e.what();
@@ -433,5 +505,8 @@ void ShardedAdam::load(const std::string& path) {
   agree(error.empty(), error);
   apply_state(file);
 }
+
+template class Sharded<Adam>;
+template class Sharded<Lamb>;
 
 }  // namespace gradkit
