@@ -236,7 +236,66 @@ void bind_mixed_precision(nb::module_& m, const char* name) {
 }
 
 #if GRADKIT_WITH_MPI
-void bind_sharded_adam(nb::module_& m) {
+template <class Optimizer, class Hyperparameters>
+void bind_sharded(nb::module_& m, const char* name) {
+  using S = Sharded<Optimizer>;
+  using PySharded = Owned<S>;
+  nb::class_<PySharded> c(m, name,
+                          "The optimizer with its state split across the ranks of `comm` (ZeRO stages 1 and 2). "
+                          "groups: as the optimizer's, the whole model in the layout's order, params and grads "
+                          "views of two GradientArenas made from `layout`.");
+  c.def(
+       "__init__",
+       [](PySharded* self, Communicator& comm, const ShardedLayout& layout, const nb::list& groups,
+          const std::optional<LossScalerOptions>& scaler, float max_norm, NormType norm, DType moment_dtype,
+          uintptr_t communication_stream, float eta) {
+         new (self) PySharded();
+         auto g = to_groups<typename Optimizer::Group, Hyperparameters>(groups, self->keep);
+         ShardedOptions options;
+         if (scaler) options.scaler = *scaler;
+         options.max_norm = max_norm;
+         options.norm = norm;
+         options.adam.moment_dtype = moment_dtype;
+         options.lamb.moment_dtype = moment_dtype;
+         options.lamb.eta = eta;
+         options.communication_stream = to_stream(communication_stream);
+         self->object = std::make_unique<S>(comm, layout, std::move(g), options);
+       },
+       nb::arg("comm"), nb::arg("layout"), nb::arg("groups"), nb::arg("scaler") = nb::none(),
+       nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2, nb::arg("moment_dtype") = DType::f32,
+       nb::arg("communication_stream") = 0, nb::arg("eta") = 1e-3f, nb::keep_alive<1, 2>())
+      .def("step", [](PySharded& s, uintptr_t stream) { s.object->step(to_stream(stream)); }, nb::arg("stream") = 0,
+           "Reduce-scatter, check, the update of the shard, scaler, all-gather; enqueued on `stream` (NCCL).")
+      .def(
+          "mark_ready",
+          [](PySharded& s, size_t tensor, uintptr_t stream) { s.object->mark_ready(tensor, to_stream(stream)); },
+          nb::arg("tensor"), nb::arg("stream") = 0,
+          "Stage 2: tensor's gradient is final once `stream`'s work so far has run.")
+      .def_prop_ro("loss_scale", [](const PySharded& s) { return s.object->loss_scale(); })
+      .def_prop_ro("loss_scale_device",
+                   [](nb::handle self) {
+                     S& s = *nb::cast<PySharded&>(self).object;
+                     return to_array(TensorView{const_cast<float*>(s.loss_scale_device()), 1, DType::f32,
+                                                s.optimizer().exp_avg()[0].device},
+                                     self);
+                   })
+      .def_prop_ro("last_step_skipped", [](const PySharded& s) { return s.object->last_step_skipped(); })
+      .def_prop_ro("last_grad_norm", [](const PySharded& s) { return s.object->last_grad_norm(); })
+      .def_prop_ro("step_count", [](const PySharded& s) { return s.object->step_count(); })
+      .def_prop_ro("state_bytes", [](const PySharded& s) { return s.object->state_bytes(); },
+                   "Bytes of masters and moments this rank holds.");
+  if constexpr (std::is_same_v<Optimizer, Adam>) {
+    c.def("lr", [](const PySharded& s, int group) { return s.object->lr(group); }, nb::arg("group"))
+        .def("set_lr", [](PySharded& s, int group, float lr) { s.object->set_lr(group, lr); }, nb::arg("group"),
+             nb::arg("lr"));
+  } else {
+    c.def_prop_rw("eta", [](const PySharded& s) { return s.object->eta(); },
+                  [](PySharded& s, float eta) { s.object->set_eta(eta); });
+  }
+  bind_state_io(c);
+}
+
+void bind_sharded_layout_and_optimizers(nb::module_& m) {
   nb::class_<ShardedLayout>(m, "ShardedLayout",
                             "Where a sharded model's tensors lie in its flat buffers and which slice of every bucket "
                             "each rank owns (docs/ops.md, ShardedLayout).")
@@ -263,53 +322,8 @@ void bind_sharded_adam(nb::module_& m) {
           },
           nb::arg("rank"), "(tensor, bucket, offset in tensor, count, offset in slice) of each piece rank owns.");
 
-  using PySharded = Owned<ShardedAdam>;
-  nb::class_<PySharded> c(m, "ShardedAdam",
-                          "Adam with its state split across the ranks of `comm` (ZeRO stages 1 and 2). groups: as "
-                          "Adam's, the whole model in the layout's order, params and grads views of two "
-                          "GradientArenas made from `layout`.");
-  c.def(
-       "__init__",
-       [](PySharded* self, Communicator& comm, const ShardedLayout& layout, const nb::list& groups,
-          const std::optional<LossScalerOptions>& scaler, float max_norm, NormType norm, DType moment_dtype,
-          uintptr_t communication_stream) {
-         new (self) PySharded();
-         auto g = to_groups<AdamGroup, AdamHyperparameters>(groups, self->keep);
-         ShardedOptions options;
-         if (scaler) options.scaler = *scaler;
-         options.max_norm = max_norm;
-         options.norm = norm;
-         options.adam.moment_dtype = moment_dtype;
-         options.communication_stream = to_stream(communication_stream);
-         self->object = std::make_unique<ShardedAdam>(comm, layout, std::move(g), options);
-       },
-       nb::arg("comm"), nb::arg("layout"), nb::arg("groups"), nb::arg("scaler") = nb::none(),
-       nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2, nb::arg("moment_dtype") = DType::f32,
-       nb::arg("communication_stream") = 0, nb::keep_alive<1, 2>())
-      .def("step", [](PySharded& s, uintptr_t stream) { s.object->step(to_stream(stream)); }, nb::arg("stream") = 0,
-           "Reduce-scatter, check, Adam on the shard, scaler, all-gather; enqueued on `stream` (NCCL).")
-      .def(
-          "mark_ready",
-          [](PySharded& s, size_t tensor, uintptr_t stream) { s.object->mark_ready(tensor, to_stream(stream)); },
-          nb::arg("tensor"), nb::arg("stream") = 0,
-          "Stage 2: tensor's gradient is final once `stream`'s work so far has run.")
-      .def_prop_ro("loss_scale", [](const PySharded& s) { return s.object->loss_scale(); })
-      .def_prop_ro("loss_scale_device",
-                   [](nb::handle self) {
-                     ShardedAdam& s = *nb::cast<PySharded&>(self).object;
-                     return to_array(TensorView{const_cast<float*>(s.loss_scale_device()), 1, DType::f32,
-                                                s.optimizer().exp_avg()[0].device},
-                                     self);
-                   })
-      .def_prop_ro("last_step_skipped", [](const PySharded& s) { return s.object->last_step_skipped(); })
-      .def_prop_ro("last_grad_norm", [](const PySharded& s) { return s.object->last_grad_norm(); })
-      .def_prop_ro("step_count", [](const PySharded& s) { return s.object->step_count(); })
-      .def("lr", [](const PySharded& s, int group) { return s.object->lr(group); }, nb::arg("group"))
-      .def("set_lr", [](PySharded& s, int group, float lr) { s.object->set_lr(group, lr); }, nb::arg("group"),
-           nb::arg("lr"))
-      .def_prop_ro("state_bytes", [](const PySharded& s) { return s.object->state_bytes(); },
-                   "Bytes of masters and moments this rank holds.");
-  bind_state_io(c);
+  bind_sharded<Adam, AdamHyperparameters>(m, "ShardedAdam");
+  bind_sharded<Lamb, LambHyperparameters>(m, "ShardedLamb");
 }
 #endif
 
@@ -322,7 +336,7 @@ void bind_optim(nb::module_& m) {
   bind_mixed_precision<Adam, AdamHyperparameters>(m, "MixedPrecisionAdam");
   bind_mixed_precision<Lamb, LambHyperparameters>(m, "MixedPrecisionLamb");
 #if GRADKIT_WITH_MPI
-  bind_sharded_adam(m);
+  bind_sharded_layout_and_optimizers(m);
 #endif
 }
 

@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gradkit
 import gradkit.torch as gt
 import gradkit.torch.distributed as gtd
+from gradkit.torch._device import stream_handle
 from torch_ddp_cpu import batch, close, fail
 
 TORCHRUN = "LOCAL_RANK" in os.environ
@@ -133,6 +134,36 @@ def run(comm):
     dist.barrier()
     if rank == 0:
         os.remove(path)
+
+    # gradkit.ShardedLamb through the bindings: the same gradients on every rank,
+    # so the average is exact; against gradkit.Lamb unsharded on the same values.
+    sizes = [300, 7, 1000]
+    layout = gradkit.ShardedLayout(sizes, size, bucket_elements=500)
+    where = "cpu" if DEVICE.type == "cpu" else f"cuda:{DEVICE.index}"
+    w_arena = gradkit.GradientArena(where, gradkit.DType.f32, layout)
+    g_arena = gradkit.GradientArena(where, gradkit.DType.f32, layout)
+    w_views = [torch.from_dlpack(a) for a in w_arena.gradients()]
+    g_views = [torch.from_dlpack(a) for a in g_arena.gradients()]
+    gen = torch.Generator().manual_seed(5)
+    w_ref = [torch.randn(n, generator=gen).to(DEVICE) for n in sizes]
+    g_ref = [torch.randn(n, generator=gen).to(DEVICE) for n in sizes]
+    hyper = gradkit.LambHyperparameters(lambda_=0.01)
+    lamb = gradkit.ShardedLamb(comm.comm, layout, [{"params": w_views, "grads": g_views, "hyperparameters": hyper}],
+                               eta=1e-2)
+    plain = gradkit.Lamb([{"params": w_ref, "grads": g_ref, "hyperparameters": hyper}], eta=1e-2)
+    for a, b in zip(w_views, w_ref):
+        a.copy_(b)
+    for _ in range(3):
+        for a, b in zip(g_views, g_ref):
+            a.copy_(b)  # the same on every rank: the reduce-scatter's average is exact
+        lamb.step(stream_handle(DEVICE))
+        plain.step(stream_handle(DEVICE))
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    close(rank, [w.clone() for w in w_views], w_ref, "ShardedLamb against Lamb")
+    if lamb.step_count != 3 or abs(lamb.eta - 1e-2) > 1e-9:
+        fail(rank, f"ShardedLamb step_count {lamb.step_count}, eta {lamb.eta}")
+    del lamb
 
     # Bad input: named, and nothing made.
     for call, expected in [(lambda: gt.ShardedAdamW(make_model().parameters(), comm, stage=3), "stage is 3"),

@@ -56,11 +56,7 @@ class CudaBackend final : public TrainBackend {
   std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, std::span<const TensorView> params,
                                             std::span<const TensorView> grads, const ShardContext* shard) override {
     MixedPrecisionOptions mp;  // dynamic loss scaling with PyTorch's defaults
-    if (shard != nullptr) {
-      auto opt = make_sharded_optimizer(o, params, grads, *shard, mp.scaler);
-      loss_scale_ = opt->get().loss_scale_device();
-      return opt;
-    }
+    if (shard != nullptr) return make_sharded_optimizer(o, params, grads, *shard, mp.scaler, &loss_scale_);
     if (o.optimizer == "adam") {
       auto opt = std::make_unique<OptimizerOf<MixedPrecisionAdam>>(
           std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, mp);

@@ -21,11 +21,11 @@ class OptimizerOf final : public Optimizer {
   explicit OptimizerOf(Args&&... args) : optimizer_(std::forward<Args>(args)...) {}
   void step() override { optimizer_.step(); }
   void mark_ready(size_t tensor) override {
-    if constexpr (std::is_same_v<T, ShardedAdam>) optimizer_.mark_ready(tensor);
+    if constexpr (std::is_same_v<T, ShardedAdam> || std::is_same_v<T, ShardedLamb>) optimizer_.mark_ready(tensor);
   }
   void set_lr(float lr) override {
     if constexpr (std::is_same_v<T, Adam> || std::is_same_v<T, ShardedAdam>) optimizer_.set_lr(0, lr);
-    else if constexpr (std::is_same_v<T, Lamb>) optimizer_.set_eta(lr);
+    else if constexpr (std::is_same_v<T, Lamb> || std::is_same_v<T, ShardedLamb>) optimizer_.set_eta(lr);
     else if constexpr (std::is_same_v<T, MixedPrecisionAdam>) optimizer_.optimizer().set_lr(0, lr);
     else optimizer_.optimizer().set_eta(lr);
   }
@@ -35,7 +35,7 @@ class OptimizerOf final : public Optimizer {
   std::string note() const override {
     if constexpr (std::is_same_v<T, MixedPrecisionAdam> || std::is_same_v<T, MixedPrecisionLamb>) {
       return "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.loss_scale()));
-    } else if constexpr (std::is_same_v<T, ShardedAdam>) {
+    } else if constexpr (std::is_same_v<T, ShardedAdam> || std::is_same_v<T, ShardedLamb>) {
       return optimizer_.masters().empty() ? "" : "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.loss_scale()));
     } else {
       return "";
@@ -62,16 +62,24 @@ Group one_group(const TrainOptions& o, std::span<const TensorView> params, std::
   return group;
 }
 
-// The sharded Adam over the context's communicator, with `scaler`.
-inline std::unique_ptr<OptimizerOf<ShardedAdam>> make_sharded_optimizer(const TrainOptions& o,
-                                                                        std::span<const TensorView> params,
-                                                                        std::span<const TensorView> grads,
-                                                                        const ShardContext& shard,
-                                                                        LossScalerOptions scaler) {
+// The sharded Adam or LAMB over the context's communicator, with `scaler`;
+// `loss_scale` receives the scale on the device (the CUDA model scales its
+// loss by it).
+inline std::unique_ptr<Optimizer> make_sharded_optimizer(const TrainOptions& o, std::span<const TensorView> params,
+                                                         std::span<const TensorView> grads, const ShardContext& shard,
+                                                         LossScalerOptions scaler,
+                                                         const float** loss_scale = nullptr) {
   ShardedOptions options;
   options.scaler = scaler;
-  return std::make_unique<OptimizerOf<ShardedAdam>>(
-      shard.comm, shard.layout, std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, options);
+  options.lamb.eta = o.lr;
+  auto make = [&]<class S, class Group>() {
+    auto opt = std::make_unique<OptimizerOf<S>>(shard.comm, shard.layout,
+                                                std::vector<Group>{one_group<Group>(o, params, grads)}, options);
+    if (loss_scale != nullptr) *loss_scale = opt->get().loss_scale_device();
+    return std::unique_ptr<Optimizer>(std::move(opt));
+  };
+  if (o.optimizer == "adam") return make.template operator()<ShardedAdam, AdamGroup>();
+  return make.template operator()<ShardedLamb, LambGroup>();
 }
 
 inline std::unique_ptr<Optimizer> make_plain_optimizer(const TrainOptions& o, std::span<const TensorView> params,

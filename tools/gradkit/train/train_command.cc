@@ -112,7 +112,7 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
       ->check(tool::one_of({"allreduce", "adasum"}));
   app.add_option("--shard", o.shard,
                  "ZeRO stage: 0 off; 1 optimizer state split across ranks; 2 also gradients reduce-scattered per "
-                 "bucket as they are ready (adam, allreduce)")
+                 "bucket as they are ready (--reduce allreduce)")
       ->check(tool::integer(0, 2));
   app.add_option("--seed", o.seed, "seed of the initial weights and the data order")
       ->check(tool::integer(0, INT64_MAX));

@@ -174,9 +174,6 @@ void check_train_options(const TrainOptions& o, bool writes) {
                                                  std::to_string(o.epochs) + "), not '" +
                                                  std::to_string(o.stop_after) + "'");
   }
-  if (o.shard > 0 && o.optimizer != "adam") {
-    throw Error(ErrorCode::invalid_argument, "--shard: needs --optimizer adam (LAMB has no sharded step yet)");
-  }
   if (o.shard > 0 && o.reduce != "allreduce") {
     throw Error(ErrorCode::invalid_argument, "--shard: needs --reduce allreduce (the sharded step reduce-scatters)");
   }

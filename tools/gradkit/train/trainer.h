@@ -23,7 +23,7 @@ struct TrainOptions {
   float weight_decay = 0.0f;
   std::string reduce = "allreduce";  // allreduce | adasum
   // ZeRO stage: 0 unsharded; 1 the optimizer state split across ranks
-  // (ShardedAdam); 2 also each bucket reduce-scattered once its gradients
+  // (Sharded<Adam or Lamb>); 2 also each bucket reduce-scattered once its gradients
   // are final (mark_ready).
   int shard = 0;
   uint64_t seed = 1;
