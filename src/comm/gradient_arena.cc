@@ -91,6 +91,48 @@ ShardedLayout ShardedLayout::make(std::span<const int64_t> numels, int world_siz
   return layout;
 }
 
+void ShardedLayout::validate(std::string_view op) const {
+  auto refuse = [&](const std::string& field, const std::string& what) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "layout." + field, what);
+  };
+  if (world_size < 1) refuse("world_size", "is " + std::to_string(world_size) + ", expected >= 1");
+  if (alignment < 1 || (alignment & (alignment - 1)) != 0) {
+    refuse("alignment", "is " + std::to_string(alignment) + ", expected a power of two");
+  }
+  if (offsets.size() != numels.size()) {
+    refuse("offsets", "has " + std::to_string(offsets.size()) + " entries, expected one per count (" +
+                          std::to_string(numels.size()) + ")");
+  }
+  int64_t end = 0;       // of the last bucket
+  size_t tensor = 0;     // the next tensor a bucket must start with
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const Bucket& k = buckets[b];
+    const std::string name = "buckets[" + std::to_string(b) + "]";
+    if (k.first != tensor || k.last < k.first || k.last > numels.size()) {
+      refuse(name, "holds tensors [" + std::to_string(k.first) + ", " + std::to_string(k.last) + "), expected to start at " +
+                       std::to_string(tensor) + " and end by " + std::to_string(numels.size()));
+    }
+    if (k.begin != end || k.slice < 0) {
+      refuse(name, "begins at " + std::to_string(k.begin) + " with slices of " + std::to_string(k.slice) +
+                       ", expected to begin at " + std::to_string(end) + " with slices >= 0");
+    }
+    const int64_t bucket_end = k.begin + k.slice * world_size;
+    for (size_t t = k.first; t < k.last; ++t) {
+      if (numels[t] < 0 || offsets[t] < k.begin || offsets[t] > bucket_end - numels[t] ||
+          (t > k.first && offsets[t] < offsets[t - 1] + numels[t - 1])) {
+        refuse("offsets[" + std::to_string(t) + "]", "is " + std::to_string(offsets[t]) + " for " +
+                                                          std::to_string(numels[t]) +
+                                                          " elements, expected them inside bucket " + std::to_string(b) +
+                                                          " after the previous tensor");
+      }
+    }
+    tensor = k.last;
+    end = bucket_end;
+  }
+  if (tensor != numels.size()) refuse("buckets", "cover " + std::to_string(tensor) + " of the " + std::to_string(numels.size()) + " tensors");
+  if (total != end) refuse("total", "is " + std::to_string(total) + ", expected " + std::to_string(end) + " (the buckets' end)");
+}
+
 int64_t ShardedLayout::shard_elements() const {
   int64_t n = 0;
   for (const Bucket& b : buckets) n += b.slice;
@@ -110,6 +152,7 @@ std::vector<ShardedLayout::Piece> ShardedLayout::pieces(int rank) const {
 }
 
 GradientArena::GradientArena(Device device, DType dtype, const ShardedLayout& layout) : dtype_(dtype) {
+  layout.validate("GradientArena");
   const size_t element = dtype_size(dtype);
   buffer_ = Buffer(device, static_cast<size_t>(layout.total) * element);
   views_.reserve(layout.numels.size());

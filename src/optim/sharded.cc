@@ -126,6 +126,7 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
                             ShardedOptions options)
     : comm_(comm), layout_(layout), communication_stream_(options.communication_stream) {
   if (groups.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
+  layout_.validate(kOp);
   if (layout_.world_size != comm.size()) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "layout",
                          "was made for " + std::to_string(layout_.world_size) + " ranks, expected comm.size() = " +

@@ -354,6 +354,25 @@ TEST(ShardedLayout, RejectsBadArguments) {
   expect_error([] { ShardedLayout::make(kModel, 2, 0, 48); }, ErrorCode::invalid_argument, {"'alignment'", "power of two"});
   const std::vector<int64_t> negative = {4, -2};
   expect_error([&] { ShardedLayout::make(negative, 2); }, ErrorCode::invalid_argument, {"'numels[1]'", "-2"});
+  // A layout edited by hand is refused by its users, naming the field.
+  const ShardedLayout good = ShardedLayout::make(kModel, 2, 1500);
+  ShardedLayout bad = good;
+  bad.offsets[3] = good.offsets[2];  // on top of tensor 2
+  expect_error([&] { GradientArena(Device::cpu(), DType::f32, bad); }, ErrorCode::invalid_argument,
+               {"'layout.offsets[3]'"});
+  bad = good;
+  bad.total += 1;
+  expect_error([&] { GradientArena(Device::cpu(), DType::f32, bad); }, ErrorCode::invalid_argument, {"'layout.total'"});
+  bad = good;
+  bad.buckets[1].begin += 64;
+  expect_error([&] { GradientArena(Device::cpu(), DType::f32, bad); }, ErrorCode::invalid_argument,
+               {"'layout.buckets[1]'"});
+  bad = good;
+  bad.buckets.pop_back();
+  expect_error([&] { GradientArena(Device::cpu(), DType::f32, bad); }, ErrorCode::invalid_argument, {"'layout.buckets'"});
+  for (int world : {1, 2, 3, 4}) {
+    for (int64_t bucket : {int64_t{0}, int64_t{1}, int64_t{1500}}) EXPECT_NO_THROW(ShardedLayout::make(kModel, world, bucket).validate("t"));
+  }
 }
 
 class ShardedAdamTest : public OnEachBackend {};

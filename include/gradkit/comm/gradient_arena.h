@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "gradkit/comm/communicator.h"
@@ -55,6 +56,13 @@ struct ShardedLayout {
   // power of two from 1 to 4096.
   static ShardedLayout make(std::span<const int64_t> numels, int world_size, int64_t bucket_elements = 0,
                             int64_t alignment = 64);
+
+  // Throws invalid_argument naming `op` and the field ("layout.offsets[3]")
+  // unless the fields hold together as make() leaves them: one offset per
+  // count, tensors in order inside their buckets, buckets back to back from
+  // 0 and covering every tensor, total their end. For a layout built or
+  // edited by hand; every user of a layout calls it.
+  void validate(std::string_view op) const;
 
   int64_t slice_begin(size_t bucket, int rank) const { return buckets[bucket].begin + rank * buckets[bucket].slice; }
   // Elements rank `rank` owns, padding included: the sum of its slices.
