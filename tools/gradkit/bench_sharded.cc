@@ -1,19 +1,19 @@
-// gradkit-bench-sharded: the sharded Adam step (ZeRO stage 1) on the
-// BERT-large list (389 tensors, 334,092,288 elements) against its parts and
-// against the unsharded step, in the same run, on the same communicator and
-// stream:
+// gradkit-bench-sharded: the sharded Adam (or LAMB) step (ZeRO stage 1) on
+// the BERT-large list (389 tensors, 334,092,288 elements) against its parts
+// and against the unsharded step, in the same run, on the same communicator
+// and stream:
 //   - reduce-scatter of the gradients and all-gather of the weights (the
-//     whole padded buffers, one collective each), and Adam over the whole
-//     list on one rank: the series sum RS + AG + Adam / P is what a sharded
-//     step with no overlap and no overhead would cost;
-//   - the sharded step (reduce-scatter, check, Adam on the shard, all-gather);
-//   - the unsharded step: all-reduce, then Adam over the whole list.
+//     whole padded buffers, one collective each), and the optimizer over the
+//     whole list on one rank: the series sum RS + AG + update / P is what a
+//     sharded step with no overlap and no overhead would cost;
+//   - the sharded step (reduce-scatter, check, update of the shard, all-gather);
+//   - the unsharded step: all-reduce, then the optimizer over the whole list.
 // Each row prints the median time, the bytes the row moves per rank and
 // their rate. The optimizer state each rank holds is printed against 12
 // (f16/bf16 model) or 8 (f32) bytes per parameter / P.
 //
 //   mpiexec -n N build/tools/gradkit/gradkit-bench-sharded [--backend nccl|mpi]
-//       [--model f32|f16|bf16] [--bucket-mib 0] [--warmup 3] [--reps 20] [--scale D]
+//       [--optimizer adam|lamb] [--model f32|f16|bf16] [--bucket-mib 0] [--warmup 3] [--reps 20] [--scale D]
 //
 // The NCCL backend (the default where built) needs a GPU per local rank; the
 // MPI backend runs on host memory, by default with every size divided by 16.
@@ -46,13 +46,14 @@ struct Row {
 
 int run(int argc, char** argv, bool report) {
   std::string backend = has_nccl_communicator() && cuda_device_count() > 0 ? "nccl" : "mpi", model = "f32",
-              torch_results;
+              optimizer = "adam", torch_results;
   int warmup = 3, reps = 20;
   int64_t scale = 0, bucket_mib = 0;
   Command command("gradkit-bench-sharded",
                   "Time the sharded Adam step on BERT-large against its parts and the unsharded step (under mpiexec).");
   CLI::App& app = command.app();
   app.add_option("--backend", backend, "nccl (a GPU per rank) or mpi (host memory)")->check(one_of({"nccl", "mpi"}));
+  app.add_option("--optimizer", optimizer, "adam or lamb")->check(one_of({"adam", "lamb"}));
   app.add_option("--model", model, "the weights' dtype (f16/bf16: f32 masters, f32 gradients)")
       ->check(one_of({"f32", "f16", "bf16"}));
   app.add_option("--bucket-mib", bucket_mib, "bucket size in MiB of gradients (0: one bucket)")
@@ -103,13 +104,15 @@ int run(int argc, char** argv, bool report) {
   time("reduce-scatter (gradients)", share * gbytes,
        [&] { comm->reduce_scatter_buffer(all_grads, mine(all_grads), ReduceOp::average, stream); });
   time("all-gather (weights)", share * wbytes, [&] { comm->all_gather_buffer(mine(all_weights), all_weights, stream); });
-  // Per parameter: the gradient read, the f32 weight (or master) and both
-  // moments read and written, and the f16/bf16 copy written.
-  const double adam_bytes = n * (4 + 8 + 16 + (weight_dtype == DType::f32 ? 0.0 : dtype_size(weight_dtype)));
-  {
-    // Unsharded Adam on one rank's whole model (f32 masters for f16/bf16).
-    std::vector<AdamGroup> groups(1);
-    std::vector<TensorView> masters;
+  // Per parameter, Adam: the gradient read, the f32 weight (or master) and
+  // both moments read and written, the f16/bf16 copy written. LAMB: pass 1
+  // as Adam's without the weight's write, pass 2 reads w, m, v, writes w.
+  const double copy_bytes = weight_dtype == DType::f32 ? 0.0 : dtype_size(weight_dtype);
+  const double update_bytes = n * ((optimizer == "adam" ? 4 + 8 + 16 : 4 + 4 + 16 + 4 + 8 + 4) + copy_bytes);
+  auto sharded_rows = [&]<class Optimizer>() {
+    using Group = typename Optimizer::Group;
+    // Unsharded on one rank's whole model (f32 masters for f16/bf16).
+    std::vector<Group> groups(1);
     Buffer master_storage;
     if (weight_dtype != DType::f32) master_storage = Buffer(where, static_cast<size_t>(layout.total) * 4);
     for (size_t i = 0; i < workload.sizes.size(); ++i) {
@@ -121,30 +124,33 @@ int run(int argc, char** argv, bool report) {
         groups[0].model_copy.push_back(weights[i]);
       }
     }
-    Adam adam(std::move(groups));
-    time("Adam, whole model (unsharded)", adam_bytes, [&] { adam.step(stream); });
-    time("unsharded step: all-reduce + Adam", 2 * share * gbytes + adam_bytes, [&] {
-      comm->all_reduce_buffer(all_grads, all_grads, ReduceOp::average, stream);
-      adam.step(stream);
-    });
-  }
-  std::vector<AdamGroup> groups(1);
-  groups[0].params = {weights.gradients().begin(), weights.gradients().end()};
-  groups[0].grads = {grads.gradients().begin(), grads.gradients().end()};
-  ShardedOptions options;
-  options.scaler.mode = weight_dtype == DType::f16 ? LossScaling::dynamic : LossScaling::none;
-  options.scaler.initial_scale = 1.0f;  // the random gradients are not scaled
-  ShardedAdam sharded(*comm, layout, std::move(groups), options);
+    {
+      Optimizer unsharded(groups);
+      time(optimizer + ", whole model (unsharded)", update_bytes, [&] { unsharded.step(stream); });
+      time("unsharded step: all-reduce + " + optimizer, 2 * share * gbytes + update_bytes, [&] {
+        comm->all_reduce_buffer(all_grads, all_grads, ReduceOp::average, stream);
+        unsharded.step(stream);
+      });
+    }
+    groups[0].params = {weights.gradients().begin(), weights.gradients().end()};
+    groups[0].grads = {grads.gradients().begin(), grads.gradients().end()};
+    groups[0].model_copy.clear();
+    ShardedOptions options;
+    options.scaler.mode = weight_dtype == DType::f16 ? LossScaling::dynamic : LossScaling::none;
+    options.scaler.initial_scale = 1.0f;  // the random gradients are not scaled
+    Sharded<Optimizer> sharded(*comm, layout, std::move(groups), options);
+    time("sharded step (stage 1)", share * (gbytes + wbytes) + update_bytes / ranks, [&] { sharded.step(stream); });
+    return sharded.state_bytes();
+  };
+  const size_t state = optimizer == "adam" ? sharded_rows.template operator()<Adam>()
+                                           : sharded_rows.template operator()<Lamb>();
   const double series = rows[0].ms + rows[1].ms + rows[2].ms / ranks;
-  time("sharded step (stage 1)", share * (gbytes + wbytes) + adam_bytes / ranks, [&] { sharded.step(stream); });
-
-  size_t state = sharded.state_bytes();
   const double expected = (weight_dtype == DType::f32 ? 8.0 : 12.0) * n / ranks;
   if (comm->rank() == 0) {
-    std::printf("gradkit-bench-sharded: %s, %d ranks, %s; %s: %zu tensors, %.0f parameters (%s weights, f32 "
+    std::printf("gradkit-bench-sharded: %s, %d ranks, %s; %s on %s: %zu tensors, %.0f parameters (%s weights, f32 "
                 "gradients), %zu bucket(s); median of %d after %d warm-up\n",
-                std::string(comm->backend_name()).c_str(), ranks, device->description().c_str(), workload.name.c_str(),
-                workload.sizes.size(), n, model.c_str(), layout.buckets.size(), reps, warmup);
+                std::string(comm->backend_name()).c_str(), ranks, device->description().c_str(), optimizer.c_str(),
+                workload.name.c_str(), workload.sizes.size(), n, model.c_str(), layout.buckets.size(), reps, warmup);
     std::printf("%-36s %10s %12s %10s\n", "", "ms", "MB per rank", "GB/s");
     for (const Row& r : rows) {
       std::printf("%-36s %10.3f %12.1f %10.1f\n", r.what.c_str(), r.ms, r.bytes / 1e6, r.bytes / (r.ms * 1e6));
@@ -167,7 +173,7 @@ int run(int argc, char** argv, bool report) {
                   zero, zero / rows.back().ms, zero >= 3.5 * rows.back().ms ? "met" : "NOT met");
     }
     const double step = rows.back().ms;
-    std::printf("series sum RS + AG + Adam / %d: %.3f ms; sharded step / series sum: %.3fx (target <= 1.0x: %s); "
+    std::printf("series sum RS + AG + update / %d: %.3f ms; sharded step / series sum: %.3fx (target <= 1.0x: %s); "
                 "sharded step / unsharded step: %.3fx\n",
                 ranks, series, step / series, step <= series ? "met" : "NOT met", step / rows[3].ms);
     std::printf("optimizer state on rank 0: %.1f MB (%s bytes x parameters / ranks = %.1f MB; ratio %.4f)\n",
