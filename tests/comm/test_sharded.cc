@@ -384,6 +384,23 @@ struct Case {
   LossScaling scaling;
 };
 
+// A run of `c` with a dynamic scaler that moves often (when it is dynamic).
+RunSetup setup_of(const Case& c) {
+  RunSetup s;
+  s.weights = c.weights;
+  s.grads = c.grads;
+  s.model = c.model;
+  s.options.scaler.mode = c.scaling;
+  s.options.scaler.initial_scale = 1024;
+  s.options.scaler.growth_interval = 5;
+  return s;
+}
+
+std::string name_of(const Case& c) {
+  return std::string(dtype_name(c.weights)) + "/" + std::string(dtype_name(c.grads)) +
+         (c.model.size() == kTiny.size() ? " tiny" : "");
+}
+
 // 50 steps, stage 1 and stage 2 alternating, with Inf/NaN on steps 7, 20
 // and 33, an lr change at step 25: bitwise the unsharded weights after every
 // step, the same skipped steps and loss scales, identical on every rank.
@@ -394,16 +411,8 @@ TEST_P(ShardedAdamTest, EqualsTheUnshardedStepBitwise) {
                         {DType::f32, DType::bf16, kTiny, LossScaling::none},
                         {DType::f16, DType::f32, kTiny, LossScaling::dynamic}};
   for (const Case& c : cases) {
-    RunSetup s;
-    s.weights = c.weights;
-    s.grads = c.grads;
-    s.model = c.model;
-    s.options.scaler.mode = c.scaling;
-    s.options.scaler.initial_scale = 1024;
-    s.options.scaler.growth_interval = 5;
-    Pair<> pair(comm(), s);
-    const std::string name = std::string(dtype_name(c.weights)) + "/" + std::string(dtype_name(c.grads)) +
-                             (c.model.size() == kTiny.size() ? " tiny" : "");
+    Pair<> pair(comm(), setup_of(c));
+    const std::string name = name_of(c);
     int failures = 0;
     for (int step = 1; step <= 50 && failures == 0; ++step) {
       if (step == 25) {
@@ -636,17 +645,10 @@ TEST_P(ShardedAdamTest, LambMatchesTheUnshardedLamb) {
                         {DType::f16, DType::f16, kModel, LossScaling::dynamic},
                         {DType::f32, DType::bf16, kTiny, LossScaling::none}};
   for (const Case& c : cases) {
-    RunSetup s;
-    s.weights = c.weights;
-    s.grads = c.grads;
-    s.model = c.model;
-    s.options.scaler.mode = c.scaling;
-    s.options.scaler.initial_scale = 1024;
-    s.options.scaler.growth_interval = 5;
+    RunSetup s = setup_of(c);
     s.options.lamb.eta = 1e-2f;
     Pair<Lamb> pair(comm(), s);
-    const std::string name = "LAMB " + std::string(dtype_name(c.weights)) + "/" + std::string(dtype_name(c.grads)) +
-                             (c.model.size() == kTiny.size() ? " tiny" : "");
+    const std::string name = "LAMB " + name_of(c);
     const double tolerance = c.weights == DType::f32 ? 1e-6 : 2 * elementwise_tolerance(c.weights).relative;
     int failures = 0;
     for (int step = 1; step <= 30 && failures == 0; ++step) {
