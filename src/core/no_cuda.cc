@@ -49,6 +49,9 @@ void set_device_flag_cuda(Device device, bool*, Stream) { upload(device, nullptr
 void adam_cuda(const MultiTensorPlan&, const AdamLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
 void increment_counter_cuda(Device device, int64_t*, const bool*, Stream) { upload(device, nullptr, 0); }
 void grad_check_cuda(const MultiTensorPlan&, const GradCheckLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
+void grad_check_combine_cuda(Device device, const double*, int, const GradCheckLaunch&, Stream) {
+  upload(device, nullptr, 0);
+}
 void update_loss_scale_cuda(LossScalerState*, const bool*, const LossScalerOptions&, Device device, Stream) {
   upload(device, nullptr, 0);
 }
