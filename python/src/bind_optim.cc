@@ -275,8 +275,7 @@ void bind_sharded(nb::module_& m, const char* name) {
       .def_prop_ro("loss_scale_device",
                    [](nb::handle self) {
                      S& s = *nb::cast<PySharded&>(self).object;
-                     return to_array(TensorView{const_cast<float*>(s.loss_scale_device()), 1, DType::f32,
-                                                s.optimizer().exp_avg()[0].device},
+                     return to_array(TensorView{const_cast<float*>(s.loss_scale_device()), 1, DType::f32, s.device()},
                                      self);
                    })
       .def_prop_ro("last_step_skipped", [](const PySharded& s) { return s.object->last_step_skipped(); })

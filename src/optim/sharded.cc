@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <type_traits>
 
@@ -169,15 +170,17 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
     synchronize(device);
   }
 
-  std::vector<Group> shard_groups(groups.size());
-  for (size_t g = 0; g < groups.size(); ++g) shard_groups[g].hyperparameters = groups[g].hyperparameters;
-  for (size_t k = 0; k < weight_pieces_.size(); ++k) {
-    Group& g = shard_groups[static_cast<size_t>(group_of_piece[k])];
-    g.params.push_back(mixed_ ? masters_[k] : weight_pieces_[k]);
-    g.grads.push_back(grad_pieces_[k]);
-    if (mixed_) g.model_copy.push_back(weight_pieces_[k]);
+  // One optimizer per bucket that holds pieces here (its pieces are
+  // consecutive), so that a bucket's all-gather can start as soon as its
+  // update is done while the next bucket is updated; one over the empty
+  // piece of a rank without pieces.
+  for (size_t k = 0; k < weight_pieces_.size();) {
+    const size_t bucket = pieces_.empty() ? 0 : pieces_[k].bucket;
+    size_t end = k + 1;
+    while (end < pieces_.size() && pieces_[end].bucket == bucket) ++end;
+    parts_.push_back({bucket, k, end, nullptr});
+    k = end;
   }
-  shard_shapes_ = shapes_of(shard_groups, DType::f32);
   model_shapes_ = shapes_of(groups, DType::f32);
 
   scalars_ = Buffer(device, 2 * sizeof(double) * static_cast<size_t>(comm.size()) + sizeof(Scalars));
@@ -186,7 +189,18 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
   check_options.max_norm = options.max_norm;
   check_ = GradientCheckPlan(grad_pieces_, check_options);
   scaler_ = LossScaler(device, options.scaler);
-  optimizer_ = std::make_unique<Optimizer>(std::move(shard_groups), Traits<Optimizer>::options(options));
+  for (Part& part : parts_) {
+    std::vector<Group> shard_groups(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) shard_groups[g].hyperparameters = groups[g].hyperparameters;
+    for (size_t k = part.first; k < part.last; ++k) {
+      Group& g = shard_groups[static_cast<size_t>(group_of_piece[k])];
+      g.params.push_back(mixed_ ? masters_[k] : weight_pieces_[k]);
+      g.grads.push_back(grad_pieces_[k]);
+      if (mixed_) g.model_copy.push_back(weight_pieces_[k]);
+    }
+    shard_shapes_.push_back(shapes_of(shard_groups, DType::f32));
+    part.optimizer = std::make_unique<Optimizer>(std::move(shard_groups), Traits<Optimizer>::options(options));
+  }
   for (const ShardedLayout::Bucket& b : layout_.buckets) readiness_.add_bucket(b.first, b.last);
   if constexpr (std::is_same_v<Optimizer, Lamb>) {
     // Each piece's slot in a row is its tensor (the one empty piece of a
@@ -233,24 +247,42 @@ void Sharded<Optimizer>::mark_ready(size_t tensor, Stream compute_stream) {
 
 template <class Optimizer>
 void Sharded<Optimizer>::update(Stream stream, const bool* found_inf, const float* grad_divisor) {
-  if constexpr (std::is_same_v<Optimizer, Adam>) {
-    optimizer_->step(stream, found_inf, grad_divisor);
-  } else {
-    // The global clipping is in the divisor (LAMB's own clipping gets no
-    // norm, as in MixedPrecision<Lamb>). Pass 1 leaves this rank's sums of
-    // w^2 and d^2 per tensor in its row; every rank's rows, added in rank
-    // order, give each tensor's trust ratio in pass 2.
-    const int64_t row = 2 * static_cast<int64_t>(layout_.numels.size());
-    auto* rows = static_cast<double*>(tensor_sums_.data());
-    auto* mine = rows + row * comm_.rank();
-    const auto* index = static_cast<const int32_t*>(piece_tensor_.data());
-    optimizer_->step(stream, LambStep{.loss_scale_device = grad_divisor, .found_inf = found_inf,
-                                      .split = {LambPass::first, mine, index}});
-    comm_.all_gather_buffer(TensorView{mine, row, DType::f64, comm_.device()},
-                            TensorView{rows, row * comm_.size(), DType::f64, comm_.device()}, stream);
-    optimizer_->step(stream, LambStep{.loss_scale_device = grad_divisor, .found_inf = found_inf,
-                                      .split = {LambPass::second, rows, index, comm_.size(), row}});
+  const Device device = comm_.device();
+  LambStep lamb;  // LAMB: the global clipping is in the divisor (its own max_norm gets no norm)
+  lamb.loss_scale_device = grad_divisor;
+  lamb.found_inf = found_inf;
+  const int64_t row = 2 * static_cast<int64_t>(layout_.numels.size());
+  auto* rows = static_cast<double*>(tensor_sums_.data());
+  auto index_of = [&](const Part& part) { return static_cast<const int32_t*>(piece_tensor_.data()) + part.first; };
+  if constexpr (std::is_same_v<Optimizer, Lamb>) {
+    // Pass 1 leaves this rank's sums of w^2 and d^2 per tensor in its row;
+    // every rank's rows, added in rank order, give each tensor's ratio.
+    for (const Part& part : parts_) {
+      lamb.split = {LambPass::first, rows + row * comm_.rank(), index_of(part)};
+      part.optimizer->step(stream, lamb);
+    }
+    comm_.all_gather_buffer(TensorView{rows + row * comm_.rank(), row, DType::f64, device},
+                            TensorView{rows, row * comm_.size(), DType::f64, device}, stream);
   }
+  // Bucket by bucket: the update of this rank's slice on `stream`, then the
+  // bucket's all-gather on the communication stream, which overlaps the
+  // next bucket's update there. Every rank gathers every bucket, in order.
+  size_t next = 0;  // the next part
+  for (size_t b = 0; b < layout_.buckets.size() || next < parts_.size(); ++b) {
+    for (; next < parts_.size() && (parts_[next].bucket == b || b >= layout_.buckets.size()); ++next) {
+      Optimizer& optimizer = *parts_[next].optimizer;
+      if constexpr (std::is_same_v<Optimizer, Adam>) {
+        optimizer.step(stream, found_inf, grad_divisor);
+      } else {
+        lamb.split = {LambPass::second, rows, index_of(parts_[next]), comm_.size(), row};
+        optimizer.step(stream, lamb);
+      }
+    }
+    if (b >= layout_.buckets.size()) break;
+    if (device.is_cuda()) comm::stream_wait(device, communication_stream_, stream);
+    comm_.all_gather_buffer(slice(weights_base_, b), bucket_view(weights_base_, b), communication_stream_);
+  }
+  if (device.is_cuda()) comm::stream_wait(device, stream, communication_stream_);
 }
 
 template <class Optimizer>
@@ -281,9 +313,8 @@ void Sharded<Optimizer>::step(Stream stream) {
   check_.combine(partials, ranks, {.found_inf = &s->found_inf, .grad_divisor = &s->grad_divisor,
                                    .global_norm = &s->global_norm},
                  1.0f, scaler_.scale_device(), stream);
-  update(stream, &s->found_inf, &s->grad_divisor);
+  update(stream, &s->found_inf, &s->grad_divisor);  // and the all-gathers
   scaler_.update(&s->found_inf, stream);
-  gather_weights(stream);
 }
 
 template <class Optimizer>
@@ -307,11 +338,18 @@ float Sharded<Optimizer>::last_grad_norm() const {
 template <class Optimizer>
 size_t Sharded<Optimizer>::state_bytes() const {
   size_t bytes = master_storage_.bytes();
-  for (const TensorView& t : optimizer_->exp_avg()) bytes += 2 * t.bytes();  // and exp_avg_sq
-  if constexpr (std::is_same_v<Optimizer, Adam>) {
-    for (const TensorView& t : optimizer_->max_exp_avg_sq()) bytes += t.bytes();
+  for (const Part& part : parts_) {
+    for (const TensorView& t : part.optimizer->exp_avg()) bytes += 2 * t.bytes();  // and exp_avg_sq
+    if constexpr (std::is_same_v<Optimizer, Adam>) {
+      for (const TensorView& t : part.optimizer->max_exp_avg_sq()) bytes += t.bytes();
+    }
   }
   return bytes;
+}
+
+template <class Optimizer>
+void Sharded<Optimizer>::for_each_optimizer(const std::function<void(Optimizer&)>& fn) {
+  for (Part& part : parts_) fn(*part.optimizer);
 }
 
 template <class Optimizer>
@@ -346,9 +384,18 @@ template <class Optimizer>
 void Sharded<Optimizer>::save_to(StateFile& file) {
   comm_.wait();
   synchronize(comm_.device());
-  // This rank's state, its pieces back to back, as the shard's Adam writes it.
+  // This rank's state, its pieces back to back, as its optimizers write it
+  // (their sections concatenated in bucket order, the pieces' order).
+  std::vector<StateFile> parts(parts_.size());
+  for (size_t k = 0; k < parts_.size(); ++k) parts_[k].optimizer->save_to(parts[k]);
   StateFile mine;
-  optimizer_->save_to(mine);
+  for (std::string_view name : Traits<Optimizer>::sections) {
+    std::vector<uint8_t> bytes;
+    for (const StateFile& part : parts) bytes.insert(bytes.end(), part.get(name).begin(), part.get(name).end());
+    mine.add(std::string(name), std::move(bytes));
+  }
+  mine.add("meta", parts[0].get("meta"));      // the same step count on every part
+  mine.add("groups", parts[0].get("groups"));  // the hyperparameters (with its pieces' shapes)
   const StateSection master_section[] = {{"masters", &masters_}};
   if (mixed_) add_sections(mine, master_section);
 
@@ -393,15 +440,15 @@ void Sharded<Optimizer>::save_to(StateFile& file) {
 
   // The sections in the order the unsharded optimizer writes them, so that
   // the files are the same byte for byte.
-  const size_t moment = dtype_size(optimizer_->exp_avg()[0].dtype);
+  const size_t moment = dtype_size(parts_[0].optimizer->exp_avg()[0].dtype);
   for (std::string_view name : Traits<Optimizer>::sections) {
-    const bool kept = Traits<Optimizer>::keeps(*optimizer_, name);
+    const bool kept = Traits<Optimizer>::keeps(*parts_[0].optimizer, name);
     file.add(std::string(name), kept ? gather(name, moment) : std::vector<uint8_t>());
   }
   std::vector<uint8_t> masters = mixed_ ? gather("masters", sizeof(float)) : std::vector<uint8_t>();
   if (!root) return;
   file.add("meta", mine.get("meta"));
-  file.add("groups", write_groups(model_shapes_, read_groups("", mine.get("groups"), shard_shapes_)));
+  file.add("groups", write_groups(model_shapes_, read_groups("", mine.get("groups"), shard_shapes_[0])));
   SectionWriter scaler;
   scaler.put(scaler_.state());
   if (mixed_) file.add("masters", std::move(masters));
@@ -426,13 +473,14 @@ void Sharded<Optimizer>::save(const std::string& path) {
 }
 
 template <class Optimizer>
-StateFile Sharded<Optimizer>::shard_state(const std::string& path, const StateFile& file) const {
+typename Sharded<Optimizer>::ShardState Sharded<Optimizer>::shard_state(const std::string& path,
+                                                                        const StateFile& file) const {
   // The file checked against the whole model, then cut to this rank's
-  // pieces as a state file of the shard's Adam, which checks the rest.
-  StateFile shard;
+  // pieces as a state file for each of its optimizers, which check the rest.
+  ShardState shard;
   const auto hyper = read_groups(path, file.get("groups"), model_shapes_);
   const std::vector<int64_t> at = section_offsets(layout_);
-  auto cut = [&](std::string_view name, size_t width) {
+  auto cut = [&](std::string_view name, size_t width, size_t first, size_t last) {
     const std::vector<uint8_t>& full = file.get(name);
     std::vector<uint8_t> part;
     if (full.empty() && name == "max_exp_avg_sq") return part;  // checked by Adam against its groups
@@ -441,21 +489,28 @@ StateFile Sharded<Optimizer>::shard_state(const std::string& path, const StateFi
                                            std::to_string(full.size()) + " bytes, expected " +
                                            std::to_string(static_cast<size_t>(at.back()) * width));
     }
-    for (const ShardedLayout::Piece& p : pieces_) {
+    for (size_t k = first; k < last && k < pieces_.size(); ++k) {
+      const ShardedLayout::Piece& p = pieces_[k];
       const auto* from = full.data() + static_cast<size_t>(at[p.tensor] + p.offset) * width;
       part.insert(part.end(), from, from + static_cast<size_t>(p.count) * width);
     }
     return part;
   };
-  const size_t moment = dtype_size(optimizer_->exp_avg()[0].dtype);
-  for (std::string_view name : Traits<Optimizer>::sections) shard.add(std::string(name), cut(name, moment));
-  shard.add("meta", file.get("meta"));
-  shard.add("groups", write_groups(shard_shapes_, hyper));
-  optimizer_->check_state(path, shard);
+  const size_t moment = dtype_size(parts_[0].optimizer->exp_avg()[0].dtype);
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    StateFile state;
+    for (std::string_view name : Traits<Optimizer>::sections) {
+      state.add(std::string(name), cut(name, moment, parts_[k].first, parts_[k].last));
+    }
+    state.add("meta", file.get("meta"));
+    state.add("groups", write_groups(shard_shapes_[k], hyper));
+    parts_[k].optimizer->check_state(path, state);
+    shard.optimizers.push_back(std::move(state));
+  }
   if (mixed_) {
-    shard.add("masters", cut("masters", sizeof(float)));
+    shard.rest.add("masters", cut("masters", sizeof(float), 0, pieces_.size()));
     const StateSection masters[] = {{"masters", &masters_}};
-    check_sections(path, shard, masters);
+    check_sections(path, shard.rest, masters);
   }
   if (file.has("scaler")) {
     SectionReader reader(file.get("scaler"), "scaler");
@@ -465,7 +520,7 @@ StateFile Sharded<Optimizer>::shard_state(const std::string& path, const StateFi
     } catch (const Error& e) {
       throw Error(ErrorCode::io_error, "state file '" + path + "' has a bad loss scaler state: " + e.what());
     }
-    shard.add("scaler", file.get("scaler"));
+    shard.rest.add("scaler", file.get("scaler"));
   } else if (mixed_) {
     file.get("scaler");  // throws, naming the section
   }
@@ -477,15 +532,15 @@ void Sharded<Optimizer>::check_state(const std::string& path, const StateFile& f
 
 template <class Optimizer>
 void Sharded<Optimizer>::apply_state(const StateFile& file) {
-  const StateFile shard = shard_state("", file);
-  optimizer_->apply_state(shard);
-  if (shard.has("scaler")) {
-    SectionReader reader(shard.get("scaler"), "scaler");
+  const ShardState shard = shard_state("", file);
+  for (size_t k = 0; k < parts_.size(); ++k) parts_[k].optimizer->apply_state(shard.optimizers[k]);
+  if (shard.rest.has("scaler")) {
+    SectionReader reader(shard.rest.get("scaler"), "scaler");
     scaler_.set_state(reader.get<LossScalerState>());
   }
   if (mixed_) {
     const StateSection masters[] = {{"masters", &masters_}};
-    apply_sections(shard, masters);
+    apply_sections(shard.rest, masters);
     // The model's weights from the loaded masters, on every rank.
     AccumulatePlan(weight_pieces_, masters_).accumulate_v2(Flag::host(true));
     gather_weights({});

@@ -6,9 +6,10 @@
 // the norms' partials of all ranks combined in one small all-gather, so
 // every rank takes the same skip and clip decision; the update of the shard
 // (LAMB: pass 1, one small all-gather of every tensor's sums of w^2 and d^2,
-// the trust ratios from all ranks' sums added in rank order, pass 2); the
-// loss scaler's update; all-gather of the updated weights into the model's
-// weights, in place. Stage 2: mark_ready() reduce-scatters a bucket as soon
+// the trust ratios from all ranks' sums added in rank order, pass 2), bucket
+// by bucket, each bucket's all-gather of the updated weights into the
+// model's weights (in place) overlapping the next bucket's update; the loss
+// scaler's update. Stage 2: mark_ready() reduce-scatters a bucket as soon
 // as backward has produced all of its gradients.
 //
 // Adam is element-wise, so its weights are bitwise those of the unsharded
@@ -20,6 +21,7 @@
 #pragma once
 
 #include <concepts>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +31,7 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/loss_scaler.h"
+#include "gradkit/optim/state_file.h"
 
 namespace gradkit {
 
@@ -40,8 +43,10 @@ struct ShardedOptions {
   NormType norm = NormType::l2;
   AdamOptions adam;  // the sharded optimizer's own options: Adam's
   LambOptions lamb;  // or LAMB's
-  // Where mark_ready() reduce-scatters a completed bucket (NCCL), after the
-  // work the compute stream had queued; step() makes its stream wait for it.
+  // Where mark_ready() reduce-scatters a completed bucket, and where step()
+  // all-gathers each bucket's weights as soon as its update is done, while
+  // the next bucket is updated on the step's stream (NCCL; events order
+  // the two streams, and the step's stream waits for this one at the end).
   Stream communication_stream = {};
 };
 
@@ -76,19 +81,23 @@ class Sharded {
   float loss_scale() const;         // synchronous reads
   bool last_step_skipped() const;
   float last_grad_norm() const;     // unscaled global norm of the last step, all ranks
-  int64_t step_count() const { return optimizer_->step_count(); }
+  int64_t step_count() const { return parts_[0].optimizer->step_count(); }
   // Adam's per-group learning rates; LAMB's eta. Synchronous.
-  float lr(int group) const requires std::same_as<Optimizer, Adam> { return optimizer_->lr(group); }
-  void set_lr(int group, float lr) requires std::same_as<Optimizer, Adam> { optimizer_->set_lr(group, lr); }
-  float eta() const requires std::same_as<Optimizer, Lamb> { return optimizer_->eta(); }
-  void set_eta(float eta) requires std::same_as<Optimizer, Lamb> { optimizer_->set_eta(eta); }
+  float lr(int group) const requires std::same_as<Optimizer, Adam> { return parts_[0].optimizer->lr(group); }
+  void set_lr(int group, float lr) requires std::same_as<Optimizer, Adam> {
+    for_each_optimizer([&](Optimizer& o) { o.set_lr(group, lr); });
+  }
+  float eta() const requires std::same_as<Optimizer, Lamb> { return parts_[0].optimizer->eta(); }
+  void set_eta(float eta) requires std::same_as<Optimizer, Lamb> {
+    for_each_optimizer([&](Optimizer& o) { o.set_eta(eta); });
+  }
 
   const ShardedLayout& layout() const { return layout_; }
+  Device device() const { return comm_.device(); }
   const std::vector<ShardedLayout::Piece>& pieces() const { return pieces_; }  // this rank's
   // Bytes of optimizer state this rank holds: masters (f16/bf16 models) and
   // moments of its shard.
   size_t state_bytes() const;
-  Optimizer& optimizer() { return *optimizer_; }  // the shard's optimizer (its pieces)
   const std::vector<TensorView>& masters() const { return masters_; }  // per piece; empty for f32 models
 
   // The state in the unsharded optimizer's file format (the optimizer's for
@@ -118,9 +127,15 @@ class Sharded {
   void gather_weights(Stream stream);
   // The optimizer's update of the shard with the check's divisor and flag.
   void update(Stream stream, const bool* found_inf, const float* grad_divisor);
-  // The file's state for this rank's pieces, as a state file of the shard's
-  // optimizer; throws io_error unless the file fits the whole model.
-  StateFile shard_state(const std::string& path, const StateFile& file) const;
+  // The file's state for this rank's pieces: a state file for each of its
+  // optimizers, and the masters and scaler; throws io_error unless the file
+  // fits the whole model.
+  struct ShardState {
+    std::vector<StateFile> optimizers;
+    StateFile rest;
+  };
+  ShardState shard_state(const std::string& path, const StateFile& file) const;
+  void for_each_optimizer(const std::function<void(Optimizer&)>& fn);
   // Throws on every rank unless every rank's `ok` is true.
   void agree(bool ok, const std::string& what);
 
@@ -128,8 +143,9 @@ class Sharded {
   ShardedLayout layout_;
   std::vector<ShardedLayout::Piece> pieces_;
   // The shapes a state file's 'groups' section records: the whole model's
-  // (the unsharded optimizer's) and this rank's pieces' (the shard's).
-  std::vector<Group> model_shapes_, shard_shapes_;
+  // (the unsharded optimizer's) and each of this rank's optimizers'.
+  std::vector<Group> model_shapes_;
+  std::vector<std::vector<Group>> shard_shapes_;
   TensorView weights_base_;        // the flat buffers: layout.total elements each
   TensorView grads_base_;
   Stream communication_stream_;
@@ -141,7 +157,14 @@ class Sharded {
   Buffer scalars_;                 // the all-gathered partials, then divisor, norm, found-inf
   GradientCheckPlan check_;
   LossScaler scaler_;
-  std::unique_ptr<Optimizer> optimizer_;
+  // This rank's optimizers: one per bucket it holds pieces of, over the
+  // pieces [first, last) (one over the empty piece of a rank without any).
+  struct Part {
+    size_t bucket;
+    size_t first, last;
+    std::unique_ptr<Optimizer> optimizer;
+  };
+  std::vector<Part> parts_;
   detail::BucketReadiness readiness_;
   // LAMB: every rank's row of per-tensor sums (w^2, d^2), and each piece's
   // tensor (its slot in a row).

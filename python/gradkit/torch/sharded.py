@@ -78,8 +78,13 @@ class ShardedAdamW(torch.optim.Optimizer):
             groups.append({"params": views[at:at + n], "grads": self.gradients.views[at:at + n],
                            "hyperparameters": self._hyperparameters(g)})
             at += n
+        # On CUDA a side stream carries stage 2's reduce-scatters (overlapping
+        # backward) and the step's all-gathers (overlapping the next bucket's
+        # update); the step's stream waits for it before the step returns.
+        self._side = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
         self._sharded = gradkit.ShardedAdam(self.comm, self.layout, groups, scaler=scaler, max_norm=max_norm,
-                                            moment_dtype=gradkit_dtype(moment_dtype, "moment_dtype"))
+                                            moment_dtype=gradkit_dtype(moment_dtype, "moment_dtype"),
+                                            communication_stream=self._side.cuda_stream if self._side else 0)
         self._lrs = [float(g["lr"]) for g in self.param_groups]
         self._marking = True
         self._hooks = []
