@@ -74,7 +74,8 @@ class Sharded {
   // marks in the same order. Marking one twice in a step is an error.
   void mark_ready(size_t tensor, Stream compute_stream = {});
   // One step on `stream`: the buckets not reduce-scattered yet (all of them
-  // in stage 1), the check, the update, the scaler, the all-gather.
+  // in stage 1), the check, the update and the all-gather bucket by bucket,
+  // the scaler.
   void step(Stream stream = {});
 
   const float* loss_scale_device() const { return scaler_.scale_device(); }  // S, a float on the device

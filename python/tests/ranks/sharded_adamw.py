@@ -76,6 +76,7 @@ def weights(model):
 
 def same_on_every_rank(rank, size, tensors, what):
     for t in tensors:
+        t = t.float()  # exact for every parameter dtype; gloo gathers no bfloat16
         everyone = [torch.empty_like(t) for _ in range(size)]
         dist.all_gather(everyone, t)
         if not all(torch.equal(everyone[0], x) for x in everyone):
@@ -134,6 +135,25 @@ def run(comm):
     dist.barrier()
     if rank == 0:
         os.remove(path)
+
+    # bfloat16 parameters: float32 masters kept for the shard, against gradkit's
+    # unsharded AdamW (float32 masters too) after gradkit's all-reduce (average).
+    # The sums may add in another order: the weights agree to bfloat16 rounding.
+    low, ref = make_model().to(torch.bfloat16), make_model().to(torch.bfloat16)
+    low_opt = gt.ShardedAdamW(low.parameters(), comm, lr=1e-2, bucket_elements=BUCKET)
+    ref_opt = gt.AdamW(ref.parameters(), lr=1e-2)
+    for step in range(10):
+        for m, o in ((low, low_opt), (ref, ref_opt)):
+            o.zero_grad()
+            x, y = batch(step, rank)
+            torch.nn.functional.mse_loss(m(x.to(DEVICE, torch.bfloat16)).float(), y.to(DEVICE)).backward()
+        gtd.all_reduce_gradients(ref, comm)
+        low_opt.step()
+        ref_opt.step()
+    for i, (a, b) in enumerate(zip(low.parameters(), ref.parameters())):
+        if not torch.allclose(a.float(), b.float(), rtol=2 ** -6, atol=1e-3):
+            fail(rank, f"bfloat16 ShardedAdamW: parameter {i} differs by {float((a.float() - b.float()).abs().max()):g}")
+    same_on_every_rank(rank, size, weights(low), "bfloat16")
 
     # gradkit.ShardedLamb through the bindings: the same gradients on every rank,
     # so the average is exact; against gradkit.Lamb unsharded on the same values.
