@@ -32,6 +32,14 @@ import gradkit
 from gradkit.torch._device import common_device, stream_handle
 
 
+def closure_loss(closure):
+    """closure()'s loss, with gradients enabled (a step runs under no_grad), or None."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class _Cohort:
     """Parameters stepped together by one plan; they share their step count."""
 
@@ -102,10 +110,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One update of every parameter that has a gradient; returns closure()'s loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self._step_with()
         return loss
 

@@ -36,6 +36,7 @@ import torch
 import gradkit
 from gradkit.torch._device import common_device, device_name, gradkit_dtype, stream_handle
 from gradkit.torch.flat import FlatGradients
+from gradkit.torch.optim import closure_loss
 
 if not hasattr(gradkit, "ShardedAdam"):
     raise ImportError("gradkit was built without its communication layer (MPI was not found when it was built)")
@@ -133,10 +134,7 @@ class ShardedAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """Reduce-scatter (average), check, AdamW on this rank's shard, loss scaler, all-gather."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         if not self.gradients.attached_cheap():
             self._reattach()
         for i, g in enumerate(self.param_groups):
