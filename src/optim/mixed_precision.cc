@@ -3,7 +3,6 @@
 #include <string>
 
 #include "gradkit/core/error.h"
-#include "gradkit/ops/gradient.h"
 #include "gradkit/optim/state_file.h"
 #include "optim/moment_storage.h"
 
@@ -34,11 +33,6 @@ void optimizer_step(Lamb& lamb, Stream stream, const bool* found_inf, const floa
   inputs.loss_scale_device = grad_divisor;
   inputs.found_inf = found_inf;
   lamb.step(stream, inputs);
-}
-
-void cast_into(const std::vector<TensorView>& to, const std::vector<TensorView>& from) {
-  AccumulatePlan(to, from).accumulate_v2(Flag::host(true));
-  if (!to.empty()) synchronize(to[0].device);
 }
 
 }  // namespace
@@ -134,22 +128,14 @@ void MixedPrecision<Optimizer>::save_to(StateFile& file) const {
   optimizer_->save_to(file);
   const StateSection masters[] = {{"masters", &masters_}};
   add_sections(file, masters);
-  SectionWriter scaler;
-  scaler.put(scaler_.state());
-  file.add("scaler", scaler.take());
+  file.add("scaler", scaler_section(scaler_));
 }
 
 template <class Optimizer>
 void MixedPrecision<Optimizer>::check_state(const std::string& path, const StateFile& file) const {
   const StateSection masters[] = {{"masters", &masters_}};
   check_sections(path, file, masters);
-  SectionReader reader(file.get("scaler"), "scaler");
-  const auto scaler_state = reader.get<LossScalerState>();
-  try {
-    scaler_.check_state(scaler_state);
-  } catch (const Error& e) {
-    throw Error(ErrorCode::io_error, "state file '" + path + "' has a bad loss scaler state: " + e.what());
-  }
+  read_scaler_section(path, file, scaler_);
   optimizer_->check_state(path, file);
 }
 
@@ -158,8 +144,7 @@ void MixedPrecision<Optimizer>::apply_state(const StateFile& file) {
   optimizer_->apply_state(file);
   const StateSection masters[] = {{"masters", &masters_}};
   apply_sections(file, masters);
-  SectionReader reader(file.get("scaler"), "scaler");
-  scaler_.set_state(reader.get<LossScalerState>());
+  scaler_.set_state(read_scaler_section("", file, scaler_));
   cast_into(model_params_, masters_);
 }
 

@@ -1,5 +1,7 @@
 #include "optim/moment_storage.h"
 
+#include "gradkit/ops/gradient.h"
+
 namespace gradkit {
 namespace {
 
@@ -93,6 +95,28 @@ void check_sections(const std::string& path, const StateFile& file, std::span<co
 
 void apply_sections(const StateFile& file, std::span<const StateSection> sections) {
   for (const StateSection& s : sections) upload(file.get(s.name), *s.tensors);
+}
+
+void cast_into(const std::vector<TensorView>& to, const std::vector<TensorView>& from) {
+  AccumulatePlan(to, from).accumulate_v2(Flag::host(true));
+  if (!to.empty()) synchronize(to[0].device);
+}
+
+std::vector<uint8_t> scaler_section(const LossScaler& scaler) {
+  SectionWriter out;
+  out.put(scaler.state());
+  return out.take();
+}
+
+LossScalerState read_scaler_section(const std::string& path, const StateFile& file, const LossScaler& scaler) {
+  SectionReader reader(file.get("scaler"), "scaler");
+  const auto state = reader.get<LossScalerState>();
+  try {
+    scaler.check_state(state);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::io_error, "state file '" + path + "' has a bad loss scaler state: " + e.what());
+  }
+  return state;
 }
 
 }  // namespace gradkit

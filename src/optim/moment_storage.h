@@ -10,6 +10,7 @@
 
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
+#include "gradkit/optim/loss_scaler.h"
 #include "gradkit/optim/state_file.h"
 
 namespace gradkit {
@@ -84,5 +85,13 @@ void add_sections(StateFile& file, std::span<const StateSection> sections);
 void check_sections(const std::string& path, const StateFile& file, std::span<const StateSection> sections);
 // Copies the sections into the tensors (after check_sections).
 void apply_sections(const StateFile& file, std::span<const StateSection> sections);
+
+// The mixed-precision wrappers' shared pieces: the master weights cast
+// from the model's weights (or back), waited for; and the loss scaler's
+// state as a state file's 'scaler' section and back (reading throws
+// io_error naming the file unless the scaler accepts the state).
+void cast_into(const std::vector<TensorView>& to, const std::vector<TensorView>& from);
+std::vector<uint8_t> scaler_section(const LossScaler& scaler);
+LossScalerState read_scaler_section(const std::string& path, const StateFile& file, const LossScaler& scaler);
 
 }  // namespace gradkit

@@ -8,7 +8,6 @@
 
 #include "comm/stream_order.h"
 #include "gradkit/core/error.h"
-#include "gradkit/ops/gradient.h"
 #include "gradkit/optim/state_file.h"
 #include "optim/hyperparameter_io.h"
 #include "optim/moment_storage.h"
@@ -166,8 +165,7 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
   if (mixed_) {
     master_storage_ = allocate_moments(device, weight_pieces_, DType::f32, 1);
     masters_ = moment_views(master_storage_, weight_pieces_, DType::f32, 1, 0);
-    AccumulatePlan(masters_, weight_pieces_).accumulate_v2(Flag::host(true));
-    synchronize(device);
+    cast_into(masters_, weight_pieces_);
   }
 
   // One optimizer per bucket that holds pieces here (its pieces are
@@ -449,10 +447,8 @@ void Sharded<Optimizer>::save_to(StateFile& file) {
   if (!root) return;
   file.add("meta", mine.get("meta"));
   file.add("groups", write_groups(model_shapes_, read_groups("", mine.get("groups"), shard_shapes_[0])));
-  SectionWriter scaler;
-  scaler.put(scaler_.state());
   if (mixed_) file.add("masters", std::move(masters));
-  if (mixed_ || scaler_.options().mode != LossScaling::none) file.add("scaler", scaler.take());
+  if (mixed_ || scaler_.options().mode != LossScaling::none) file.add("scaler", scaler_section(scaler_));
 }
 
 template <class Optimizer>
@@ -513,13 +509,7 @@ typename Sharded<Optimizer>::ShardState Sharded<Optimizer>::shard_state(const st
     check_sections(path, shard.rest, masters);
   }
   if (file.has("scaler")) {
-    SectionReader reader(file.get("scaler"), "scaler");
-    const auto state = reader.get<LossScalerState>();
-    try {
-      scaler_.check_state(state);
-    } catch (const Error& e) {
-      throw Error(ErrorCode::io_error, "state file '" + path + "' has a bad loss scaler state: " + e.what());
-    }
+    read_scaler_section(path, file, scaler_);
     shard.rest.add("scaler", file.get("scaler"));
   } else if (mixed_) {
     file.get("scaler");  // throws, naming the section
@@ -534,15 +524,12 @@ template <class Optimizer>
 void Sharded<Optimizer>::apply_state(const StateFile& file) {
   const ShardState shard = shard_state("", file);
   for (size_t k = 0; k < parts_.size(); ++k) parts_[k].optimizer->apply_state(shard.optimizers[k]);
-  if (shard.rest.has("scaler")) {
-    SectionReader reader(shard.rest.get("scaler"), "scaler");
-    scaler_.set_state(reader.get<LossScalerState>());
-  }
+  if (shard.rest.has("scaler")) scaler_.set_state(read_scaler_section("", shard.rest, scaler_));
   if (mixed_) {
     const StateSection masters[] = {{"masters", &masters_}};
     apply_sections(shard.rest, masters);
     // The model's weights from the loaded masters, on every rank.
-    AccumulatePlan(weight_pieces_, masters_).accumulate_v2(Flag::host(true));
+    cast_into(weight_pieces_, masters_);
     gather_weights({});
     comm_.wait();
   }
