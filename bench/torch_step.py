@@ -16,7 +16,10 @@ cases of a list measured in --rounds interleaved rounds, the best kept); bytes
 are what the step must move at least (AdamW: read and write w, m, v, read g:
 28 bytes per f32 element; the AMP step adds one read of g: 32), GB/s is
 bytes / time, and % copy compares with a device-to-device copy measured in
-the same run. usage: bench/torch_step.py [--reps N] [--lists gpt2,bert,small] [--markdown FILE]
+the same run. With --profile FILE, the small GPT's steps are also run under
+torch.profiler and each implementation's busiest operations (device and host
+time, calls) written to FILE: where a whole step's time goes.
+usage: bench/torch_step.py [--reps N] [--lists gpt2,bert,small] [--markdown FILE] [--profile FILE]
 """
 import argparse
 import math
@@ -157,7 +160,28 @@ def bench_list(key, reps, rounds, report):
     torch.cuda.empty_cache()
 
 
-def bench_training(reps, rounds, report):
+def profile_steps(steps, path, count=10):
+    """Writes, per implementation, torch.profiler's table of `count` steps: the
+    operations with the most device time, then the most host time."""
+    from torch.profiler import ProfilerActivity, profile
+    with open(path, "w") as f:
+        for impl, step in steps.items():
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(count):
+                    step()
+                torch.cuda.synchronize()
+            table = prof.key_averages()
+            kernels = sum(e.count for e in table if e.device_type == torch.autograd.DeviceType.CUDA)
+            f.write(f"## {impl}: {count} steps, {kernels} device activities (kernels, copies, memsets)\n\n")
+            for key in ("self_cuda_time_total", "self_cpu_time_total"):
+                f.write(table.table(sort_by=key, row_limit=15) + "\n")
+    print(f"    profile of the small GPT's steps: {path}", flush=True)
+
+
+def bench_training(reps, rounds, report, profile_path=None):
     import models
     name = "small GPT step"
     steps, optimizers = {}, {}
@@ -182,6 +206,8 @@ def bench_training(reps, rounds, report):
         steps[impl], optimizers[impl] = step, opt
     numel = sum(p.numel() for p in model.parameters())
     times = measure(steps, reps, rounds)
+    if profile_path:
+        profile_steps(steps, profile_path)
     for impl in steps:
         report.add(name, f"{numel / 1e6:.1f}M params", impl, times[impl][0], times[impl][1], 0,
                    times["torch fused"][0] if impl != "torch fused" else None)
@@ -197,6 +223,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best round's median is kept")
     parser.add_argument("--lists", default="gpt2,bert,small")
     parser.add_argument("--markdown", help="also write the table here")
+    parser.add_argument("--profile", help="write torch.profiler tables of the small GPT's steps here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("torch_step.py needs a CUDA device", file=sys.stderr)
@@ -206,9 +233,9 @@ def main():
     copy = copy_gbps(args.reps)
     print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
     report = Report(copy)
-    for key in args.lists.split(","):
+    for key in filter(None, args.lists.split(",")):
         bench_list(key, args.reps, args.rounds, report)
-    bench_training(args.reps, args.rounds, report)
+    bench_training(args.reps, args.rounds, report, args.profile)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
