@@ -10,6 +10,7 @@
 namespace gradkit::comm {
 
 inline void divide_on_host(void* data, int64_t count, DType dtype, int divisor) {
+  if (divisor == 1) return;  // x / 1 is x
   dispatch_dtype(dtype, [&]<class T>() {
     auto* p = static_cast<T*>(data);
     if constexpr (std::is_same_v<T, double>) {

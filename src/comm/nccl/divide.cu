@@ -82,7 +82,7 @@ void launch_list(const MultiTensorPlan& plan, int divisor, cudaStream_t stream) 
 }  // namespace
 
 void divide_on_device(const MultiTensorPlan& plan, int divisor, cudaStream_t stream) {
-  if (plan.empty()) return;
+  if (plan.empty() || divisor == 1) return;  // x / 1 is x: one rank's average moves nothing
   switch (plan.dtype(0)) {
     case DType::f32: return launch_list<float>(plan, divisor, stream);
     case DType::f16: return launch_list<__half>(plan, divisor, stream);
@@ -92,7 +92,7 @@ void divide_on_device(const MultiTensorPlan& plan, int divisor, cudaStream_t str
 }
 
 void divide_on_device(void* data, int64_t count, DType dtype, int divisor, cudaStream_t stream) {
-  if (count == 0) return;
+  if (count == 0 || divisor == 1) return;
   switch (dtype) {
     case DType::f32: return launch<float>(data, count, divisor, stream);
     case DType::f16: return launch<__half>(data, count, divisor, stream);
