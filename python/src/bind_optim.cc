@@ -248,7 +248,7 @@ void bind_sharded(nb::module_& m, const char* name) {
        "__init__",
        [](PySharded* self, Communicator& comm, const ShardedLayout& layout, const nb::list& groups,
           const std::optional<LossScalerOptions>& scaler, float max_norm, NormType norm, DType moment_dtype,
-          uintptr_t communication_stream, float eta) {
+          uintptr_t communication_stream, float eta, int update_parts) {
          new (self) PySharded();
          auto g = to_groups<typename Optimizer::Group, Hyperparameters>(groups, self->keep);
          ShardedOptions options;
@@ -259,11 +259,13 @@ void bind_sharded(nb::module_& m, const char* name) {
          options.lamb.moment_dtype = moment_dtype;
          options.lamb.eta = eta;
          options.communication_stream = to_stream(communication_stream);
+         options.update_parts = update_parts;
          self->object = std::make_unique<S>(comm, layout, std::move(g), options);
        },
        nb::arg("comm"), nb::arg("layout"), nb::arg("groups"), nb::arg("scaler") = nb::none(),
        nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2, nb::arg("moment_dtype") = DType::f32,
-       nb::arg("communication_stream") = 0, nb::arg("eta") = 1e-3f, nb::keep_alive<1, 2>())
+       nb::arg("communication_stream") = 0, nb::arg("eta") = 1e-3f, nb::arg("update_parts") = ShardedOptions{}.update_parts,
+       nb::keep_alive<1, 2>())
       .def("step", [](PySharded& s, uintptr_t stream) { s.object->step(to_stream(stream)); }, nb::arg("stream") = 0,
            "Reduce-scatter, check, the update of the shard, scaler, all-gather; enqueued on `stream` (NCCL).")
       .def(

@@ -127,6 +127,10 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
     : comm_(comm), layout_(layout), communication_stream_(options.communication_stream) {
   if (groups.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
   layout_.validate(kOp);
+  if (options.update_parts < 1) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "options.update_parts",
+                         "is " + std::to_string(options.update_parts) + ", expected >= 1");
+  }
   if (layout_.world_size != comm.size()) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "layout",
                          "was made for " + std::to_string(layout_.world_size) + " ranks, expected comm.size() = " +
@@ -168,15 +172,25 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
     cast_into(masters_, weight_pieces_);
   }
 
-  // One optimizer per bucket that holds pieces here (its pieces are
-  // consecutive), so that a bucket's all-gather can start as soon as its
-  // update is done while the next bucket is updated; one over the empty
-  // piece of a rank without pieces.
+  // A few optimizers over consecutive buckets' pieces, about equal in
+  // elements, so that the all-gathers of one's buckets can start as soon as
+  // its update is done while the next is updated; one over the empty piece
+  // of a rank without pieces.
+  int64_t held = 0;
+  for (const TensorView& piece : weight_pieces_) held += piece.numel;
+  const int64_t per_part = std::max<int64_t>(1, (held + options.update_parts - 1) / options.update_parts);
   for (size_t k = 0; k < weight_pieces_.size();) {
-    const size_t bucket = pieces_.empty() ? 0 : pieces_[k].bucket;
-    size_t end = k + 1;
-    while (end < pieces_.size() && pieces_[end].bucket == bucket) ++end;
-    parts_.push_back({bucket, k, end, nullptr});
+    const size_t first_bucket = pieces_.empty() ? 0 : pieces_[k].bucket;
+    size_t end = k;
+    int64_t elements = 0;
+    while (end < weight_pieces_.size() && (end == k || elements < per_part)) {
+      // whole buckets: every piece of the bucket that `end` starts
+      const size_t bucket = pieces_.empty() ? 0 : pieces_[end].bucket;
+      for (; end < weight_pieces_.size() && (pieces_.empty() || pieces_[end].bucket == bucket); ++end) {
+        elements += weight_pieces_[end].numel;
+      }
+    }
+    parts_.push_back({first_bucket, k, end, nullptr});
     k = end;
   }
   model_shapes_ = shapes_of(groups, DType::f32);
@@ -262,12 +276,13 @@ void Sharded<Optimizer>::update(Stream stream, const bool* found_inf, const floa
     comm_.all_gather_buffer(TensorView{rows + row * comm_.rank(), row, DType::f64, device},
                             TensorView{rows, row * comm_.size(), DType::f64, device}, stream);
   }
-  // Bucket by bucket: the update of this rank's slice on `stream`, then the
-  // bucket's all-gather on the communication stream, which overlaps the
-  // next bucket's update there. Every rank gathers every bucket, in order.
+  // Part by part: the update of this rank's slices of its buckets on
+  // `stream`, then those buckets' all-gathers on the communication stream,
+  // which overlap the next part's update. Every rank gathers every bucket,
+  // in order (a bucket holding only padding here needs no update first).
   size_t next = 0;  // the next part
   for (size_t b = 0; b < layout_.buckets.size() || next < parts_.size(); ++b) {
-    for (; next < parts_.size() && (parts_[next].bucket == b || b >= layout_.buckets.size()); ++next) {
+    for (; next < parts_.size() && (parts_[next].first_bucket <= b || b >= layout_.buckets.size()); ++next) {
       Optimizer& optimizer = *parts_[next].optimizer;
       if constexpr (std::is_same_v<Optimizer, Adam>) {
         optimizer.step(stream, found_inf, grad_divisor);

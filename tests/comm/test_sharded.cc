@@ -382,6 +382,7 @@ struct Case {
   DType grads;
   std::vector<int64_t> model;
   LossScaling scaling;
+  int update_parts = 8;  // 1: one update launch; many: one per bucket
 };
 
 // A run of `c` with a dynamic scaler that moves often (when it is dynamic).
@@ -393,12 +394,13 @@ RunSetup setup_of(const Case& c) {
   s.options.scaler.mode = c.scaling;
   s.options.scaler.initial_scale = 1024;
   s.options.scaler.growth_interval = 5;
+  s.options.update_parts = c.update_parts;
   return s;
 }
 
 std::string name_of(const Case& c) {
   return std::string(dtype_name(c.weights)) + "/" + std::string(dtype_name(c.grads)) +
-         (c.model.size() == kTiny.size() ? " tiny" : "");
+         (c.model.size() == kTiny.size() ? " tiny" : "") + " in " + std::to_string(c.update_parts) + " parts";
 }
 
 // 50 steps, stage 1 and stage 2 alternating, with Inf/NaN on steps 7, 20
@@ -406,8 +408,9 @@ std::string name_of(const Case& c) {
 // step, the same skipped steps and loss scales, identical on every rank.
 TEST_P(ShardedAdamTest, EqualsTheUnshardedStepBitwise) {
   const Case cases[] = {{DType::f32, DType::f32, kModel, LossScaling::none},
-                        {DType::f16, DType::f16, kModel, LossScaling::dynamic},
-                        {DType::bf16, DType::f32, kModel, LossScaling::none},
+                        {DType::f32, DType::f32, kModel, LossScaling::none, 1},
+                        {DType::f16, DType::f16, kModel, LossScaling::dynamic, 1000},
+                        {DType::bf16, DType::f32, kModel, LossScaling::none, 2},
                         {DType::f32, DType::bf16, kTiny, LossScaling::none},
                         {DType::f16, DType::f32, kTiny, LossScaling::dynamic}};
   for (const Case& c : cases) {
@@ -629,6 +632,11 @@ TEST_P(ShardedAdamTest, RejectsBadArgumentsNamingThem) {
   expect_error([&] { ShardedAdam(comm(), ShardedLayout::make(fewer, comm().size()), groups()); },
                ErrorCode::size_mismatch, {"params", "the layout's"});
 
+  ShardedOptions no_parts;
+  no_parts.update_parts = 0;
+  expect_error([&] { ShardedAdam(comm(), layout, groups(), no_parts); }, ErrorCode::invalid_argument,
+               {"'options.update_parts'", ">= 1"});
+
   ShardedAdam adam(comm(), layout, groups());
   adam.mark_ready(2);
   expect_error([&] { adam.mark_ready(2); }, ErrorCode::invalid_argument, {"'gradient'", "already marked"});
@@ -642,8 +650,8 @@ TEST_P(ShardedAdamTest, RejectsBadArgumentsNamingThem) {
 // rounding); the same skipped steps and scales; identical on every rank.
 TEST_P(ShardedAdamTest, LambMatchesTheUnshardedLamb) {
   const Case cases[] = {{DType::f32, DType::f32, kModel, LossScaling::none},
-                        {DType::f16, DType::f16, kModel, LossScaling::dynamic},
-                        {DType::f32, DType::bf16, kTiny, LossScaling::none}};
+                        {DType::f16, DType::f16, kModel, LossScaling::dynamic, 1000},
+                        {DType::f32, DType::bf16, kTiny, LossScaling::none, 1}};
   for (const Case& c : cases) {
     RunSetup s = setup_of(c);
     s.options.lamb.eta = 1e-2f;

@@ -13,7 +13,7 @@
 // (f16/bf16 model) or 8 (f32) bytes per parameter / P.
 //
 //   mpiexec -n N build/tools/gradkit/gradkit-bench-sharded [--backend nccl|mpi]
-//       [--optimizer adam|lamb] [--model f32|f16|bf16] [--bucket-mib 0] [--warmup 3] [--reps 20] [--scale D]
+//       [--optimizer adam|lamb] [--model f32|f16|bf16] [--bucket-mib 64] [--update-parts 8] [--warmup 3] [--reps 20] [--scale D]
 //
 // The NCCL backend (the default where built) needs a GPU per local rank; the
 // MPI backend runs on host memory, by default with every size divided by 16.
@@ -47,7 +47,7 @@ struct Row {
 int run(int argc, char** argv, bool report) {
   std::string backend = has_nccl_communicator() && cuda_device_count() > 0 ? "nccl" : "mpi", model = "f32",
               optimizer = "adam", torch_results;
-  int warmup = 3, reps = 20;
+  int warmup = 3, reps = 20, update_parts = ShardedOptions{}.update_parts;
   int64_t scale = 0, bucket_mib = 64;
   Command command("gradkit-bench-sharded",
                   "Time the sharded Adam step on BERT-large against its parts and the unsharded step (under mpiexec).");
@@ -60,6 +60,10 @@ int run(int argc, char** argv, bool report) {
                  "bucket size in MiB of f32 gradients (0: one bucket; each bucket's all-gather overlaps the next "
                  "bucket's update)")
       ->check(integer(0, 1 << 20));
+  app.add_option("--update-parts", update_parts,
+                 "the shard's update in at most this many launches (each part's buckets all-gathered while the "
+                 "next is updated)")
+      ->check(integer(1, 1 << 20));
   app.add_option("--warmup", warmup, "untimed runs before each row")->check(integer(0, 1000));
   app.add_option("--reps", reps, "timed runs per row (the median is reported)")->check(integer(1, 100000));
   app.add_option("--scale", scale, "divide every tensor size by this (0: 1 on the GPU, 16 on the host)")
@@ -144,6 +148,7 @@ int run(int argc, char** argv, bool report) {
     groups[0].model_copy.clear();
     ShardedOptions options;
     options.communication_stream = communication;  // the all-gathers overlap the updates
+    options.update_parts = update_parts;
     options.scaler.mode = weight_dtype == DType::f16 ? LossScaling::dynamic : LossScaling::none;
     options.scaler.initial_scale = 1.0f;  // the random gradients are not scaled
     Sharded<Optimizer> sharded(*comm, layout, std::move(groups), options);
@@ -156,9 +161,10 @@ int run(int argc, char** argv, bool report) {
   const double expected = (weight_dtype == DType::f32 ? 8.0 : 12.0) * n / ranks;
   if (comm->rank() == 0) {
     std::printf("gradkit-bench-sharded: %s, %d ranks, %s; %s on %s: %zu tensors, %.0f parameters (%s weights, f32 "
-                "gradients), %zu bucket(s); median of %d after %d warm-up\n",
+                "gradients), %zu bucket(s), update in at most %d launches; median of %d after %d warm-up\n",
                 std::string(comm->backend_name()).c_str(), ranks, device->description().c_str(), optimizer.c_str(),
-                workload.name.c_str(), workload.sizes.size(), n, model.c_str(), layout.buckets.size(), reps, warmup);
+                workload.name.c_str(), workload.sizes.size(), n, model.c_str(), layout.buckets.size(), update_parts,
+                reps, warmup);
     std::printf("%-36s %10s %12s %10s\n", "", "ms", "MB per rank", "GB/s");
     for (const Row& r : rows) {
       std::printf("%-36s %10.3f %12.1f %10.1f\n", r.what.c_str(), r.ms, r.bytes / 1e6, r.bytes / (r.ms * 1e6));

@@ -47,14 +47,16 @@ class ShardedAdamW(torch.optim.Optimizer):
     ranks of `comm`. `stage` 1 reduce-scatters every bucket in step(); 2 as
     backward finishes each. `bucket_elements`: elements per bucket (one
     reduce-scatter and one all-gather each). `max_norm` > 0 clips the global
-    gradient norm (over every rank's shard). `scaler` (a
+    gradient norm (over every rank's shard). `update_parts`: the shard's
+    update runs in at most this many launches, each part's buckets
+    all-gathered while the next part is updated. `scaler` (a
     gradkit.LossScalerOptions) for float16 models whose loss is scaled:
     multiply the loss by `loss_scale_tensor`; steps with Inf/NaN gradients are
     skipped either way."""
 
     def __init__(self, params, comm, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False,
                  maximize=False, *, stage=1, bucket_elements=1 << 24, max_norm=0.0, scaler=None,
-                 moment_dtype=torch.float32):
+                 moment_dtype=torch.float32, update_parts=8):
         if stage not in (1, 2):
             raise ValueError(f"stage is {stage!r}, expected 1 or 2")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
@@ -85,7 +87,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         self._side = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
         self._sharded = gradkit.ShardedAdam(self.comm, self.layout, groups, scaler=scaler, max_norm=max_norm,
                                             moment_dtype=gradkit_dtype(moment_dtype, "moment_dtype"),
-                                            communication_stream=self._side.cuda_stream if self._side else 0)
+                                            communication_stream=self._side.cuda_stream if self._side else 0,
+                                            update_parts=update_parts)
         self._lrs = [float(g["lr"]) for g in self.param_groups]
         self._marking = True
         self._hooks = []
