@@ -251,20 +251,39 @@ void check_buffer(std::string_view op, std::string_view arg, const TensorView& t
   comm::inspect_list(op, arg, std::span<const TensorView>(&t, 1), device);
 }
 
-void check_not_overlapping(std::string_view op, const TensorView& output, const TensorView& input,
-                           const char* why) {
-  const auto* a = static_cast<const unsigned char*>(output.data);
-  const auto* b = static_cast<const unsigned char*>(input.data);
-  if (output.numel > 0 && input.numel > 0 && a < b + input.bytes() && b < a + output.bytes()) {
-    throw_argument_error(ErrorCode::aliasing, op, "output", std::string("overlaps 'input', expected ") + why);
+// The names of one call's input and output in error messages: "input" and
+// "output", or "inputs[i]" and "outputs[i]" for the i-th pair of a batch.
+struct PairArgs {
+  std::string input = "input", output = "output";
+};
+
+PairArgs pair_args(bool listed, size_t i) {
+  if (!listed) return {};
+  return {"inputs[" + std::to_string(i) + "]", "outputs[" + std::to_string(i) + "]"};
+}
+
+void check_pair_count(std::string_view op, std::span<const TensorView> inputs, std::span<const TensorView> outputs) {
+  if (outputs.size() != inputs.size()) {
+    throw_argument_error(ErrorCode::size_mismatch, op, "outputs",
+                         "has " + std::to_string(outputs.size()) + " buffers, expected " +
+                             std::to_string(inputs.size()) + " (one per input)");
   }
 }
 
-void check_dtype(std::string_view op, const TensorView& output, const TensorView& input) {
+void check_not_overlapping(std::string_view op, const PairArgs& args, const TensorView& output,
+                           const TensorView& input, const std::string& why) {
+  const auto* a = static_cast<const unsigned char*>(output.data);
+  const auto* b = static_cast<const unsigned char*>(input.data);
+  if (output.numel > 0 && input.numel > 0 && a < b + input.bytes() && b < a + output.bytes()) {
+    throw_argument_error(ErrorCode::aliasing, op, args.output, "overlaps '" + args.input + "', expected " + why);
+  }
+}
+
+void check_dtype(std::string_view op, const PairArgs& args, const TensorView& output, const TensorView& input) {
   if (output.dtype != input.dtype) {
-    throw_argument_error(ErrorCode::invalid_argument, op, "output",
+    throw_argument_error(ErrorCode::invalid_argument, op, args.output,
                          "is " + std::string(dtype_name(output.dtype)) + ", expected " +
-                             std::string(dtype_name(input.dtype)) + " (the dtype of 'input')");
+                             std::string(dtype_name(input.dtype)) + " (the dtype of '" + args.input + "')");
   }
 }
 
@@ -283,9 +302,9 @@ void Communicator::all_reduce_buffer(const TensorView& input, const TensorView& 
   require_usable(name);
   check_buffer(name, "input", input, device_);
   check_buffer(name, "output", output, device_);
-  check_dtype(name, output, input);
+  check_dtype(name, {}, output, input);
   check_count(name, "output", output.numel, input.numel, "the size of 'input'");
-  if (output.data != input.data) check_not_overlapping(name, output, input, "the same buffer or none of it");
+  if (output.data != input.data) check_not_overlapping(name, {}, output, input, "the same buffer or none of it");
   if (checked_) check_fingerprint(name, static_cast<int>(CallKind::all_reduce_buffer), op, {&input, 1});
   if (input.numel == 0) return;
   do_all_reduce(input.data, output.data, input.numel, input.dtype, stream);
@@ -293,36 +312,92 @@ void Communicator::all_reduce_buffer(const TensorView& input, const TensorView& 
 }
 
 void Communicator::all_gather_buffer(const TensorView& input, const TensorView& output, Stream stream) {
-  constexpr std::string_view name = "all_gather_buffer";
-  require_usable(name);
-  check_buffer(name, "input", input, device_);
-  check_buffer(name, "output", output, device_);
-  check_dtype(name, output, input);
-  check_count(name, "output", output.numel, input.numel * size_,
-              "size() = " + std::to_string(size_) + " times the size of 'input'");
-  const TensorView slice{at(static_cast<unsigned char*>(output.data), input.numel * rank_, input.dtype), input.numel,
-                         input.dtype, input.device};
-  if (input.data != slice.data) check_not_overlapping(name, output, input, "rank()'s slice of 'output' or none of it");
-  if (checked_) check_fingerprint(name, static_cast<int>(CallKind::all_gather_buffer), ReduceOp::sum, {&input, 1});
-  if (input.numel == 0) return;
-  do_all_gather(input.data, output.data, input.numel, input.dtype, stream);
+  gather_buffers("all_gather_buffer", static_cast<int>(CallKind::all_gather_buffer), {&input, 1}, {&output, 1},
+                 false, stream);
+}
+
+void Communicator::all_gather_buffers(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                                      Stream stream) {
+  gather_buffers("all_gather_buffers", static_cast<int>(CallKind::all_gather_buffers), inputs, outputs, true, stream);
 }
 
 void Communicator::reduce_scatter_buffer(const TensorView& input, const TensorView& output, ReduceOp op,
                                          Stream stream) {
-  constexpr std::string_view name = "reduce_scatter_buffer";
+  scatter_buffers("reduce_scatter_buffer", static_cast<int>(CallKind::reduce_scatter_buffer), {&input, 1},
+                  {&output, 1}, op, false, stream);
+}
+
+void Communicator::reduce_scatter_buffers(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                                          ReduceOp op, Stream stream) {
+  scatter_buffers("reduce_scatter_buffers", static_cast<int>(CallKind::reduce_scatter_buffers), inputs, outputs, op,
+                  true, stream);
+}
+
+void Communicator::gather_buffers(std::string_view name, int kind, std::span<const TensorView> inputs,
+                                  std::span<const TensorView> outputs, bool listed, Stream stream) {
   require_usable(name);
-  check_buffer(name, "input", input, device_);
-  check_buffer(name, "output", output, device_);
-  check_dtype(name, output, input);
-  check_count(name, "input", input.numel, output.numel * size_,
-              "size() = " + std::to_string(size_) + " times the size of 'output'");
-  const void* slice = at(static_cast<unsigned char*>(input.data), output.numel * rank_, input.dtype);
-  if (output.data != slice) check_not_overlapping(name, output, input, "rank()'s slice of 'input' or none of it");
-  if (checked_) check_fingerprint(name, static_cast<int>(CallKind::reduce_scatter_buffer), op, {&output, 1});
-  if (output.numel == 0) return;
-  do_reduce_scatter(input.data, output.data, output.numel, input.dtype, stream);
-  if (op == ReduceOp::average) divide(output.data, output.numel, output.dtype, size_, stream);
+  check_pair_count(name, inputs, outputs);
+  std::vector<BufferCall> calls;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const PairArgs args = pair_args(listed, i);
+    const TensorView& input = inputs[i];
+    const TensorView& output = outputs[i];
+    check_buffer(name, args.input, input, device_);
+    check_buffer(name, args.output, output, device_);
+    check_dtype(name, args, output, input);
+    check_count(name, args.output, output.numel, input.numel * size_,
+                "size() = " + std::to_string(size_) + " times the size of '" + args.input + "'");
+    const TensorView slice{at(static_cast<unsigned char*>(output.data), input.numel * rank_, input.dtype),
+                           input.numel, input.dtype, input.device};
+    if (input.data != slice.data) {
+      check_not_overlapping(name, args, output, input, "rank()'s slice of '" + args.output + "' or none of it");
+    }
+    if (input.numel > 0) calls.push_back({input.data, output.data, input.numel, input.dtype});
+  }
+  if (checked_) check_fingerprint(name, kind, ReduceOp::sum, inputs);
+  if (calls.size() == 1) {
+    do_all_gather(calls[0].input, calls[0].output, calls[0].count_per_rank, calls[0].dtype, stream);
+  } else if (!calls.empty()) {
+    do_all_gathers(calls, stream);
+  }
+}
+
+void Communicator::scatter_buffers(std::string_view name, int kind, std::span<const TensorView> inputs,
+                                   std::span<const TensorView> outputs, ReduceOp op, bool listed, Stream stream) {
+  require_usable(name);
+  check_pair_count(name, inputs, outputs);
+  std::vector<BufferCall> calls;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const PairArgs args = pair_args(listed, i);
+    const TensorView& input = inputs[i];
+    const TensorView& output = outputs[i];
+    check_buffer(name, args.input, input, device_);
+    check_buffer(name, args.output, output, device_);
+    check_dtype(name, args, output, input);
+    check_count(name, args.input, input.numel, output.numel * size_,
+                "size() = " + std::to_string(size_) + " times the size of '" + args.output + "'");
+    const void* slice = at(static_cast<unsigned char*>(input.data), output.numel * rank_, input.dtype);
+    if (output.data != slice) {
+      check_not_overlapping(name, args, output, input, "rank()'s slice of '" + args.input + "' or none of it");
+    }
+    if (output.numel > 0) calls.push_back({input.data, output.data, output.numel, input.dtype});
+  }
+  if (checked_) check_fingerprint(name, kind, op, outputs);
+  if (calls.size() == 1) {
+    do_reduce_scatter(calls[0].input, calls[0].output, calls[0].count_per_rank, calls[0].dtype, stream);
+  } else if (!calls.empty()) {
+    do_reduce_scatters(calls, stream);
+  }
+  if (op != ReduceOp::average) return;
+  for (const BufferCall& c : calls) divide(c.output, c.count_per_rank, c.dtype, size_, stream);
+}
+
+void Communicator::do_all_gathers(std::span<const BufferCall> calls, Stream stream) {
+  for (const BufferCall& c : calls) do_all_gather(c.input, c.output, c.count_per_rank, c.dtype, stream);
+}
+
+void Communicator::do_reduce_scatters(std::span<const BufferCall> calls, Stream stream) {
+  for (const BufferCall& c : calls) do_reduce_scatter(c.input, c.output, c.count_per_rank, c.dtype, stream);
 }
 
 void Communicator::exchange(const TensorView& send, const TensorView& receive, int peer, Stream stream) {
@@ -340,7 +415,7 @@ void Communicator::exchange(const TensorView& send, const TensorView& receive, i
                          "has " + std::to_string(receive.bytes()) + " bytes, expected " +
                              std::to_string(send.bytes()) + " (the size of 'send')");
   }
-  check_not_overlapping(name, receive, send, "separate send and receive buffers");
+  check_not_overlapping(name, {.input = "send", .output = "receive"}, receive, send, "separate send and receive buffers");
   if (send.numel == 0) return;
   do_exchange(send.data, receive.data, send.bytes(), peer, stream);
 }

@@ -6,12 +6,14 @@ namespace {
 
 std::string call_name(const Fingerprint& f) {
   static constexpr const char* kNames[] = {"?",          "all_reduce",        "all_gather",           "reduce_scatter",
-                                           "all_reduce_buffer", "all_gather_buffer", "reduce_scatter_buffer", "adasum"};
+                                           "all_reduce_buffer", "all_gather_buffer", "reduce_scatter_buffer", "adasum",
+                                           "all_gather_buffers", "reduce_scatter_buffers"};
   std::string name = f.kind < std::size(kNames) ? kNames[f.kind] : "?";
   if (f.kind == static_cast<uint32_t>(CallKind::adasum)) {
     return f.reduce == 0 ? name : name + "(hierarchical, " + std::to_string(f.reduce) + " ranks per node)";
   }
-  const bool reduces = f.kind == 1 || f.kind == 3 || f.kind == 4 || f.kind == 6;
+  const bool reduces = f.kind == 1 || f.kind == 3 || f.kind == 4 || f.kind == 6 ||
+                       f.kind == static_cast<uint32_t>(CallKind::reduce_scatter_buffers);
   if (reduces) name += f.reduce == static_cast<uint32_t>(ReduceOp::average) ? "(average)" : "(sum)";
   return name;
 }

@@ -22,6 +22,8 @@ enum class CallKind : uint32_t {
   all_gather_buffer,
   reduce_scatter_buffer,
   adasum,  // `reduce`: 0 for flat Adasum, the ranks per node for hierarchical
+  all_gather_buffers,
+  reduce_scatter_buffers,
 };
 
 struct Fingerprint {

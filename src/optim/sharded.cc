@@ -172,26 +172,30 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
     cast_into(masters_, weight_pieces_);
   }
 
-  // A few optimizers over consecutive buckets' pieces, about equal in
-  // elements, so that the all-gathers of one's buckets can start as soon as
-  // its update is done while the next is updated; one over the empty piece
-  // of a rank without pieces.
-  int64_t held = 0;
-  for (const TensorView& piece : weight_pieces_) held += piece.numel;
-  const int64_t per_part = std::max<int64_t>(1, (held + options.update_parts - 1) / options.update_parts);
-  for (size_t k = 0; k < weight_pieces_.size();) {
-    const size_t first_bucket = pieces_.empty() ? 0 : pieces_[k].bucket;
-    size_t end = k;
-    int64_t elements = 0;
-    while (end < weight_pieces_.size() && (end == k || elements < per_part)) {
-      // whole buckets: every piece of the bucket that `end` starts
-      const size_t bucket = pieces_.empty() ? 0 : pieces_[end].bucket;
-      for (; end < weight_pieces_.size() && (pieces_.empty() || pieces_[end].bucket == bucket); ++end) {
-        elements += weight_pieces_[end].numel;
-      }
+  // The stages: consecutive buckets, about equal in slice elements, at
+  // most update_parts of them; then one optimizer per stage over this
+  // rank's pieces in it, so that the all-gathers of a stage's buckets can
+  // start as soon as its update is done while the next stage is updated.
+  int64_t slices = 0;
+  for (const ShardedLayout::Bucket& bucket : layout_.buckets) slices += bucket.slice;
+  const int64_t per_stage = std::max<int64_t>(1, (slices + options.update_parts - 1) / options.update_parts);
+  int64_t in_stage = 0;
+  for (size_t bucket = 0; bucket < layout_.buckets.size(); ++bucket) {
+    in_stage += layout_.buckets[bucket].slice;
+    if (in_stage >= per_stage || bucket + 1 == layout_.buckets.size()) {
+      stage_ends_.push_back(bucket + 1);
+      in_stage = 0;
     }
-    parts_.push_back({first_bucket, k, end, nullptr});
-    k = end;
+  }
+  if (pieces_.empty()) {
+    parts_.push_back({0, 0, 1, nullptr});  // the empty piece
+  } else {
+    size_t k = 0;
+    for (size_t stage = 0; stage < stage_ends_.size(); ++stage) {
+      const size_t first = k;
+      while (k < pieces_.size() && pieces_[k].bucket < stage_ends_[stage]) ++k;
+      if (k > first) parts_.push_back({stage, first, k, nullptr});
+    }
   }
   model_shapes_ = shapes_of(groups, DType::f32);
 
@@ -276,13 +280,14 @@ void Sharded<Optimizer>::update(Stream stream, const bool* found_inf, const floa
     comm_.all_gather_buffer(TensorView{rows + row * comm_.rank(), row, DType::f64, device},
                             TensorView{rows, row * comm_.size(), DType::f64, device}, stream);
   }
-  // Part by part: the update of this rank's slices of its buckets on
-  // `stream`, then those buckets' all-gathers on the communication stream,
-  // which overlap the next part's update. Every rank gathers every bucket,
-  // in order (a bucket holding only padding here needs no update first).
+  // Stage by stage: the update of this rank's slices of the stage's
+  // buckets on `stream`, then those buckets' all-gathers, in one call, on
+  // the communication stream, where they overlap the next stage's update.
+  // Every rank gathers the same buckets together, in order.
   size_t next = 0;  // the next part
-  for (size_t b = 0; b < layout_.buckets.size() || next < parts_.size(); ++b) {
-    for (; next < parts_.size() && (parts_[next].first_bucket <= b || b >= layout_.buckets.size()); ++next) {
+  std::vector<TensorView> stage_slices, stage_buckets;
+  for (size_t stage = 0; stage < stage_ends_.size(); ++stage) {
+    for (; next < parts_.size() && parts_[next].stage == stage; ++next) {
       Optimizer& optimizer = *parts_[next].optimizer;
       if constexpr (std::is_same_v<Optimizer, Adam>) {
         optimizer.step(stream, found_inf, grad_divisor);
@@ -291,27 +296,37 @@ void Sharded<Optimizer>::update(Stream stream, const bool* found_inf, const floa
         optimizer.step(stream, lamb);
       }
     }
-    if (b >= layout_.buckets.size()) break;
+    stage_slices.clear();
+    stage_buckets.clear();
+    for (size_t bucket = stage == 0 ? 0 : stage_ends_[stage - 1]; bucket < stage_ends_[stage]; ++bucket) {
+      stage_slices.push_back(slice(weights_base_, bucket));
+      stage_buckets.push_back(bucket_view(weights_base_, bucket));
+    }
     if (device.is_cuda()) comm::stream_wait(device, communication_stream_, stream);
-    comm_.all_gather_buffer(slice(weights_base_, b), bucket_view(weights_base_, b), communication_stream_);
+    comm_.all_gather_buffers(stage_slices, stage_buckets, communication_stream_);
   }
   if (device.is_cuda()) comm::stream_wait(device, stream, communication_stream_);
 }
 
 template <class Optimizer>
 void Sharded<Optimizer>::gather_weights(Stream stream) {
+  std::vector<TensorView> slices, buckets;
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    comm_.all_gather_buffer(slice(weights_base_, b), bucket_view(weights_base_, b), stream);
+    slices.push_back(slice(weights_base_, b));
+    buckets.push_back(bucket_view(weights_base_, b));
   }
+  comm_.all_gather_buffers(slices, buckets, stream);
 }
 
 template <class Optimizer>
 void Sharded<Optimizer>::step(Stream stream) {
+  std::vector<TensorView> buckets, slices;  // the buckets stage 2 has not reduce-scattered: all at once
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    if (!readiness_.started(b)) {
-      comm_.reduce_scatter_buffer(bucket_view(grads_base_, b), slice(grads_base_, b), ReduceOp::average, stream);
-    }
+    if (readiness_.started(b)) continue;
+    buckets.push_back(bucket_view(grads_base_, b));
+    slices.push_back(slice(grads_base_, b));
   }
+  comm_.reduce_scatter_buffers(buckets, slices, ReduceOp::average, stream);
   if (marked_ && comm_.device().is_cuda()) comm::stream_wait(comm_.device(), stream, communication_stream_);
   readiness_.reset();
   marked_ = false;

@@ -5,6 +5,7 @@
 // path and the fusion-buffer path, sum and average.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -218,6 +219,60 @@ TEST_P(Collectives, FlatBuffersInPlaceAndOutOfPlace) {
         std::copy(got.begin(), got.end(), placed.begin() + n * r);
         expect_reduced(placed, seed, P, dtype, false, n * r, n * (r + 1), "reduce_scatter_buffer " + what);
       }
+    }
+  }
+}
+
+// Several flat buffers in one call (one NCCL group): pairs of different
+// dtypes and sizes, one in place, one empty, each as the single call gives.
+TEST_P(Collectives, SeveralFlatBuffersAtOnce) {
+  Communicator& c = comm();
+  const int P = c.size(), r = c.rank();
+  const std::vector<int64_t> per_rank = {29, 0, 113};
+  const DType dtypes[] = {DType::f32, DType::bf16, DType::f64};
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+    const uint64_t seed = op == ReduceOp::sum ? 5100 : 5200;
+    std::vector<std::unique_ptr<TestList>> wholes, mine;
+    std::vector<TensorView> inputs, outputs;
+    for (size_t i = 0; i < per_rank.size(); ++i) {
+      const int64_t n = per_rank[i];
+      wholes.push_back(std::make_unique<TestList>(c.device(), dtypes[i], std::vector<int64_t>{n * P}, Layout::back_to_back));
+      mine.push_back(std::make_unique<TestList>(c.device(), dtypes[i], std::vector<int64_t>{n}, Layout::back_to_back));
+      wholes[i]->write(rank_input(seed + i, r, n * P, dtypes[i]));
+      inputs.push_back(wholes[i]->views()[0]);
+      // pair 0 in place (rank r's slice of its input), the others into their own buffers
+      outputs.push_back(i == 0 ? TensorView{static_cast<unsigned char*>(inputs[i].data) + n * r * dtype_size(dtypes[i]),
+                                            n, dtypes[i], c.device()}
+                               : mine[i]->views()[0]);
+    }
+    c.reduce_scatter_buffers(inputs, outputs, op);
+    c.wait();
+    for (size_t i = 0; i < per_rank.size(); ++i) {
+      const int64_t n = per_rank[i];
+      const std::vector<double> got_all = i == 0 ? wholes[i]->read() : std::vector<double>{};
+      const std::vector<double> got = i == 0 ? std::vector<double>(got_all.begin() + n * r, got_all.begin() + n * (r + 1))
+                                             : mine[i]->read();
+      std::vector<double> placed(static_cast<size_t>(n * P), 0.0);
+      std::copy(got.begin(), got.end(), placed.begin() + n * r);
+      expect_reduced(placed, seed + i, P, dtypes[i], op == ReduceOp::average, n * r, n * (r + 1),
+                     "reduce_scatter_buffers pair " + std::to_string(i));
+    }
+    // And back: every rank's slice gathered into every rank's whole buffer.
+    std::vector<TensorView> slices;
+    for (size_t i = 0; i < per_rank.size(); ++i) {
+      const int64_t n = per_rank[i];
+      mine[i]->write(rank_input(seed + 50 + i, r, n, dtypes[i]));
+      slices.push_back(mine[i]->views()[0]);
+    }
+    c.all_gather_buffers(slices, inputs);
+    c.wait();
+    for (size_t i = 0; i < per_rank.size(); ++i) {
+      std::vector<double> want;
+      for (int q = 0; q < P; ++q) {
+        const std::vector<double> theirs = rank_input(seed + 50 + i, q, per_rank[i], dtypes[i]);
+        want.insert(want.end(), theirs.begin(), theirs.end());
+      }
+      expect_equal(wholes[i]->read(), want, 0, per_rank[i] * P, "all_gather_buffers pair " + std::to_string(i));
     }
   }
 }

@@ -84,6 +84,17 @@ TEST_P(Faults, InvalidArgumentsAreRejectedBeforeAnythingIsWritten) {
   expect_error([&] { c.exchange(views[0], out.views()[0], c.rank()); }, ErrorCode::invalid_argument, {"'peer'"});
   expect_error([&] { c.all_gather_buffer(views[0], views[1]); }, ErrorCode::size_mismatch,
                {"all_gather_buffer", "'output'"});
+  // Several buffers at once: a bad pair anywhere stops them all, naming it.
+  TestList wholes(c.device(), DType::f32, {8 * c.size(), 9 * c.size()}, Layout::back_to_back);
+  const std::vector<TensorView> good_and_bad = {wholes.views()[0], views[0]};
+  expect_error([&] { c.all_gather_buffers(views, good_and_bad); }, ErrorCode::size_mismatch,
+               {"all_gather_buffers", "'outputs[1]'", "'inputs[1]'"});
+  expect_error([&] { c.reduce_scatter_buffers(wholes.views(), std::span<const TensorView>(views).first(1)); },
+               ErrorCode::size_mismatch, {"reduce_scatter_buffers", "'outputs'", "one per input"});
+  std::vector<TensorView> f16_output = views;
+  f16_output[1].dtype = DType::f16;
+  expect_error([&] { c.reduce_scatter_buffers(wholes.views(), f16_output, ReduceOp::average); },
+               ErrorCode::invalid_argument, {"'outputs[1]'", "is f16, expected f32"});
 
   c.wait();
   expect_equal(list.read(), mine, 0, list.total(), "a rejected call wrote");

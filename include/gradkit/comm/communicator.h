@@ -154,6 +154,14 @@ class Communicator {
   // r. In place when output is that slice of input.
   void reduce_scatter_buffer(const TensorView& input, const TensorView& output, ReduceOp op = ReduceOp::sum,
                              Stream stream = {});
+  // Several of the above at once: inputs[i] into outputs[i], each pair as
+  // the single call takes it (dtypes may differ between pairs). Every pair
+  // is validated before any is issued; NCCL issues them as one group (one
+  // host round trip and one launch where NCCL can fuse them) rather than
+  // one call each: a sharded step gathers many buckets at a time.
+  void all_gather_buffers(std::span<const TensorView> inputs, std::span<const TensorView> outputs, Stream stream = {});
+  void reduce_scatter_buffers(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                              ReduceOp op = ReduceOp::sum, Stream stream = {});
   // Sends `send` to rank `peer` and receives the same number of bytes from it
   // into `receive` (the peer calls exchange with this rank). Not in place.
   void exchange(const TensorView& send, const TensorView& receive, int peer, Stream stream = {});
@@ -192,6 +200,16 @@ class Communicator {
                              Stream stream) = 0;
   virtual void do_reduce_scatter(const void* input, void* output, int64_t count_per_rank, DType dtype,
                                  Stream stream) = 0;
+  // One all-gather (or reduce-scatter) per call, issued together (NCCL: in
+  // one group); by default one after another.
+  struct BufferCall {
+    const void* input;
+    void* output;
+    int64_t count_per_rank;
+    DType dtype;
+  };
+  virtual void do_all_gathers(std::span<const BufferCall> calls, Stream stream);
+  virtual void do_reduce_scatters(std::span<const BufferCall> calls, Stream stream);
   virtual void do_exchange(const void* send, void* receive, size_t bytes, int peer, Stream stream) = 0;
   virtual void do_send(const void* data, size_t bytes, int peer, Stream stream) = 0;
   virtual void do_receive(void* data, size_t bytes, int peer, Stream stream) = 0;
@@ -269,6 +287,12 @@ class Communicator {
                    Stream stream);
   void scatter_list(std::string_view op, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
                     ReduceOp reduce, Stream stream);
+  // The flat-buffer all-gathers and reduce-scatters, one pair or several
+  // (`listed`: the arguments are named inputs[i] / outputs[i]).
+  void gather_buffers(std::string_view op, int kind, std::span<const TensorView> inputs,
+                      std::span<const TensorView> outputs, bool listed, Stream stream);
+  void scatter_buffers(std::string_view op, int kind, std::span<const TensorView> inputs,
+                       std::span<const TensorView> outputs, ReduceOp reduce, bool listed, Stream stream);
 
   int rank_;
   int size_;

@@ -165,11 +165,15 @@ class Sharded {
   Buffer scalars_;                 // the all-gathered partials, then divisor, norm, found-inf
   GradientCheckPlan check_;
   LossScaler scaler_;
-  // This rank's optimizers (at most options.update_parts), each over the
-  // pieces [first, last) of consecutive buckets from first_bucket on (one
-  // over the empty piece of a rank without any).
+  // The update's stages, the same on every rank (so that every rank issues
+  // the same all-gathers together): stage s covers the buckets up to
+  // stage_ends_[s], at most options.update_parts of them, about equal in
+  // slice elements.
+  std::vector<size_t> stage_ends_;
+  // This rank's optimizers: one per stage it holds pieces in, over the
+  // pieces [first, last) (one over the empty piece of a rank without any).
   struct Part {
-    size_t first_bucket;
+    size_t stage;
     size_t first, last;
     std::unique_ptr<Optimizer> optimizer;
   };

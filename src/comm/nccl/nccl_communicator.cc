@@ -155,6 +155,28 @@ class NcclCommunicator final : public Communicator {
            "ncclReduceScatter", __FILE__, __LINE__);
   }
 
+  void do_all_gathers(std::span<const BufferCall> calls, Stream stream) override {
+    cuda::DeviceGuard guard(device().index);
+    grouped([&](auto&& issue) {
+      for (const BufferCall& c : calls) {
+        issue(ncclAllGather(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), comm_,
+                            cuda::native(stream)),
+              "ncclAllGather");
+      }
+    });
+  }
+
+  void do_reduce_scatters(std::span<const BufferCall> calls, Stream stream) override {
+    cuda::DeviceGuard guard(device().index);
+    grouped([&](auto&& issue) {
+      for (const BufferCall& c : calls) {
+        issue(ncclReduceScatter(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype),
+                                ncclSum, comm_, cuda::native(stream)),
+              "ncclReduceScatter");
+      }
+    });
+  }
+
   void do_exchange(const void* send, void* receive, size_t bytes, int peer, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
     grouped([&](auto&& issue) {
