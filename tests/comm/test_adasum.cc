@@ -188,6 +188,28 @@ TEST_P(Adasum, SameInputGivesBitwiseTheSameResult) {
   }
 }
 
+// A contiguous list that needs no padding (its total a multiple of 32 bytes
+// times every rank count up to 4) is reduced in its own memory, with no
+// copy in or out: bitwise what the same values give through the plan's own
+// buffer (a list with gaps).
+TEST_P(Adasum, AContiguousUnpaddedListIsReducedInPlaceWithTheSameBits) {
+  Communicator& c = comm();
+  const Sizes sizes = {5, 3001, 17, 2, 815};  // 3840 elements: 32 bytes x 4 ranks x 30 for f32
+  for (DType dtype : kAllDTypes) {
+    TestList contiguous(c.device(), dtype, sizes, Layout::back_to_back);
+    TestList gapped(c.device(), dtype, sizes, Layout::with_gaps);
+    const auto inputs = every_rank_input(9550, c.size(), contiguous.total(), dtype);
+    contiguous.write(inputs[static_cast<size_t>(c.rank())]);
+    gapped.write(inputs[static_cast<size_t>(c.rank())]);
+    adasum_all_reduce(c, contiguous.views());
+    adasum_all_reduce(c, gapped.views());
+    const std::string what = std::string(dtype_name(dtype)) + " in place";
+    const std::vector<double> got = contiguous.read();
+    expect_equal(got, gapped.read(), 0, contiguous.total(), what);
+    expect_close(got, adasum_tree(inputs, sizes), sizes, adasum_tolerance(dtype, tree_levels(c.size())), what);
+  }
+}
+
 TEST_P(Adasum, ParallelGradientsGiveTheGradient) {
   Communicator& c = comm();
   for (DType dtype : kAllDTypes) {

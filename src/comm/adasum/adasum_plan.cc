@@ -63,7 +63,12 @@ struct AdasumPlan::Impl {
   comm::adasum::Schedule schedule;
   std::unique_ptr<comm::adasum::AdasumDevice> device;
 
-  Buffer flat;           // the padded concatenation: where every step works
+  // Where every step works: the padded concatenation of the list, in a
+  // buffer of the plan's own, or the list's own memory when the list is one
+  // contiguous range that needs no padding (a GradientArena's, say): then
+  // nothing is packed or unpacked, two passes over the list fewer.
+  Buffer flat;
+  void* work = nullptr;
   Buffer received;       // the peer's half (or segment, for a fold)
   Buffer sums;           // 3 doubles per slot: a·b, |a|², |b|²
   Buffer sums_received;  // the group partner's sums
@@ -73,11 +78,11 @@ struct AdasumPlan::Impl {
   comm::adasum::ListView list;
 
   TensorView flat_range(int64_t begin, int64_t count) const {
-    return flat.view(dtype, static_cast<size_t>(begin) * dtype_size(dtype), count);
+    return TensorView{flat_at(begin), count, dtype, comm->device()};
   }
   TensorView received_range(int64_t count) const { return received.view(dtype, 0, count); }
   void* flat_at(int64_t begin) const {
-    return static_cast<unsigned char*>(flat.data()) + static_cast<size_t>(begin) * dtype_size(dtype);
+    return static_cast<unsigned char*>(work) + static_cast<size_t>(begin) * dtype_size(dtype);
   }
 
   void exchange(const TensorView& send, const TensorView& receive, int peer, Stream stream) {
@@ -88,7 +93,7 @@ struct AdasumPlan::Impl {
   void combine(const Step& step, Stream stream) {
     const comm::adasum::TableView& table = views[static_cast<size_t>(step.table)];
     auto* own = static_cast<double*>(sums.data());
-    device->partial_sums(table, flat.data(), received.data(), step.keep_begin, step.mine_is_a, dtype, own, stream);
+    device->partial_sums(table, work, received.data(), step.keep_begin, step.mine_is_a, dtype, own, stream);
     const size_t count = 3 * static_cast<size_t>(table.num_slots);
     for (int bit = 0; bit < step.group_bits; ++bit) {
       const int partner = comm->rank() ^ (1 << bit);
@@ -97,7 +102,7 @@ struct AdasumPlan::Impl {
       device->add_sums(own, static_cast<const double*>(sums_received.data()), static_cast<int64_t>(count),
                        theirs_first, stream);
     }
-    device->combine(table, flat.data(), received.data(), step.keep_begin, step.mine_is_a, dtype, own, stream);
+    device->combine(table, work, received.data(), step.keep_begin, step.mine_is_a, dtype, own, stream);
   }
 
   void run_step(const Step& step, Stream stream) {
@@ -196,7 +201,12 @@ AdasumPlan::AdasumPlan(Communicator& comm, std::span<const TensorView> tensors, 
                               : comm::adasum::make_cpu_adasum_device();
   const size_t element = dtype_size(p.dtype);
   const comm::adasum::Schedule& s = p.schedule;
-  p.flat = Buffer(device, static_cast<size_t>(s.padded) * element);  // zero-filled: the padding stays zero
+  if (info.contiguous && s.padded == info.total) {
+    p.work = info.base;
+  } else {
+    p.flat = Buffer(device, static_cast<size_t>(s.padded) * element);  // zero-filled: the padding stays zero
+    p.work = p.flat.data();
+  }
   p.received = Buffer(device, static_cast<size_t>(s.receive_elements) * element);
   const size_t slots = static_cast<size_t>(s.num_tensors) + 1;
   p.sums = Buffer(device, 3 * slots * sizeof(double));
@@ -261,9 +271,10 @@ void AdasumPlan::run(Stream stream) {
     p.comm->check_fingerprint(kOp, static_cast<int>(comm::CallKind::adasum), p.variant, p.tensors);
   }
   if (p.schedule.total == 0) return;
-  p.device->pack(p.list, p.flat.data(), p.dtype, stream);
+  const bool in_place = p.work != p.flat.data();
+  if (!in_place) p.device->pack(p.list, p.work, p.dtype, stream);
   for (const Step& step : p.schedule.steps) p.run_step(step, stream);
-  p.device->unpack(p.list, p.flat.data(), p.dtype, stream);
+  if (!in_place) p.device->unpack(p.list, p.work, p.dtype, stream);
 }
 
 void adasum_all_reduce(Communicator& comm, std::span<const TensorView> tensors, AdasumOptions options,

@@ -157,23 +157,21 @@ class NcclCommunicator final : public Communicator {
 
   void do_all_gathers(std::span<const BufferCall> calls, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    grouped([&](auto&& issue) {
-      for (const BufferCall& c : calls) {
-        issue(ncclAllGather(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), comm_,
-                            cuda::native(stream)),
-              "ncclAllGather");
-      }
+    grouped_in_batches(calls.size(), [&](size_t k, auto&& issue) {
+      const BufferCall& c = calls[k];
+      issue(ncclAllGather(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), comm_,
+                          cuda::native(stream)),
+            "ncclAllGather");
     });
   }
 
   void do_reduce_scatters(std::span<const BufferCall> calls, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    grouped([&](auto&& issue) {
-      for (const BufferCall& c : calls) {
-        issue(ncclReduceScatter(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype),
-                                ncclSum, comm_, cuda::native(stream)),
-              "ncclReduceScatter");
-      }
+    grouped_in_batches(calls.size(), [&](size_t k, auto&& issue) {
+      const BufferCall& c = calls[k];
+      issue(ncclReduceScatter(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), ncclSum,
+                              comm_, cuda::native(stream)),
+            "ncclReduceScatter");
     });
   }
 
@@ -312,21 +310,14 @@ class NcclCommunicator final : public Communicator {
     const size_t first_direct = packed > 0 ? 1 : 0;
     const size_t operations = first_direct + direct.size();
     const ncclDataType_t type = nccl_type(r.dtype);
-    for (size_t first = 0; first < operations; first += kMaxGroupOps) {
-      const size_t last = std::min(operations, first + kMaxGroupOps);
-      grouped([&](auto&& issue) {
-        for (size_t k = first; k < last; ++k) {
-          if (k < first_direct) {
-            issue(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, comm_, s),
-                  "ncclAllReduce");
-            continue;
-          }
-          const comm::SplitPlan::Direct& d = direct[k - first_direct];
-          issue(ncclAllReduce(d.input, d.output, static_cast<size_t>(d.count), type, ncclSum, comm_, s),
-                "ncclAllReduce");
-        }
-      });
-    }
+    grouped_in_batches(operations, [&](size_t k, auto&& issue) {
+      if (k < first_direct) {
+        issue(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, comm_, s), "ncclAllReduce");
+        return;
+      }
+      const comm::SplitPlan::Direct& d = direct[k - first_direct];
+      issue(ncclAllReduce(d.input, d.output, static_cast<size_t>(d.count), type, ncclSum, comm_, s), "ncclAllReduce");
+    });
     if (packed > 0) {
       copy_plan(split.packed_outputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/false, s);
       fusion_end(stream);
@@ -352,6 +343,18 @@ class NcclCommunicator final : public Communicator {
     const ncclResult_t ended = ncclGroupEnd();
     if (failed != ncclSuccess) settle(failed, failed_call, __FILE__, __LINE__);
     settle(ended, "ncclGroupEnd", __FILE__, __LINE__);
+  }
+
+  // Operations 0 .. count - 1, each issued by issue_one(k, issue), in as few
+  // groups as NCCL allows (kMaxGroupOps each).
+  template <class IssueOne>
+  void grouped_in_batches(size_t count, IssueOne&& issue_one) {
+    for (size_t first = 0; first < count; first += kMaxGroupOps) {
+      const size_t last = std::min(count, first + kMaxGroupOps);
+      grouped([&](auto&& issue) {
+        for (size_t k = first; k < last; ++k) issue_one(k, issue);
+      });
+    }
   }
 
   // A list with no large tensor goes in pieces through three streams: pack
