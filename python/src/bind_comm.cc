@@ -71,24 +71,26 @@ void bind_communicator(nb::module_& m) {
       .def(
           "__init__",
           [](CommunicatorOptions* o, double timeout_s, bool checked, int cuda_device, size_t fusion_pipeline_bytes,
-             size_t direct_tensor_bytes) {
+             size_t direct_tensor_bytes, bool blocking_calls) {
             new (o) CommunicatorOptions();
             o->timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
             o->checked = checked;
             o->cuda_device = cuda_device;
             o->fusion_pipeline_bytes = fusion_pipeline_bytes;
             o->direct_tensor_bytes = direct_tensor_bytes;
+            o->blocking_calls = blocking_calls;
           },
           nb::arg("timeout_s") = 600.0, nb::arg("checked") = false, nb::arg("cuda_device") = -1,
           nb::arg("fusion_pipeline_bytes") = CommunicatorOptions{}.fusion_pipeline_bytes,
-          nb::arg("direct_tensor_bytes") = CommunicatorOptions{}.direct_tensor_bytes)
+          nb::arg("direct_tensor_bytes") = CommunicatorOptions{}.direct_tensor_bytes, nb::arg("blocking_calls") = false)
       .def_prop_rw(
           "timeout_s", [](const CommunicatorOptions& o) { return o.timeout.count() / 1000.0; },
           [](CommunicatorOptions& o, double s) { o.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0)); })
       .def_rw("checked", &CommunicatorOptions::checked)
       .def_rw("cuda_device", &CommunicatorOptions::cuda_device)
       .def_rw("fusion_pipeline_bytes", &CommunicatorOptions::fusion_pipeline_bytes)
-      .def_rw("direct_tensor_bytes", &CommunicatorOptions::direct_tensor_bytes);
+      .def_rw("direct_tensor_bytes", &CommunicatorOptions::direct_tensor_bytes)
+      .def_rw("blocking_calls", &CommunicatorOptions::blocking_calls);
 
   nb::class_<Communicator>(m, "Communicator",
                            "The ranks of a data-parallel job (MPI: host memory; NCCL: this rank's GPU, work "

@@ -1,5 +1,8 @@
 #include "comm/comm_test_support.h"
 
+#include <cstdlib>
+#include <string_view>
+
 #include <cstring>
 #include <map>
 
@@ -33,6 +36,12 @@ std::string backend_unavailable_reason(Backend backend) {
 
 std::unique_ptr<Communicator> make_communicator(Backend backend, CommunicatorOptions options) {
   if (options.timeout == CommunicatorOptions{}.timeout) options.timeout = kTestTimeout;
+  // GRADKIT_TEST_BLOCKING_CALLS=1: every NCCL communicator of the tests
+  // issues its collectives blocking (scripts/gpu-check-comm runs the
+  // communication tests both ways).
+  if (const char* v = std::getenv("GRADKIT_TEST_BLOCKING_CALLS"); v != nullptr && std::string_view(v) == "1") {
+    options.blocking_calls = true;
+  }
   return backend == Backend::mpi ? create_mpi_communicator(options) : create_nccl_communicator(options);
 }
 

@@ -277,6 +277,38 @@ TEST_P(Collectives, SeveralFlatBuffersAtOnce) {
   }
 }
 
+// CommunicatorOptions::blocking_calls changes how the calls are issued,
+// not what they compute: a list all-reduce (split path and fusion path),
+// reduce-scatter and all-gather give bitwise the default communicator's
+// results. (NCCL only; MPI ignores the option.)
+TEST_P(Collectives, BlockingCallsGiveBitwiseTheSameResults) {
+  if (GetParam() != Backend::nccl) GTEST_SKIP() << "an NCCL option";
+  Communicator& plain = comm();
+  CommunicatorOptions options;
+  options.blocking_calls = true;
+  std::unique_ptr<Communicator> blocking = make_communicator(Backend::nccl, options);
+  const std::vector<int64_t> sizes = {1000, 3, 300000, 17};  // one tensor past direct_tensor_bytes
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (Layout layout : {Layout::back_to_back, Layout::with_gaps}) {
+      const std::string what = std::string(dtype_name(dtype)) + (layout == Layout::with_gaps ? " with gaps" : "");
+      TestList a(plain.device(), dtype, sizes, layout), b(plain.device(), dtype, sizes, layout);
+      const std::vector<double> mine = rank_input(5300, plain.rank(), a.total(), dtype);
+      a.write(mine);
+      b.write(mine);
+      plain.all_reduce(a.views(), ReduceOp::average);
+      plain.wait();
+      blocking->all_reduce(b.views(), ReduceOp::average);
+      blocking->reduce_scatter(b.views());
+      blocking->all_gather(b.views());
+      blocking->wait();
+      plain.reduce_scatter(a.views());
+      plain.all_gather(a.views());
+      plain.wait();
+      expect_equal(b.read(), a.read(), 0, a.total(), what);
+    }
+  }
+}
+
 TEST_P(Collectives, ExchangeSwapsBuffersWithAPeer) {
   Communicator& c = comm();
   const int peer = c.rank() ^ 1;

@@ -7,7 +7,7 @@
 //
 //   mpiexec -n 2 build/tools/gradkit/gradkit-bench-adasum
 //       [--backend nccl|mpi] [--dtype f32|f16|bf16|f64] [--warmup 3] [--reps 20]
-//       [--hierarchical] [--ranks-per-node L] [--scale D]
+//       [--hierarchical] [--ranks-per-node L] [--scale D] [--blocking-calls]
 //
 // The NCCL backend (the default where built) needs a GPU per local rank; the
 // MPI backend runs on host memory, by default with every size divided by 16.
@@ -33,13 +33,14 @@ struct Settings {
   int reps = 20;
   AdasumOptions adasum;
   int64_t scale = 0;  // 0: 1 on the GPU, 16 on the host
+  CommunicatorOptions options;  // --blocking-calls: options.blocking_calls
 };
 
 [[noreturn]] void usage(const std::string& why) {
   throw Error(ErrorCode::invalid_argument,
               "gradkit-bench-adasum: " + why +
                   " (usage: [--backend nccl|mpi] [--dtype f32|f16|bf16|f64] [--warmup N] [--reps N] "
-                  "[--hierarchical] [--ranks-per-node L] [--scale D])");
+                  "[--hierarchical] [--ranks-per-node L] [--scale D] [--blocking-calls])");
 }
 
 Settings parse(int argc, char** argv) {
@@ -79,6 +80,8 @@ Settings parse(int argc, char** argv) {
       s.adasum.ranks_per_node = static_cast<int>(number(1));
     } else if (arg == "--scale") {
       s.scale = number(1);
+    } else if (arg == "--blocking-calls") {
+      s.options.blocking_calls = true;
     } else {
       usage("unknown argument '" + arg + "'");
     }
@@ -94,7 +97,8 @@ struct Row {
 
 int run(int argc, char** argv) {
   const Settings s = parse(argc, argv);
-  std::unique_ptr<Communicator> comm = s.backend == "nccl" ? create_nccl_communicator() : create_mpi_communicator();
+  std::unique_ptr<Communicator> comm =
+      s.backend == "nccl" ? create_nccl_communicator(s.options) : create_mpi_communicator(s.options);
   std::unique_ptr<BenchDevice> device =
       comm->device().is_cuda() ? make_cuda_bench_device(comm->device().index) : make_cpu_bench_device();
   const int64_t scale = s.scale > 0 ? s.scale : (comm->device().is_cuda() ? 1 : 16);
@@ -133,9 +137,9 @@ int run(int argc, char** argv) {
   comm->wait(stream);
 
   if (comm->rank() == 0) {
-    std::printf("gradkit-bench-adasum: %s, %d ranks (%d per host), %s; %s: %zu tensors, %lld elements, %.1f MiB; "
+    std::printf("gradkit-bench-adasum: %s%s, %d ranks (%d per host), %s; %s: %zu tensors, %lld elements, %.1f MiB; "
                 "median of %d after %d warm-up\n",
-                std::string(comm->backend_name()).c_str(), comm->size(), comm->local_size(),
+                std::string(comm->backend_name()).c_str(), s.options.blocking_calls ? " (blocking calls)" : "", comm->size(), comm->local_size(),
                 device->description().c_str(), workload.name.c_str(), workload.sizes.size(),
                 static_cast<long long>(total), static_cast<double>(bytes) / (1 << 20), s.reps, s.warmup);
     std::printf("%-12s %10s %14s %10s %12s\n", "op", "ms", "MB sent/rank", "bus GB/s", "vs all-reduce");

@@ -126,8 +126,9 @@ class CommBench {
 
   void flat_rows() {
     if (root_) {
-      std::printf("\n%-15s %8s | %10s %10s %9s | %10s %10s | %7s | %10s %10s\n", "collective", "size", "gradkit ms",
-                  "busbw GB/s", "host us", "NCCL ms", "busbw GB/s", "vs NCCL", "torch ms", "busbw GB/s");
+      std::printf("\n%-15s %8s | %10s %10s %9s | %10s %10s %9s | %7s | %10s %10s\n", "collective", "size",
+                  "gradkit ms", "busbw GB/s", "host us", "NCCL ms", "busbw GB/s", "host us", "vs NCCL", "torch ms",
+                  "busbw GB/s");
     }
     for (const std::string& c : s_.collectives) {
       for (size_t bytes : s_.sizes) flat_row(c, bytes);
@@ -267,9 +268,9 @@ class CommBench {
     }
     dev_.release_all();
     if (!root_) return;
-    std::printf("%-15s %8s | %10.4f %10.1f %9.1f | %10.4f %10.1f | %6.1f%%", collective.c_str(),
+    std::printf("%-15s %8s | %10.4f %10.1f %9.1f | %10.4f %10.1f %9.1f | %6.1f%%", collective.c_str(),
                 size_name(bytes).c_str(), ours.ms, bus_gbs(bytes, ours.ms, factor), ours.host_us, raw.ms,
-                bus_gbs(bytes, raw.ms, factor), 100 * raw.ms / ours.ms);
+                bus_gbs(bytes, raw.ms, factor), raw.host_us, 100 * raw.ms / ours.ms);
     const auto it = s_.torch.find(collective + "-" + std::to_string(bytes));
     if (it != s_.torch.end()) std::printf(" | %10.4f %10.1f", it->second, bus_gbs(bytes, it->second, factor));
     std::printf("\n");
@@ -350,6 +351,9 @@ int run(int argc, char** argv, bool report) {
   app.add_option("--warmup", s.warmup, "untimed calls before each row")->check(integer(0, 1000));
   app.add_option("--reps", s.reps, "timed calls per row (the median is reported)")->check(integer(1, 100000));
   app.add_option("--torch-results", torch_results, "results of bench/torch_dist_bench.py to print beside (optional)");
+  CommunicatorOptions options;
+  app.add_flag("--blocking-calls", options.blocking_calls,
+               "gradkit's collectives on a blocking NCCL communicator (CommunicatorOptions::blocking_calls)");
   if (std::optional<int> status = command.parse(std::vector<std::string>(argv + 1, argv + argc), report)) {
     return *status;
   }
@@ -363,7 +367,7 @@ int run(int argc, char** argv, bool report) {
   s.pipelines = shifted(pipelines, 20);
   s.torch = read_torch_results(torch_results, "gradkit-bench-comm");
 
-  std::unique_ptr<Communicator> comm = create_nccl_communicator();
+  std::unique_ptr<Communicator> comm = create_nccl_communicator(options);
   const int device = comm->device().index;
   std::unique_ptr<BenchDevice> dev = make_cuda_bench_device(device);
 
@@ -379,8 +383,9 @@ int run(int argc, char** argv, bool report) {
     int version = 0;
     ncclGetVersion(&version);
     const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
-    std::printf("gradkit-bench-comm: %d ranks, rank 0 on %s; NCCL %d; NCCL_NVLS_ENABLE=%s\n", comm->size(),
-                dev->description().c_str(), version, nvls != nullptr ? nvls : "(unset)");
+    std::printf("gradkit-bench-comm: %d ranks, rank 0 on %s; NCCL %d; NCCL_NVLS_ENABLE=%s; gradkit's calls %s\n",
+                comm->size(), dev->description().c_str(), version, nvls != nullptr ? nvls : "(unset)",
+                options.blocking_calls ? "blocking (--blocking-calls)" : "non-blocking (polled)");
     std::printf("time: median of %d reps (each rep: the slowest rank), after %d warm-up calls; busbw: all-reduce "
                 "bytes*2(n-1)/n/time, all-gather and reduce-scatter bytes*(n-1)/n/time (bytes: the whole "
                 "buffer)\n",

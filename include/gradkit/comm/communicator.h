@@ -67,6 +67,20 @@ struct CommunicatorOptions {
   // This and fusion_pipeline_bytes decide which collectives an all-reduce
   // issues: every rank must use the same values (checked mode compares them).
   size_t direct_tensor_bytes = size_t{1} << 20;
+  // NCCL only: issue the collectives on a blocking NCCL communicator (split
+  // from the non-blocking one that starts the ranks and carries the host
+  // exchanges) instead of the non-blocking one. A non-blocking NCCL
+  // communicator hands every call to a new thread and answers "in
+  // progress" (NCCL 2.28's ncclGroupEndInternal), which the call then
+  // polls: tens to hundreds of microseconds of host time per call. A
+  // blocking one enqueues in the caller's thread. Start-up still times out;
+  // wait() still polls with the timeout and aborts both; what is given up:
+  // the first use of a connection (NCCL connects lazily, per algorithm and
+  // per send/receive peer) waits in the call for the peer, so a peer that
+  // stops calling before that blocks the call instead of timing out (set
+  // NCCL_RUNTIME_CONNECT=0 to connect the collectives' algorithms at
+  // start-up). Off by default until measured on several GPUs.
+  bool blocking_calls = false;
 };
 
 // An MPI communicator passed through gradkit's API without mpi.h: wrap one

@@ -108,11 +108,12 @@ class Communicator:
         self.comm.barrier()
 
 
-def from_process_group(group=None, *, timeout=600.0, checked=False, device=None):
+def from_process_group(group=None, *, timeout=600.0, checked=False, device=None, blocking_calls=False):
     """A gradkit NCCL communicator over the ranks of an initialized torch.distributed
     process group: the group's rank 0 makes the NCCL unique id and the group
     broadcasts it (any backend: nccl or gloo). `device` is this rank's GPU (default:
-    torch.cuda.current_device()); `timeout` in seconds bounds every wait."""
+    torch.cuda.current_device()); `timeout` in seconds bounds every wait.
+    `blocking_calls`: gradkit.CommunicatorOptions.blocking_calls (docs/ops.md)."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
@@ -124,7 +125,8 @@ def from_process_group(group=None, *, timeout=600.0, checked=False, device=None)
     source = 0 if group is None else dist.get_global_rank(group, 0)
     box = [gradkit.nccl_unique_id() if rank == 0 else None]
     dist.broadcast_object_list(box, src=source, group=group)
-    options = gradkit.CommunicatorOptions(timeout_s=timeout, checked=checked, cuda_device=index)
+    options = gradkit.CommunicatorOptions(timeout_s=timeout, checked=checked, cuda_device=index,
+                                          blocking_calls=blocking_calls)
     with torch.cuda.device(index):
         return Communicator(gradkit.create_nccl_communicator(box[0], rank, size, options))
 

@@ -60,7 +60,8 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(int rank, int size, int local_rank, int local_size, int cuda_device,
                    const CommunicatorOptions& options, std::unique_ptr<comm::MpiChannel> channel)
       : Communicator(rank, size, local_rank, local_size, Device::cuda(cuda_device), options),
-        channel_(std::move(channel)) {}
+        channel_(std::move(channel)),
+        blocking_calls_(options.blocking_calls) {}
 
   // Joins the other ranks (every rank calls it with the same id). Without
   // MPI, then gathers the ranks' host names over NCCL: local_rank() is the
@@ -73,6 +74,16 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;  // every call returns at once; settle() polls with the timeout
     settle(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config), "ncclCommInitRankConfig", __FILE__,
            __LINE__);
+    if (blocking_calls_) {
+      // The split runs as the (non-blocking) parent's job: settle() polls the
+      // parent, within the timeout; the child's own calls then block.
+      ncclConfig_t child = NCCL_CONFIG_INITIALIZER;
+      child.blocking = 1;
+      settle(ncclCommSplit(comm_, 0, rank(), &calls_, &child), "ncclCommSplit", __FILE__, __LINE__);
+      if (calls_ == nullptr) {
+        abort_and_throw(ncclInternalError, "ncclCommSplit", "the blocking communicator was not made");
+      }
+    }
     if (channel_) return;
     // The host exchanges' stream and staging buffers, made now rather than
     // on first use, when growing them (which frees the old ones and waits
@@ -102,6 +113,10 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     try {
       cuda::DeviceGuard guard(device().index);
+      // The blocking communicator is aborted, not finalized: finalizing it
+      // waits in the call for work that a stuck peer may never finish
+      // (call wait() before destroying a communicator, as for any stream).
+      if (calls_ != nullptr) ncclCommAbort(calls_);
       if (comm_ != nullptr) {
         // Finalize flushes what is still queued; if that does not finish in
         // time the communicator is aborted rather than leaked in a hang.
@@ -137,20 +152,20 @@ class NcclCommunicator final : public Communicator {
  protected:
   void do_all_reduce(const void* input, void* output, int64_t count, DType dtype, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclAllReduce(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_,
+    settle(ncclAllReduce(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, collectives_comm(),
                          cuda::native(stream)),
            "ncclAllReduce", __FILE__, __LINE__);
   }
 
   void do_all_gather(const void* input, void* output, int64_t count, DType dtype, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclAllGather(input, output, static_cast<size_t>(count), nccl_type(dtype), comm_, cuda::native(stream)),
+    settle(ncclAllGather(input, output, static_cast<size_t>(count), nccl_type(dtype), collectives_comm(), cuda::native(stream)),
            "ncclAllGather", __FILE__, __LINE__);
   }
 
   void do_reduce_scatter(const void* input, void* output, int64_t count, DType dtype, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclReduceScatter(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_,
+    settle(ncclReduceScatter(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, collectives_comm(),
                              cuda::native(stream)),
            "ncclReduceScatter", __FILE__, __LINE__);
   }
@@ -159,7 +174,7 @@ class NcclCommunicator final : public Communicator {
     cuda::DeviceGuard guard(device().index);
     grouped_in_batches(calls.size(), [&](size_t k, auto&& issue) {
       const BufferCall& c = calls[k];
-      issue(ncclAllGather(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), comm_,
+      issue(ncclAllGather(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), collectives_comm(),
                           cuda::native(stream)),
             "ncclAllGather");
     });
@@ -170,7 +185,7 @@ class NcclCommunicator final : public Communicator {
     grouped_in_batches(calls.size(), [&](size_t k, auto&& issue) {
       const BufferCall& c = calls[k];
       issue(ncclReduceScatter(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), ncclSum,
-                              comm_, cuda::native(stream)),
+                              collectives_comm(), cuda::native(stream)),
             "ncclReduceScatter");
     });
   }
@@ -178,19 +193,19 @@ class NcclCommunicator final : public Communicator {
   void do_exchange(const void* send, void* receive, size_t bytes, int peer, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
     grouped([&](auto&& issue) {
-      issue(ncclSend(send, bytes, ncclUint8, peer, comm_, cuda::native(stream)), "ncclSend");
-      issue(ncclRecv(receive, bytes, ncclUint8, peer, comm_, cuda::native(stream)), "ncclRecv");
+      issue(ncclSend(send, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclSend");
+      issue(ncclRecv(receive, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclRecv");
     });
   }
 
   void do_send(const void* data, size_t bytes, int peer, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclSend(data, bytes, ncclUint8, peer, comm_, cuda::native(stream)), "ncclSend", __FILE__, __LINE__);
+    settle(ncclSend(data, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclSend", __FILE__, __LINE__);
   }
 
   void do_receive(void* data, size_t bytes, int peer, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclRecv(data, bytes, ncclUint8, peer, comm_, cuda::native(stream)), "ncclRecv", __FILE__, __LINE__);
+    settle(ncclRecv(data, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclRecv", __FILE__, __LINE__);
   }
 
   void do_barrier() override {
@@ -312,11 +327,11 @@ class NcclCommunicator final : public Communicator {
     const ncclDataType_t type = nccl_type(r.dtype);
     grouped_in_batches(operations, [&](size_t k, auto&& issue) {
       if (k < first_direct) {
-        issue(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, comm_, s), "ncclAllReduce");
+        issue(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, collectives_comm(), s), "ncclAllReduce");
         return;
       }
       const comm::SplitPlan::Direct& d = direct[k - first_direct];
-      issue(ncclAllReduce(d.input, d.output, static_cast<size_t>(d.count), type, ncclSum, comm_, s), "ncclAllReduce");
+      issue(ncclAllReduce(d.input, d.output, static_cast<size_t>(d.count), type, ncclSum, collectives_comm(), s), "ncclAllReduce");
     });
     if (packed > 0) {
       copy_plan(split.packed_outputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/false, s);
@@ -433,6 +448,7 @@ class NcclCommunicator final : public Communicator {
       if (done != cudaErrorNotReady) GRADKIT_CUDA_CHECK(done);
       ncclResult_t state = ncclSuccess;
       GRADKIT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state == ncclSuccess && calls_ != nullptr) GRADKIT_NCCL_CHECK(ncclCommGetAsyncError(calls_, &state));
       if (state != ncclSuccess && state != ncclInProgress) {
         abort_and_throw(state, op, "a peer or the network failed while the stream's collectives ran");
       }
@@ -451,7 +467,9 @@ class NcclCommunicator final : public Communicator {
   // pinned memory, and await() (so the timeout and the abort hold, and no
   // copy to pageable memory can block the host). NCCL runs a communicator's
   // operations in the order they were issued, so this also waits for the
-  // collectives enqueued before it on other streams.
+  // collectives enqueued before it on other streams (not with
+  // blocking_calls, whose collectives go to the other communicator: no
+  // caller relies on that order).
   void gather_through_nccl(const void* input, void* output, size_t bytes, const char* op) {
     require_usable(op);
     if (bytes == 0) return;
@@ -504,6 +522,10 @@ class NcclCommunicator final : public Communicator {
 
   [[noreturn]] void abort_and_throw(ncclResult_t status, const char* call, const std::string& detail,
                                     const char* file = __FILE__, int line = __LINE__) {
+    if (calls_ != nullptr) {
+      ncclCommAbort(calls_);
+      calls_ = nullptr;
+    }
     if (comm_ != nullptr) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
@@ -531,7 +553,14 @@ class NcclCommunicator final : public Communicator {
   };
 
   std::unique_ptr<comm::MpiChannel> channel_;  // null: made from a unique id
+  // comm_ starts the ranks and carries the host exchanges (non-blocking:
+  // every call polled within the timeout); calls_ (options.blocking_calls)
+  // a blocking child of it for the collectives, whose calls enqueue in the
+  // caller's thread.
   ncclComm_t comm_ = nullptr;
+  ncclComm_t calls_ = nullptr;
+  bool blocking_calls_ = false;
+  ncclComm_t collectives_comm() const { return calls_ != nullptr ? calls_ : comm_; }
   cudaEvent_t fusion_free_ = nullptr;
   // The host exchanges over NCCL (no channel_): a stream, and the staging
   // buffers on the device and in pinned host memory, made in start().
