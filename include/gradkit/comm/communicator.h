@@ -67,9 +67,10 @@ struct CommunicatorOptions {
   // This and fusion_pipeline_bytes decide which collectives an all-reduce
   // issues: every rank must use the same values (checked mode compares them).
   size_t direct_tensor_bytes = size_t{1} << 20;
-  // NCCL only: issue the collectives on a blocking NCCL communicator (split
-  // from the non-blocking one that starts the ranks and carries the host
-  // exchanges) instead of the non-blocking one. A non-blocking NCCL
+  // NCCL only: issue the collectives on a second, blocking NCCL
+  // communicator (made after start-up, its unique id sent through the host
+  // exchange) instead of the non-blocking one that starts the ranks and
+  // carries the host exchanges. A non-blocking NCCL
   // communicator hands every call to a new thread and answers "in
   // progress" (NCCL 2.28's ncclGroupEndInternal), which the call then
   // polls: tens to hundreds of microseconds of host time per call. A

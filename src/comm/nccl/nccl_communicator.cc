@@ -74,17 +74,10 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;  // every call returns at once; settle() polls with the timeout
     settle(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config), "ncclCommInitRankConfig", __FILE__,
            __LINE__);
-    if (blocking_calls_) {
-      // The split runs as the (non-blocking) parent's job: settle() polls the
-      // parent, within the timeout; the child's own calls then block.
-      ncclConfig_t child = NCCL_CONFIG_INITIALIZER;
-      child.blocking = 1;
-      settle(ncclCommSplit(comm_, 0, rank(), &calls_, &child), "ncclCommSplit", __FILE__, __LINE__);
-      if (calls_ == nullptr) {
-        abort_and_throw(ncclInternalError, "ncclCommSplit", "the blocking communicator was not made");
-      }
+    if (channel_) {
+      start_blocking_calls();
+      return;
     }
-    if (channel_) return;
     // The host exchanges' stream and staging buffers, made now rather than
     // on first use, when growing them (which frees the old ones and waits
     // for the device) could wait for a collective that never ends: large
@@ -108,6 +101,29 @@ class NcclCommunicator final : public Communicator {
       ++local_size;
     }
     set_local_layout(local_rank, local_size);
+    start_blocking_calls();
+  }
+
+  // options.blocking_calls: a second, blocking NCCL communicator for the
+  // collectives. (ncclCommSplit of the non-blocking one cannot make it: NCCL
+  // refuses blocking and non-blocking communicators in one group, and a
+  // split is one; NCCL 2.28.9 answered ncclInternalError.) Rank 0's new
+  // unique id goes to every rank over the host exchange, which is bounded
+  // by the timeout; the blocking init then waits for ranks that have all
+  // just answered that exchange.
+  void start_blocking_calls() {
+    if (!blocking_calls_) return;
+    ncclUniqueId id{};
+    if (rank() == 0) GRADKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+    std::vector<ncclUniqueId> all(static_cast<size_t>(size()));
+    host_all_gather(&id, all.data(), sizeof(id));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    const ncclResult_t made = ncclCommInitRankConfig(&calls_, size(), all[0], rank(), &config);
+    if (made != ncclSuccess) {
+      calls_ = nullptr;  // nothing to abort: a failed blocking init leaves no communicator
+      abort_and_throw(made, "ncclCommInitRankConfig (blocking calls)", ncclGetLastError(nullptr));
+    }
   }
 
   ~NcclCommunicator() override {
@@ -555,8 +571,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<comm::MpiChannel> channel_;  // null: made from a unique id
   // comm_ starts the ranks and carries the host exchanges (non-blocking:
   // every call polled within the timeout); calls_ (options.blocking_calls)
-  // a blocking child of it for the collectives, whose calls enqueue in the
-  // caller's thread.
+  // a second, blocking communicator for the collectives, whose calls
+  // enqueue in the caller's thread.
   ncclComm_t comm_ = nullptr;
   ncclComm_t calls_ = nullptr;
   bool blocking_calls_ = false;
