@@ -333,9 +333,10 @@ void Communicator::reduce_scatter_buffers(std::span<const TensorView> inputs, st
                   true, stream);
 }
 
-void Communicator::gather_buffers(std::string_view name, int kind, std::span<const TensorView> inputs,
-                                  std::span<const TensorView> outputs, bool listed, Stream stream) {
-  require_usable(name);
+std::vector<Communicator::BufferCall> Communicator::check_buffer_pairs(std::string_view name,
+                                                                      std::span<const TensorView> inputs,
+                                                                      std::span<const TensorView> outputs,
+                                                                      bool listed, bool gather) const {
   check_pair_count(name, inputs, outputs);
   std::vector<BufferCall> calls;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -345,15 +346,26 @@ void Communicator::gather_buffers(std::string_view name, int kind, std::span<con
     check_buffer(name, args.input, input, device_);
     check_buffer(name, args.output, output, device_);
     check_dtype(name, args, output, input);
-    check_count(name, args.output, output.numel, input.numel * size_,
-                "size() = " + std::to_string(size_) + " times the size of '" + args.input + "'");
-    const TensorView slice{at(static_cast<unsigned char*>(output.data), input.numel * rank_, input.dtype),
-                           input.numel, input.dtype, input.device};
-    if (input.data != slice.data) {
-      check_not_overlapping(name, args, output, input, "rank()'s slice of '" + args.output + "' or none of it");
+    // The whole buffer holds size() times the part; the part is rank()'s
+    // slice of the whole (in place) or lies apart from it.
+    const TensorView& whole = gather ? output : input;
+    const TensorView& part = gather ? input : output;
+    const std::string& whole_arg = gather ? args.output : args.input;
+    const std::string& part_arg = gather ? args.input : args.output;
+    check_count(name, whole_arg, whole.numel, part.numel * size_,
+                "size() = " + std::to_string(size_) + " times the size of '" + part_arg + "'");
+    if (part.data != at(static_cast<unsigned char*>(whole.data), part.numel * rank_, part.dtype)) {
+      check_not_overlapping(name, args, output, input, "rank()'s slice of '" + whole_arg + "' or none of it");
     }
-    if (input.numel > 0) calls.push_back({input.data, output.data, input.numel, input.dtype});
+    if (part.numel > 0) calls.push_back({input.data, output.data, part.numel, input.dtype});
   }
+  return calls;
+}
+
+void Communicator::gather_buffers(std::string_view name, int kind, std::span<const TensorView> inputs,
+                                  std::span<const TensorView> outputs, bool listed, Stream stream) {
+  require_usable(name);
+  const std::vector<BufferCall> calls = check_buffer_pairs(name, inputs, outputs, listed, /*gather=*/true);
   if (checked_) check_fingerprint(name, kind, ReduceOp::sum, inputs);
   if (calls.size() == 1) {
     do_all_gather(calls[0].input, calls[0].output, calls[0].count_per_rank, calls[0].dtype, stream);
@@ -365,23 +377,7 @@ void Communicator::gather_buffers(std::string_view name, int kind, std::span<con
 void Communicator::scatter_buffers(std::string_view name, int kind, std::span<const TensorView> inputs,
                                    std::span<const TensorView> outputs, ReduceOp op, bool listed, Stream stream) {
   require_usable(name);
-  check_pair_count(name, inputs, outputs);
-  std::vector<BufferCall> calls;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const PairArgs args = pair_args(listed, i);
-    const TensorView& input = inputs[i];
-    const TensorView& output = outputs[i];
-    check_buffer(name, args.input, input, device_);
-    check_buffer(name, args.output, output, device_);
-    check_dtype(name, args, output, input);
-    check_count(name, args.input, input.numel, output.numel * size_,
-                "size() = " + std::to_string(size_) + " times the size of '" + args.output + "'");
-    const void* slice = at(static_cast<unsigned char*>(input.data), output.numel * rank_, input.dtype);
-    if (output.data != slice) {
-      check_not_overlapping(name, args, output, input, "rank()'s slice of '" + args.input + "' or none of it");
-    }
-    if (output.numel > 0) calls.push_back({input.data, output.data, output.numel, input.dtype});
-  }
+  const std::vector<BufferCall> calls = check_buffer_pairs(name, inputs, outputs, listed, /*gather=*/false);
   if (checked_) check_fingerprint(name, kind, op, outputs);
   if (calls.size() == 1) {
     do_reduce_scatter(calls[0].input, calls[0].output, calls[0].count_per_rank, calls[0].dtype, stream);

@@ -23,6 +23,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "gradkit/core/memory.h"
 #include "gradkit/core/tensor.h"
@@ -308,6 +309,10 @@ class Communicator {
                       std::span<const TensorView> outputs, bool listed, Stream stream);
   void scatter_buffers(std::string_view op, int kind, std::span<const TensorView> inputs,
                        std::span<const TensorView> outputs, ReduceOp reduce, bool listed, Stream stream);
+  // Validates every pair (all before anything is issued) and returns the
+  // non-empty ones as calls; `gather`: outputs are the whole buffers.
+  std::vector<BufferCall> check_buffer_pairs(std::string_view op, std::span<const TensorView> inputs,
+                                             std::span<const TensorView> outputs, bool listed, bool gather) const;
 
   int rank_;
   int size_;
