@@ -264,8 +264,8 @@ void bind_sharded(nb::module_& m, const char* name) {
        },
        nb::arg("comm"), nb::arg("layout"), nb::arg("groups"), nb::arg("scaler") = nb::none(),
        nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2, nb::arg("moment_dtype") = DType::f32,
-       nb::arg("communication_stream") = 0, nb::arg("eta") = 1e-3f, nb::arg("update_parts") = ShardedOptions{}.update_parts,
-       nb::keep_alive<1, 2>())
+       nb::arg("communication_stream") = 0, nb::arg("eta") = 1e-3f,
+       nb::arg("update_parts") = ShardedOptions{}.update_parts, nb::keep_alive<1, 2>())
       .def("step", [](PySharded& s, uintptr_t stream) { s.object->step(to_stream(stream)); }, nb::arg("stream") = 0,
            "Reduce-scatter, check, the update of the shard, scaler, all-gather; enqueued on `stream` (NCCL).")
       .def(

@@ -82,3 +82,11 @@ def test_unique_id_arguments_are_checked():
         gradkit.create_nccl_communicator(uid, 0, 0)
     with pytest.raises(ValueError, match="timeout"):
         gradkit.create_nccl_communicator(uid, 0, 1, gradkit.CommunicatorOptions(timeout_s=0))
+
+
+def test_communicator_options_carry_blocking_calls():
+    assert gradkit.CommunicatorOptions().blocking_calls is False
+    options = gradkit.CommunicatorOptions(blocking_calls=True, timeout_s=5)
+    assert options.blocking_calls is True and options.timeout_s == 5
+    options.blocking_calls = False
+    assert options.blocking_calls is False

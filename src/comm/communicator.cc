@@ -411,7 +411,8 @@ void Communicator::exchange(const TensorView& send, const TensorView& receive, i
                          "has " + std::to_string(receive.bytes()) + " bytes, expected " +
                              std::to_string(send.bytes()) + " (the size of 'send')");
   }
-  check_not_overlapping(name, {.input = "send", .output = "receive"}, receive, send, "separate send and receive buffers");
+  check_not_overlapping(name, {.input = "send", .output = "receive"}, receive, send,
+                        "separate send and receive buffers");
   if (send.numel == 0) return;
   do_exchange(send.data, receive.data, send.bytes(), peer, stream);
 }

@@ -246,6 +246,17 @@ TensorView Sharded<Optimizer>::bucket_view(const TensorView& base, size_t bucket
 }
 
 template <class Optimizer>
+typename Sharded<Optimizer>::BucketViews Sharded<Optimizer>::bucket_views(const TensorView& base, size_t begin,
+                                                                          size_t end) const {
+  BucketViews views;
+  for (size_t b = begin; b < end; ++b) {
+    views.slices.push_back(slice(base, b));
+    views.buckets.push_back(bucket_view(base, b));
+  }
+  return views;
+}
+
+template <class Optimizer>
 void Sharded<Optimizer>::start(size_t bucket, Stream compute_stream) {
   if (comm_.device().is_cuda()) comm::stream_wait(comm_.device(), communication_stream_, compute_stream);
   comm_.reduce_scatter_buffer(bucket_view(grads_base_, bucket), slice(grads_base_, bucket), ReduceOp::average,
@@ -285,7 +296,6 @@ void Sharded<Optimizer>::update(Stream stream, const bool* found_inf, const floa
   // the communication stream, where they overlap the next stage's update.
   // Every rank gathers the same buckets together, in order.
   size_t next = 0;  // the next part
-  std::vector<TensorView> stage_slices, stage_buckets;
   for (size_t stage = 0; stage < stage_ends_.size(); ++stage) {
     for (; next < parts_.size() && parts_[next].stage == stage; ++next) {
       Optimizer& optimizer = *parts_[next].optimizer;
@@ -296,26 +306,18 @@ void Sharded<Optimizer>::update(Stream stream, const bool* found_inf, const floa
         optimizer.step(stream, lamb);
       }
     }
-    stage_slices.clear();
-    stage_buckets.clear();
-    for (size_t bucket = stage == 0 ? 0 : stage_ends_[stage - 1]; bucket < stage_ends_[stage]; ++bucket) {
-      stage_slices.push_back(slice(weights_base_, bucket));
-      stage_buckets.push_back(bucket_view(weights_base_, bucket));
-    }
+    const BucketViews gathered =
+        bucket_views(weights_base_, stage == 0 ? 0 : stage_ends_[stage - 1], stage_ends_[stage]);
     if (device.is_cuda()) comm::stream_wait(device, communication_stream_, stream);
-    comm_.all_gather_buffers(stage_slices, stage_buckets, communication_stream_);
+    comm_.all_gather_buffers(gathered.slices, gathered.buckets, communication_stream_);
   }
   if (device.is_cuda()) comm::stream_wait(device, stream, communication_stream_);
 }
 
 template <class Optimizer>
 void Sharded<Optimizer>::gather_weights(Stream stream) {
-  std::vector<TensorView> slices, buckets;
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    slices.push_back(slice(weights_base_, b));
-    buckets.push_back(bucket_view(weights_base_, b));
-  }
-  comm_.all_gather_buffers(slices, buckets, stream);
+  const BucketViews all = bucket_views(weights_base_, 0, layout_.buckets.size());
+  comm_.all_gather_buffers(all.slices, all.buckets, stream);
 }
 
 template <class Optimizer>

@@ -236,7 +236,8 @@ TEST_P(Collectives, SeveralFlatBuffersAtOnce) {
     std::vector<TensorView> inputs, outputs;
     for (size_t i = 0; i < per_rank.size(); ++i) {
       const int64_t n = per_rank[i];
-      wholes.push_back(std::make_unique<TestList>(c.device(), dtypes[i], std::vector<int64_t>{n * P}, Layout::back_to_back));
+      wholes.push_back(
+          std::make_unique<TestList>(c.device(), dtypes[i], std::vector<int64_t>{n * P}, Layout::back_to_back));
       mine.push_back(std::make_unique<TestList>(c.device(), dtypes[i], std::vector<int64_t>{n}, Layout::back_to_back));
       wholes[i]->write(rank_input(seed + i, r, n * P, dtypes[i]));
       inputs.push_back(wholes[i]->views()[0]);
@@ -250,8 +251,8 @@ TEST_P(Collectives, SeveralFlatBuffersAtOnce) {
     for (size_t i = 0; i < per_rank.size(); ++i) {
       const int64_t n = per_rank[i];
       const std::vector<double> got_all = i == 0 ? wholes[i]->read() : std::vector<double>{};
-      const std::vector<double> got = i == 0 ? std::vector<double>(got_all.begin() + n * r, got_all.begin() + n * (r + 1))
-                                             : mine[i]->read();
+      const std::vector<double> got =
+          i == 0 ? std::vector<double>(got_all.begin() + n * r, got_all.begin() + n * (r + 1)) : mine[i]->read();
       std::vector<double> placed(static_cast<size_t>(n * P), 0.0);
       std::copy(got.begin(), got.end(), placed.begin() + n * r);
       expect_reduced(placed, seed + i, P, dtypes[i], op == ReduceOp::average, n * r, n * (r + 1),

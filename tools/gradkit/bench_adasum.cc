@@ -139,7 +139,8 @@ int run(int argc, char** argv) {
   if (comm->rank() == 0) {
     std::printf("gradkit-bench-adasum: %s%s, %d ranks (%d per host), %s; %s: %zu tensors, %lld elements, %.1f MiB; "
                 "median of %d after %d warm-up\n",
-                std::string(comm->backend_name()).c_str(), s.options.blocking_calls ? " (blocking calls)" : "", comm->size(), comm->local_size(),
+                std::string(comm->backend_name()).c_str(), s.options.blocking_calls ? " (blocking calls)" : "",
+                comm->size(), comm->local_size(),
                 device->description().c_str(), workload.name.c_str(), workload.sizes.size(),
                 static_cast<long long>(total), static_cast<double>(bytes) / (1 << 20), s.reps, s.warmup);
     std::printf("%-12s %10s %14s %10s %12s\n", "op", "ms", "MB sent/rank", "bus GB/s", "vs all-reduce");

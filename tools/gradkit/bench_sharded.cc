@@ -13,7 +13,8 @@
 // (f16/bf16 model) or 8 (f32) bytes per parameter / P.
 //
 //   mpiexec -n N build/tools/gradkit/gradkit-bench-sharded [--backend nccl|mpi]
-//       [--optimizer adam|lamb] [--model f32|f16|bf16] [--bucket-mib 64] [--update-parts 8] [--blocking-calls] [--warmup 3] [--reps 20] [--scale D]
+//       [--optimizer adam|lamb] [--model f32|f16|bf16] [--bucket-mib 64] [--update-parts 8]
+//       [--blocking-calls] [--warmup 3] [--reps 20] [--scale D]
 //
 // The NCCL backend (the default where built) needs a GPU per local rank; the
 // MPI backend runs on host memory, by default with every size divided by 16.

@@ -132,6 +132,12 @@ class Sharded {
   void start(size_t bucket, Stream compute_stream);
   TensorView slice(const TensorView& base, size_t bucket) const;
   TensorView bucket_view(const TensorView& base, size_t bucket) const;
+  // Buckets [begin, end) of `base`: this rank's slices and the whole
+  // buckets, as one all_gather_buffers call takes them.
+  struct BucketViews {
+    std::vector<TensorView> slices, buckets;
+  };
+  BucketViews bucket_views(const TensorView& base, size_t begin, size_t end) const;
   void gather_weights(Stream stream);
   // The optimizer's update of the shard with the check's divisor and flag.
   void update(Stream stream, const bool* found_inf, const float* grad_divisor);

@@ -175,7 +175,8 @@ class NcclCommunicator final : public Communicator {
 
   void do_all_gather(const void* input, void* output, int64_t count, DType dtype, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclAllGather(input, output, static_cast<size_t>(count), nccl_type(dtype), collectives_comm(), cuda::native(stream)),
+    settle(ncclAllGather(input, output, static_cast<size_t>(count), nccl_type(dtype), collectives_comm(),
+                         cuda::native(stream)),
            "ncclAllGather", __FILE__, __LINE__);
   }
 
@@ -190,8 +191,8 @@ class NcclCommunicator final : public Communicator {
     cuda::DeviceGuard guard(device().index);
     grouped_in_batches(calls.size(), [&](size_t k, auto&& issue) {
       const BufferCall& c = calls[k];
-      issue(ncclAllGather(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), collectives_comm(),
-                          cuda::native(stream)),
+      issue(ncclAllGather(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype),
+                          collectives_comm(), cuda::native(stream)),
             "ncclAllGather");
     });
   }
@@ -216,12 +217,14 @@ class NcclCommunicator final : public Communicator {
 
   void do_send(const void* data, size_t bytes, int peer, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclSend(data, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclSend", __FILE__, __LINE__);
+    settle(ncclSend(data, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclSend", __FILE__,
+           __LINE__);
   }
 
   void do_receive(void* data, size_t bytes, int peer, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclRecv(data, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclRecv", __FILE__, __LINE__);
+    settle(ncclRecv(data, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclRecv", __FILE__,
+           __LINE__);
   }
 
   void do_barrier() override {
@@ -343,11 +346,13 @@ class NcclCommunicator final : public Communicator {
     const ncclDataType_t type = nccl_type(r.dtype);
     grouped_in_batches(operations, [&](size_t k, auto&& issue) {
       if (k < first_direct) {
-        issue(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, collectives_comm(), s), "ncclAllReduce");
+        issue(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, collectives_comm(), s),
+              "ncclAllReduce");
         return;
       }
       const comm::SplitPlan::Direct& d = direct[k - first_direct];
-      issue(ncclAllReduce(d.input, d.output, static_cast<size_t>(d.count), type, ncclSum, collectives_comm(), s), "ncclAllReduce");
+      issue(ncclAllReduce(d.input, d.output, static_cast<size_t>(d.count), type, ncclSum, collectives_comm(), s),
+            "ncclAllReduce");
     });
     if (packed > 0) {
       copy_plan(split.packed_outputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/false, s);
