@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "support/test_tensor.h"
 
@@ -22,11 +23,26 @@ constexpr std::chrono::seconds kTestTimeout{60};
 
 }  // namespace
 
+std::optional<int> shared_test_gpu() {
+  const char* v = std::getenv("GRADKIT_TEST_CUDA_DEVICE");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::stoi(v);
+}
+
+int test_gpu() { return shared_test_gpu().value_or(shared_communicator(Backend::mpi).local_rank()); }
+
 std::string backend_unavailable_reason(Backend backend) {
   if (backend == Backend::mpi) return {};
   if (!has_nccl_communicator()) return "gradkit was built without NCCL";
-  const int needed = shared_communicator(Backend::mpi).local_size();
   const int visible = cuda_device_count();
+  if (const std::optional<int> shared = shared_test_gpu()) {
+    if (*shared >= visible) {
+      return "GRADKIT_TEST_CUDA_DEVICE=" + std::to_string(*shared) + ", but " + std::to_string(visible) +
+             " CUDA device(s) are visible";
+    }
+    return {};
+  }
+  const int needed = shared_communicator(Backend::mpi).local_size();
   if (visible < needed) {
     return std::to_string(needed) + " local ranks need " + std::to_string(needed) + " GPUs, " +
            std::to_string(visible) + " visible";
@@ -42,6 +58,7 @@ std::unique_ptr<Communicator> make_communicator(Backend backend, CommunicatorOpt
   if (const char* v = std::getenv("GRADKIT_TEST_BLOCKING_CALLS"); v != nullptr && std::string_view(v) == "1") {
     options.blocking_calls = true;
   }
+  if (backend == Backend::nccl && options.cuda_device == -1) options.cuda_device = test_gpu();
   return backend == Backend::mpi ? create_mpi_communicator(options) : create_nccl_communicator(options);
 }
 

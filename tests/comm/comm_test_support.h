@@ -28,6 +28,13 @@ inline std::string backend_test_name(const ::testing::TestParamInfo<Backend>& in
   return info.param == Backend::mpi ? "mpi" : "nccl";
 }
 
+// The GPU of this rank's NCCL communicators: its local rank, one GPU per
+// local rank, unless GRADKIT_TEST_CUDA_DEVICE names one GPU for every rank
+// (scripts/ranks-on-one-gpu: ranks that share a GPU, each posing as its own
+// host to NCCL, so that the NCCL instances run where one GPU is lent; their
+// results and faults are real, their timings are not).
+int test_gpu();
+
 // Empty when the backend can run here; otherwise why not (the same on every
 // rank of a host, so that all ranks skip together).
 std::string backend_unavailable_reason(Backend backend);

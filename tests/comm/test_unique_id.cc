@@ -37,9 +37,6 @@ std::unique_ptr<Communicator> make_unique_id_communicator(const CommunicatorOpti
   return create_nccl_communicator(id, rank, size, options);
 }
 
-// This rank's GPU, as the MPI-bootstrapped NCCL communicator picks it.
-int local_gpu() { return shared_communicator(Backend::mpi).local_rank(); }
-
 // The NCCL cases skip together where the MPI-bootstrapped NCCL instances do.
 class UniqueId : public ::testing::Test {
  protected:
@@ -56,10 +53,10 @@ class UniqueId : public ::testing::Test {
       CommunicatorOptions options;
       options.timeout = std::chrono::seconds(60);
 #if defined(GRADKIT_WITH_CUDA)
-      EXPECT_EQ(cudaSetDevice(local_gpu()), cudaSuccess);
+      EXPECT_EQ(cudaSetDevice(test_gpu()), cudaSuccess);
       options.cuda_device = -1;
 #else
-      options.cuda_device = local_gpu();
+      options.cuda_device = test_gpu();
 #endif
       shared_ = make_unique_id_communicator(options);
     }
@@ -185,7 +182,7 @@ TEST_F(UniqueId, BarrierWaitsForEveryRank) {
 TEST_F(UniqueId, ARankThatDoesNotJoinMakesTheOthersAbortWithinTheTimeout) {
   CommunicatorOptions options;
   options.timeout = std::chrono::milliseconds(2000);
-  options.cuda_device = local_gpu();
+  options.cuda_device = test_gpu();
   for (const bool barrier : {false, true}) {
     SCOPED_TRACE(barrier ? "barrier" : "all_reduce");
     std::unique_ptr<Communicator> c = make_unique_id_communicator(options);

@@ -354,6 +354,10 @@ int run(int argc, char** argv, bool report) {
   CommunicatorOptions options;
   app.add_flag("--blocking-calls", options.blocking_calls,
                "gradkit's collectives on a blocking NCCL communicator (CommunicatorOptions::blocking_calls)");
+  app.add_option("--cuda-device", options.cuda_device,
+                 "the GPU of every rank (default: one per local rank); with scripts/ranks-on-one-gpu, several ranks "
+                 "share GPU 0: host times hold, device times do not")
+      ->check(integer(0, 1 << 10));
   if (std::optional<int> status = command.parse(std::vector<std::string>(argv + 1, argv + argc), report)) {
     return *status;
   }
