@@ -47,9 +47,11 @@ if(GRADKIT_WITH_NCCL)
     ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_communicator.cc
     ${CMAKE_CURRENT_LIST_DIR}/nccl/split_plan.cc
     ${CMAKE_CURRENT_LIST_DIR}/nccl/stream_order.cc
+    ${CMAKE_CURRENT_LIST_DIR}/nccl/watchdog.cc
   )
   target_include_directories(gradkit PRIVATE ${GRADKIT_NCCL_INCLUDE_DIR})
-  target_link_libraries(gradkit PRIVATE ${GRADKIT_NCCL_LIBRARY})
+  # ${CMAKE_DL_LIBS}: the watchdog looks ncclCommRevoke up at run time (nccl/watchdog.cc).
+  target_link_libraries(gradkit PRIVATE ${GRADKIT_NCCL_LIBRARY} ${CMAKE_DL_LIBS})
   target_compile_definitions(gradkit PUBLIC GRADKIT_WITH_NCCL=1)
   message(STATUS "gradkit: communication layer with MPI and NCCL (${GRADKIT_NCCL_LIBRARY})")
 else()

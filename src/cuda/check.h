@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "gradkit/core/device.h"
 #include "gradkit/core/error.h"
 
 namespace gradkit::cuda {

@@ -31,6 +31,12 @@ std::optional<int> shared_test_gpu() {
 
 int test_gpu() { return shared_test_gpu().value_or(shared_communicator(Backend::mpi).local_rank()); }
 
+bool test_blocking_calls() {
+  const char* v = std::getenv("GRADKIT_TEST_BLOCKING_CALLS");
+  if (v == nullptr || *v == '\0') return CommunicatorOptions{}.blocking_calls;
+  return std::string_view(v) != "0";
+}
+
 std::string backend_unavailable_reason(Backend backend) {
   if (backend == Backend::mpi) return {};
   if (!has_nccl_communicator()) return "gradkit was built without NCCL";
@@ -50,16 +56,14 @@ std::string backend_unavailable_reason(Backend backend) {
   return {};
 }
 
-std::unique_ptr<Communicator> make_communicator(Backend backend, CommunicatorOptions options) {
+std::unique_ptr<Communicator> make_communicator(Backend backend, CommunicatorOptions options, MpiCommHandle over) {
   if (options.timeout == CommunicatorOptions{}.timeout) options.timeout = kTestTimeout;
-  // GRADKIT_TEST_BLOCKING_CALLS=1: every NCCL communicator of the tests
-  // issues its collectives blocking (scripts/gpu-check-comm runs the
+  // GRADKIT_TEST_BLOCKING_CALLS=0 or 1: every NCCL communicator of the
+  // tests issues its calls that way (scripts/gpu-check-comm runs the
   // communication tests both ways).
-  if (const char* v = std::getenv("GRADKIT_TEST_BLOCKING_CALLS"); v != nullptr && std::string_view(v) == "1") {
-    options.blocking_calls = true;
-  }
+  options.blocking_calls = test_blocking_calls();
   if (backend == Backend::nccl && options.cuda_device == -1) options.cuda_device = test_gpu();
-  return backend == Backend::mpi ? create_mpi_communicator(options) : create_nccl_communicator(options);
+  return backend == Backend::mpi ? create_mpi_communicator(options, over) : create_nccl_communicator(options, over);
 }
 
 Communicator& shared_communicator(Backend backend) {

@@ -35,6 +35,11 @@ inline std::string backend_test_name(const ::testing::TestParamInfo<Backend>& in
 // results and faults are real, their timings are not).
 int test_gpu();
 
+// Whether the tests' NCCL communicators issue blocking calls: the default,
+// unless GRADKIT_TEST_BLOCKING_CALLS is 0 or 1 (scripts/gpu-check-comm runs
+// them both ways).
+bool test_blocking_calls();
+
 // Empty when the backend can run here; otherwise why not (the same on every
 // rank of a host, so that all ranks skip together).
 std::string backend_unavailable_reason(Backend backend);
@@ -42,7 +47,10 @@ std::string backend_unavailable_reason(Backend backend);
 // The communicator of `backend` shared by the tests (created on first use).
 Communicator& shared_communicator(Backend backend);
 void release_shared_communicators();
-std::unique_ptr<Communicator> make_communicator(Backend backend, CommunicatorOptions options = {});
+// A communicator of `backend` over the ranks of `over` (default: the world),
+// set up as the tests' are (timeout, GPU, blocking calls).
+std::unique_ptr<Communicator> make_communicator(Backend backend, CommunicatorOptions options = {},
+                                                MpiCommHandle over = {});
 
 class OnEachBackend : public ::testing::TestWithParam<Backend> {
  protected:

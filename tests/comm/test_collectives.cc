@@ -280,14 +280,18 @@ TEST_P(Collectives, SeveralFlatBuffersAtOnce) {
 
 // CommunicatorOptions::blocking_calls changes how the calls are issued,
 // not what they compute: a list all-reduce (split path and fusion path),
-// reduce-scatter and all-gather give bitwise the default communicator's
-// results. (NCCL only; MPI ignores the option.)
-TEST_P(Collectives, BlockingCallsGiveBitwiseTheSameResults) {
+// reduce-scatter and all-gather give bitwise the same results either way.
+// (NCCL only; MPI ignores the option.)
+TEST_P(Collectives, BlockingAndNonBlockingCallsGiveBitwiseTheSameResults) {
   if (GetParam() != Backend::nccl) GTEST_SKIP() << "an NCCL option";
   Communicator& plain = comm();
+  // The other way than the tests' communicators (make_communicator would
+  // set the tests' way).
   CommunicatorOptions options;
-  options.blocking_calls = true;
-  std::unique_ptr<Communicator> blocking = make_communicator(Backend::nccl, options);
+  options.timeout = plain.timeout();
+  options.cuda_device = test_gpu();
+  options.blocking_calls = !test_blocking_calls();
+  std::unique_ptr<Communicator> other = create_nccl_communicator(options);
   const std::vector<int64_t> sizes = {1000, 3, 300000, 17};  // one tensor past direct_tensor_bytes
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (Layout layout : {Layout::back_to_back, Layout::with_gaps}) {
@@ -298,10 +302,10 @@ TEST_P(Collectives, BlockingCallsGiveBitwiseTheSameResults) {
       b.write(mine);
       plain.all_reduce(a.views(), ReduceOp::average);
       plain.wait();
-      blocking->all_reduce(b.views(), ReduceOp::average);
-      blocking->reduce_scatter(b.views());
-      blocking->all_gather(b.views());
-      blocking->wait();
+      other->all_reduce(b.views(), ReduceOp::average);
+      other->reduce_scatter(b.views());
+      other->all_gather(b.views());
+      other->wait();
       plain.reduce_scatter(a.views());
       plain.all_gather(a.views());
       plain.wait();

@@ -197,6 +197,42 @@ TEST(NcclFaults, ARankThatDoesNotJoinMakesTheOthersAbortWithinTheTimeout) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// NCCL: the ranks have made their connections; then the last rank stops
+// calling. The others' next all-reduce is enqueued and its work never
+// finishes. With blocking calls the watchdog revokes the communicator
+// within the timeout, so that even a plain device-wide synchronize returns
+// (which without it would hang); either way the next gradkit call throws,
+// naming the cause, and the communicator is aborted.
+TEST(NcclFaults, ARankThatStopsCallingMakesTheOthersAbortWithinTheTimeout) {
+  const std::string reason = backend_unavailable_reason(Backend::nccl);
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  CommunicatorOptions options;
+  options.timeout = std::chrono::milliseconds(2000);
+  std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
+  TestList list(c->device(), DType::f32, {4096}, Layout::back_to_back);
+  list.write(rank_input(7400, c->rank(), 4096, DType::f32));
+  c->all_reduce(list.views());  // every rank: the connections are made
+  c->wait();
+  expect_reduced(list.read(), 7400, c->size(), DType::f32, false, 0, 4096, "the all-reduce before the stop");
+  MPI_Barrier(MPI_COMM_WORLD);
+  const bool stops = c->rank() == c->size() - 1;
+  if (!stops) {
+    const auto start = std::chrono::steady_clock::now();
+    c->all_reduce(list.views());  // enqueued; the stopped rank never joins
+    if (test_blocking_calls()) {
+      synchronize(c->device());
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(6000))
+          << "the watchdog did not end the stuck work in time";
+    }
+    expect_error([&] { c->wait(); }, ErrorCode::nccl_error, {"within 2000 ms", "aborted"});
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(6000)) << "the timeout did not hold";
+    expect_error([&] { c->all_reduce(list.views()); }, ErrorCode::invalid_argument, {"unusable"});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  c.reset();
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 GRADKIT_INSTANTIATE_ON_EACH_BACKEND(Faults);
 
 }  // namespace

@@ -510,9 +510,7 @@ std::unique_ptr<Communicator> first_ranks(Backend backend, int n, MPI_Comm* out)
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_split(MPI_COMM_WORLD, rank < n ? 0 : MPI_UNDEFINED, rank, out);
   if (*out == MPI_COMM_NULL) return nullptr;
-  CommunicatorOptions options;
-  return backend == Backend::mpi ? create_mpi_communicator(options, mpi_comm_handle(*out))
-                                 : create_nccl_communicator(options, mpi_comm_handle(*out));
+  return make_communicator(backend, {}, mpi_comm_handle(*out));
 }
 
 // State saved on `from` ranks loads onto `to` ranks (and onto the unsharded

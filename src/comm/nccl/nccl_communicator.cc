@@ -8,11 +8,18 @@
 //   bytes staged through a small device buffer on an internal stream, one
 //   ncclAllGather, and back), and local_rank / local_size come from the
 //   ranks' host names, gathered that way right after NCCL has started.
-// Either way it is a non-blocking NCCL communicator, so that no NCCL call
-// can block the host: every call is followed by polling
-// ncclCommGetAsyncError, every wait for a stream polls it too, all bounded by
-// the timeout, and a communicator that runs out of time or reports an error
-// is aborted (ncclCommAbort) and throws.
+// Either way the ranks start on a non-blocking NCCL communicator, so that
+// start-up is bounded by the timeout. Then one of two ways:
+// - blocking calls (CommunicatorOptions::blocking_calls): the ranks make a
+//   blocking communicator from a new unique id, release the first, and
+//   issue everything on the blocking one, in the caller's thread; a
+//   watchdog thread (watchdog.h) keeps the timeout, ending the
+//   communicator's work when a call or its work outlasts it or a peer fails;
+// - non-blocking calls: every call is followed by polling
+//   ncclCommGetAsyncError until NCCL's own thread has launched it.
+// Every wait for a stream polls the stream and the watchdog (or the
+// communicator), bounded by the timeout. A communicator that runs out of
+// time or reports an error is aborted (ncclCommAbort) and throws.
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +30,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda_runtime.h"
@@ -32,6 +40,7 @@
 #include "comm/layout_cache.h"
 #include "comm/nccl/nccl_check.h"
 #include "comm/nccl/split_plan.h"
+#include "comm/nccl/watchdog.h"
 #include "cuda/check.h"
 
 namespace gradkit {
@@ -75,7 +84,7 @@ class NcclCommunicator final : public Communicator {
     settle(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config), "ncclCommInitRankConfig", __FILE__,
            __LINE__);
     if (channel_) {
-      start_blocking_calls();
+      if (blocking_calls_) switch_to_blocking_calls();
       return;
     }
     // The host exchanges' stream and staging buffers, made now rather than
@@ -101,50 +110,74 @@ class NcclCommunicator final : public Communicator {
       ++local_size;
     }
     set_local_layout(local_rank, local_size);
-    start_blocking_calls();
+    if (blocking_calls_) switch_to_blocking_calls();
   }
 
-  // options.blocking_calls: a second, blocking NCCL communicator for the
-  // collectives. (ncclCommSplit of the non-blocking one cannot make it: NCCL
-  // refuses blocking and non-blocking communicators in one group, and a
-  // split is one; NCCL 2.28.9 answered ncclInternalError.) Rank 0's new
-  // unique id goes to every rank over the host exchange, which is bounded
-  // by the timeout; the blocking init then waits for ranks that have all
-  // just answered that exchange.
-  void start_blocking_calls() {
-    if (!blocking_calls_) return;
+  // options.blocking_calls: from here on a blocking communicator carries
+  // everything, watched by a watchdog. (ncclCommSplit of the non-blocking
+  // one cannot make it: NCCL refuses blocking and non-blocking communicators
+  // in one group, and a split is one; NCCL 2.28.9 answered
+  // ncclInternalError.) Rank 0's new unique id goes to every rank over the
+  // host exchange, which is bounded by the timeout; the blocking init then
+  // waits, unbounded, for ranks that have all just answered that exchange.
+  // The non-blocking communicator, which has no work left, is released.
+  void switch_to_blocking_calls() {
     ncclUniqueId id{};
     if (rank() == 0) GRADKIT_NCCL_CHECK(ncclGetUniqueId(&id));
     std::vector<ncclUniqueId> all(static_cast<size_t>(size()));
     host_all_gather(&id, all.data(), sizeof(id));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;
-    const ncclResult_t made = ncclCommInitRankConfig(&calls_, size(), all[0], rank(), &config);
+    ncclComm_t blocking = nullptr;
+    const ncclResult_t made = ncclCommInitRankConfig(&blocking, size(), all[0], rank(), &config);
     if (made != ncclSuccess) {
-      calls_ = nullptr;  // nothing to abort: a failed blocking init leaves no communicator
+      // Nothing to abort of the blocking one: a failed init leaves no communicator.
       abort_and_throw(made, "ncclCommInitRankConfig (blocking calls)", ncclGetLastError(nullptr));
     }
+    release_non_blocking(std::exchange(comm_, blocking));
+    watchdog_ = std::make_unique<comm::NcclWatchdog>(comm_, device().index, timeout());
+  }
+
+  // Finalize flushes what is still queued; if that does not finish in time
+  // the communicator is aborted rather than leaked in a hang.
+  void release_non_blocking(ncclComm_t comm) {
+    ncclResult_t state = ncclCommFinalize(comm);
+    const auto start = std::chrono::steady_clock::now();
+    while (state == ncclInProgress && std::chrono::steady_clock::now() - start < timeout()) {
+      std::this_thread::yield();
+      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+    }
+    if (state == ncclSuccess) ncclCommDestroy(comm);
+    else ncclCommAbort(comm);
+  }
+
+  // A healthy blocking communicator is finalized, not aborted: an abort
+  // stops NCCL's proxy thread at once, and with a network transport the
+  // bytes it still had to send for the last collective never reach the
+  // peers, whose collective then fails or hangs. Finalizing waits for the
+  // communicator's work, in the call; the watchdog bounds that wait (past
+  // the timeout it aborts the communicator under the call).
+  void release_blocking() {
+    ncclResult_t finalized = ncclInternalError;
+    {
+      const comm::NcclWatchdog::InCall inside(*watchdog_, "ncclCommFinalize");
+      watchdog_->finalizing();  // first: a watchdog that fires from here on aborts, after this call
+      if (!watchdog_->fired()) finalized = ncclCommFinalize(comm_);
+    }
+    watchdog_->stop();
+    if (watchdog_->aborted()) return;
+    if (finalized == ncclSuccess) ncclCommDestroy(comm_);
+    else ncclCommAbort(comm_);
   }
 
   ~NcclCommunicator() override {
     try {
       cuda::DeviceGuard guard(device().index);
-      // The blocking communicator is aborted, not finalized: finalizing it
-      // waits in the call for work that a stuck peer may never finish
-      // (call wait() before destroying a communicator, as for any stream).
-      if (calls_ != nullptr) ncclCommAbort(calls_);
       if (comm_ != nullptr) {
-        // Finalize flushes what is still queued; if that does not finish in
-        // time the communicator is aborted rather than leaked in a hang.
-        ncclResult_t state = ncclCommFinalize(comm_);
-        const auto start = std::chrono::steady_clock::now();
-        while (state == ncclInProgress && std::chrono::steady_clock::now() - start < timeout()) {
-          std::this_thread::yield();
-          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
-        }
-        if (state == ncclSuccess) ncclCommDestroy(comm_);
-        else ncclCommAbort(comm_);
+        if (watchdog_) release_blocking();
+        else release_non_blocking(comm_);
       }
+      watchdog_.reset();
       if (fusion_free_ != nullptr) cudaEventDestroy(fusion_free_);
       for (cudaEvent_t e : {fork_, packed_, reduced_, reduce_done_, unpack_done_}) {
         if (e != nullptr) cudaEventDestroy(e);
@@ -168,63 +201,67 @@ class NcclCommunicator final : public Communicator {
  protected:
   void do_all_reduce(const void* input, void* output, int64_t count, DType dtype, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclAllReduce(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, collectives_comm(),
-                         cuda::native(stream)),
-           "ncclAllReduce", __FILE__, __LINE__);
+    const cudaStream_t s = cuda::native(stream);
+    issue("ncclAllReduce", s, [&] {
+      return ncclAllReduce(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_, s);
+    });
   }
 
   void do_all_gather(const void* input, void* output, int64_t count, DType dtype, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclAllGather(input, output, static_cast<size_t>(count), nccl_type(dtype), collectives_comm(),
-                         cuda::native(stream)),
-           "ncclAllGather", __FILE__, __LINE__);
+    const cudaStream_t s = cuda::native(stream);
+    issue("ncclAllGather", s,
+          [&] { return ncclAllGather(input, output, static_cast<size_t>(count), nccl_type(dtype), comm_, s); });
   }
 
   void do_reduce_scatter(const void* input, void* output, int64_t count, DType dtype, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclReduceScatter(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, collectives_comm(),
-                             cuda::native(stream)),
-           "ncclReduceScatter", __FILE__, __LINE__);
+    const cudaStream_t s = cuda::native(stream);
+    issue("ncclReduceScatter", s, [&] {
+      return ncclReduceScatter(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_, s);
+    });
   }
 
   void do_all_gathers(std::span<const BufferCall> calls, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    grouped_in_batches(calls.size(), [&](size_t k, auto&& issue) {
+    const cudaStream_t s = cuda::native(stream);
+    grouped_in_batches("a group of ncclAllGather", calls.size(), s, [&](size_t k, auto&& add) {
       const BufferCall& c = calls[k];
-      issue(ncclAllGather(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype),
-                          collectives_comm(), cuda::native(stream)),
-            "ncclAllGather");
+      add(ncclAllGather(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), comm_, s),
+          "ncclAllGather");
     });
   }
 
   void do_reduce_scatters(std::span<const BufferCall> calls, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    grouped_in_batches(calls.size(), [&](size_t k, auto&& issue) {
+    const cudaStream_t s = cuda::native(stream);
+    grouped_in_batches("a group of ncclReduceScatter", calls.size(), s, [&](size_t k, auto&& add) {
       const BufferCall& c = calls[k];
-      issue(ncclReduceScatter(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), ncclSum,
-                              collectives_comm(), cuda::native(stream)),
-            "ncclReduceScatter");
+      add(ncclReduceScatter(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), ncclSum,
+                            comm_, s),
+          "ncclReduceScatter");
     });
   }
 
   void do_exchange(const void* send, void* receive, size_t bytes, int peer, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    grouped([&](auto&& issue) {
-      issue(ncclSend(send, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclSend");
-      issue(ncclRecv(receive, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclRecv");
+    const cudaStream_t s = cuda::native(stream);
+    grouped("ncclSend and ncclRecv", s, [&](auto&& add) {
+      add(ncclSend(send, bytes, ncclUint8, peer, comm_, s), "ncclSend");
+      add(ncclRecv(receive, bytes, ncclUint8, peer, comm_, s), "ncclRecv");
     });
   }
 
   void do_send(const void* data, size_t bytes, int peer, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclSend(data, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclSend", __FILE__,
-           __LINE__);
+    const cudaStream_t s = cuda::native(stream);
+    issue("ncclSend", s, [&] { return ncclSend(data, bytes, ncclUint8, peer, comm_, s); });
   }
 
   void do_receive(void* data, size_t bytes, int peer, Stream stream) override {
     cuda::DeviceGuard guard(device().index);
-    settle(ncclRecv(data, bytes, ncclUint8, peer, collectives_comm(), cuda::native(stream)), "ncclRecv", __FILE__,
-           __LINE__);
+    const cudaStream_t s = cuda::native(stream);
+    issue("ncclRecv", s, [&] { return ncclRecv(data, bytes, ncclUint8, peer, comm_, s); });
   }
 
   void do_barrier() override {
@@ -344,15 +381,13 @@ class NcclCommunicator final : public Communicator {
     const size_t first_direct = packed > 0 ? 1 : 0;
     const size_t operations = first_direct + direct.size();
     const ncclDataType_t type = nccl_type(r.dtype);
-    grouped_in_batches(operations, [&](size_t k, auto&& issue) {
+    grouped_in_batches("a group of ncclAllReduce", operations, s, [&](size_t k, auto&& add) {
       if (k < first_direct) {
-        issue(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, collectives_comm(), s),
-              "ncclAllReduce");
+        add(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, comm_, s), "ncclAllReduce");
         return;
       }
       const comm::SplitPlan::Direct& d = direct[k - first_direct];
-      issue(ncclAllReduce(d.input, d.output, static_cast<size_t>(d.count), type, ncclSum, collectives_comm(), s),
-            "ncclAllReduce");
+      add(ncclAllReduce(d.input, d.output, static_cast<size_t>(d.count), type, ncclSum, comm_, s), "ncclAllReduce");
     });
     if (packed > 0) {
       copy_plan(split.packed_outputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/false, s);
@@ -361,34 +396,73 @@ class NcclCommunicator final : public Communicator {
     if (r.reduce == ReduceOp::average) comm::divide_on_device(split.divide_plan(), size(), s);
   }
 
-  // Runs body(issue) between ncclGroupStart and ncclGroupEnd, where body
-  // calls issue(result, name) with each enqueued call's result. The group
-  // is closed whatever happened inside it; then the first failure, or the
-  // group's end, is settled (polled to completion, aborting on error).
-  template <class Body>
-  void grouped(Body&& body) {
-    GRADKIT_NCCL_CHECK(ncclGroupStart());
-    ncclResult_t failed = ncclSuccess;
-    const char* failed_call = nullptr;
-    body([&](ncclResult_t result, const char* call) {
-      if (result != ncclSuccess && result != ncclInProgress && failed == ncclSuccess) {
-        failed = result;
-        failed_call = call;
+  // The result of NCCL calls that enqueue work, and which call it is from.
+  struct Issued {
+    ncclResult_t result;
+    const char* call;
+  };
+
+  // Makes the NCCL calls that enqueue work on `stream` (`calls()` returns
+  // the first failure, or the last call's result; `what` names them all)
+  // and deals with the outcome. Non-blocking: polls until NCCL has launched them (settle).
+  // Blocking: refused at once if the watchdog has revoked the communicator;
+  // the watchdog bounds the time inside the calls, then the work they
+  // enqueued. Any failure aborts the communicator and throws.
+  template <class Calls>
+  void issue_all(const char* what, cudaStream_t stream, Calls&& calls) {
+    if (!watchdog_) {
+      const Issued done = calls();
+      settle(done.result, done.call, __FILE__, __LINE__);
+      return;
+    }
+    Issued done{ncclSuccess, nullptr};
+    bool refused = false;
+    std::string detail;
+    {
+      const comm::NcclWatchdog::InCall inside(*watchdog_, what);
+      refused = watchdog_->fired();  // then the communicator may be gone
+      if (!refused) {
+        done = calls();
+        if (done.result != ncclSuccess) detail = ncclGetLastError(comm_);
       }
-    });
-    const ncclResult_t ended = ncclGroupEnd();
-    if (failed != ncclSuccess) settle(failed, failed_call, __FILE__, __LINE__);
-    settle(ended, "ncclGroupEnd", __FILE__, __LINE__);
+    }
+    // (abort_and_throw reports the watchdog's cause where it fired.)
+    if (refused) abort_and_throw(ncclInvalidUsage, what, "refused");
+    if (done.result != ncclSuccess) abort_and_throw(done.result, done.call, detail);
+    watchdog_->watch(stream, what);
   }
 
-  // Operations 0 .. count - 1, each issued by issue_one(k, issue), in as few
+  // One NCCL call named `call`, made by make_call(), on `stream`.
+  template <class Call>
+  void issue(const char* call, cudaStream_t stream, Call&& make_call) {
+    issue_all(call, stream, [&] { return Issued{make_call(), call}; });
+  }
+
+  // Runs body(add) between ncclGroupStart and ncclGroupEnd, where body
+  // calls add(result, name) with each enqueued call's result. The group is
+  // closed whatever happened inside it; the first failure, or the group's
+  // end, is the outcome.
+  template <class Body>
+  void grouped(const char* what, cudaStream_t stream, Body&& body) {
+    issue_all(what, stream, [&] {
+      GRADKIT_NCCL_CHECK(ncclGroupStart());
+      Issued failed{ncclSuccess, nullptr};
+      body([&](ncclResult_t result, const char* call) {
+        if (result != ncclSuccess && result != ncclInProgress && failed.result == ncclSuccess) failed = {result, call};
+      });
+      const ncclResult_t ended = ncclGroupEnd();
+      return failed.result != ncclSuccess ? failed : Issued{ended, "ncclGroupEnd"};
+    });
+  }
+
+  // Operations 0 .. count - 1, each added by add_one(k, add), in as few
   // groups as NCCL allows (kMaxGroupOps each).
-  template <class IssueOne>
-  void grouped_in_batches(size_t count, IssueOne&& issue_one) {
+  template <class AddOne>
+  void grouped_in_batches(const char* what, size_t count, cudaStream_t stream, AddOne&& add_one) {
     for (size_t first = 0; first < count; first += kMaxGroupOps) {
       const size_t last = std::min(count, first + kMaxGroupOps);
-      grouped([&](auto&& issue) {
-        for (size_t k = first; k < last; ++k) issue_one(k, issue);
+      grouped(what, stream, [&](auto&& add) {
+        for (size_t k = first; k < last; ++k) add_one(k, add);
       });
     }
   }
@@ -465,11 +539,15 @@ class NcclCommunicator final : public Communicator {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
       const cudaError_t done = cudaStreamQuery(stream);
+      // The watchdog marks itself fired before it ends the communicator's
+      // work: work that ended that way (without its result) is caught here.
+      // It also watches NCCL's asynchronous errors: with it, this thread
+      // leaves the communicator alone.
+      if (watchdog_ && watchdog_->fired()) abort_and_throw(watchdog_->status(), op, watchdog_->reason());
       if (done == cudaSuccess) return;
       if (done != cudaErrorNotReady) GRADKIT_CUDA_CHECK(done);
       ncclResult_t state = ncclSuccess;
-      GRADKIT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
-      if (state == ncclSuccess && calls_ != nullptr) GRADKIT_NCCL_CHECK(ncclCommGetAsyncError(calls_, &state));
+      if (!watchdog_) GRADKIT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
       if (state != ncclSuccess && state != ncclInProgress) {
         abort_and_throw(state, op, "a peer or the network failed while the stream's collectives ran");
       }
@@ -488,9 +566,8 @@ class NcclCommunicator final : public Communicator {
   // pinned memory, and await() (so the timeout and the abort hold, and no
   // copy to pageable memory can block the host). NCCL runs a communicator's
   // operations in the order they were issued, so this also waits for the
-  // collectives enqueued before it on other streams (not with
-  // blocking_calls, whose collectives go to the other communicator: no
-  // caller relies on that order).
+  // collectives enqueued before it on other streams (no caller relies on
+  // that order).
   void gather_through_nccl(const void* input, void* output, size_t bytes, const char* op) {
     require_usable(op);
     if (bytes == 0) return;
@@ -503,8 +580,8 @@ class NcclCommunicator final : public Communicator {
     std::memcpy(host + mine, input, bytes);
     GRADKIT_CUDA_CHECK(
         cudaMemcpyAsync(staged + mine, host + mine, bytes, cudaMemcpyHostToDevice, exchange_stream_));
-    settle(ncclAllGather(staged + mine, staged, bytes, ncclUint8, comm_, exchange_stream_), "ncclAllGather",
-           __FILE__, __LINE__);
+    issue("ncclAllGather", exchange_stream_,
+          [&] { return ncclAllGather(staged + mine, staged, bytes, ncclUint8, comm_, exchange_stream_); });
     GRADKIT_CUDA_CHECK(cudaMemcpyAsync(host, staged, total, cudaMemcpyDeviceToHost, exchange_stream_));
     await(exchange_stream_, op);
     std::memcpy(output, host, total);
@@ -541,11 +618,17 @@ class NcclCommunicator final : public Communicator {
     if (result != ncclSuccess) abort_and_throw(result, call, ncclGetLastError(comm_), file, line);
   }
 
-  [[noreturn]] void abort_and_throw(ncclResult_t status, const char* call, const std::string& detail,
+  // With blocking calls, a failure that the watchdog caused (a call that it
+  // interrupted, or refused after revoking) is reported by its cause.
+  [[noreturn]] void abort_and_throw(ncclResult_t status, const char* call, std::string detail,
                                     const char* file = __FILE__, int line = __LINE__) {
-    if (calls_ != nullptr) {
-      ncclCommAbort(calls_);
-      calls_ = nullptr;
+    if (watchdog_) {
+      watchdog_->stop();  // after its revoke or abort, if any: then the communicator is this thread's alone
+      if (watchdog_->fired()) {
+        status = watchdog_->status();
+        detail = watchdog_->reason();
+      }
+      if (watchdog_->aborted()) comm_ = nullptr;
     }
     if (comm_ != nullptr) {
       ncclCommAbort(comm_);
@@ -574,14 +657,12 @@ class NcclCommunicator final : public Communicator {
   };
 
   std::unique_ptr<comm::MpiChannel> channel_;  // null: made from a unique id
-  // comm_ starts the ranks and carries the host exchanges (non-blocking:
-  // every call polled within the timeout); calls_ (options.blocking_calls)
-  // a second, blocking communicator for the collectives, whose calls
-  // enqueue in the caller's thread.
+  // Non-blocking until start() has joined the ranks; then, with
+  // blocking_calls_, the blocking communicator that replaced it, watched
+  // by watchdog_.
   ncclComm_t comm_ = nullptr;
-  ncclComm_t calls_ = nullptr;
   bool blocking_calls_ = false;
-  ncclComm_t collectives_comm() const { return calls_ != nullptr ? calls_ : comm_; }
+  std::unique_ptr<comm::NcclWatchdog> watchdog_;
   cudaEvent_t fusion_free_ = nullptr;
   // The host exchanges over NCCL (no channel_): a stream, and the staging
   // buffers on the device and in pinned host memory, made in start().
