@@ -85,8 +85,8 @@ def test_unique_id_arguments_are_checked():
 
 
 def test_communicator_options_carry_blocking_calls():
-    assert gradkit.CommunicatorOptions().blocking_calls is False
-    options = gradkit.CommunicatorOptions(blocking_calls=True, timeout_s=5)
-    assert options.blocking_calls is True and options.timeout_s == 5
-    options.blocking_calls = False
-    assert options.blocking_calls is False
+    assert gradkit.CommunicatorOptions().blocking_calls is True
+    options = gradkit.CommunicatorOptions(blocking_calls=False, timeout_s=5)
+    assert options.blocking_calls is False and options.timeout_s == 5
+    options.blocking_calls = True
+    assert options.blocking_calls is True

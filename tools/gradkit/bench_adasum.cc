@@ -7,7 +7,7 @@
 //
 //   mpiexec -n 2 build/tools/gradkit/gradkit-bench-adasum
 //       [--backend nccl|mpi] [--dtype f32|f16|bf16|f64] [--warmup 3] [--reps 20]
-//       [--hierarchical] [--ranks-per-node L] [--scale D] [--blocking-calls]
+//       [--hierarchical] [--ranks-per-node L] [--scale D] [--non-blocking-calls]
 //
 // The NCCL backend (the default where built) needs a GPU per local rank; the
 // MPI backend runs on host memory, by default with every size divided by 16.
@@ -33,14 +33,14 @@ struct Settings {
   int reps = 20;
   AdasumOptions adasum;
   int64_t scale = 0;  // 0: 1 on the GPU, 16 on the host
-  CommunicatorOptions options;  // --blocking-calls: options.blocking_calls
+  CommunicatorOptions options;  // --non-blocking-calls: options.blocking_calls = false
 };
 
 [[noreturn]] void usage(const std::string& why) {
   throw Error(ErrorCode::invalid_argument,
               "gradkit-bench-adasum: " + why +
                   " (usage: [--backend nccl|mpi] [--dtype f32|f16|bf16|f64] [--warmup N] [--reps N] "
-                  "[--hierarchical] [--ranks-per-node L] [--scale D] [--blocking-calls])");
+                  "[--hierarchical] [--ranks-per-node L] [--scale D] [--non-blocking-calls])");
 }
 
 Settings parse(int argc, char** argv) {
@@ -80,8 +80,8 @@ Settings parse(int argc, char** argv) {
       s.adasum.ranks_per_node = static_cast<int>(number(1));
     } else if (arg == "--scale") {
       s.scale = number(1);
-    } else if (arg == "--blocking-calls") {
-      s.options.blocking_calls = true;
+    } else if (arg == "--blocking-calls" || arg == "--non-blocking-calls") {
+      s.options.blocking_calls = arg == "--blocking-calls";
     } else {
       usage("unknown argument '" + arg + "'");
     }
@@ -139,7 +139,7 @@ int run(int argc, char** argv) {
   if (comm->rank() == 0) {
     std::printf("gradkit-bench-adasum: %s%s, %d ranks (%d per host), %s; %s: %zu tensors, %lld elements, %.1f MiB; "
                 "median of %d after %d warm-up\n",
-                std::string(comm->backend_name()).c_str(), s.options.blocking_calls ? " (blocking calls)" : "",
+                std::string(comm->backend_name()).c_str(), s.options.blocking_calls ? " (blocking calls)" : " (non-blocking calls)",
                 comm->size(), comm->local_size(),
                 device->description().c_str(), workload.name.c_str(), workload.sizes.size(),
                 static_cast<long long>(total), static_cast<double>(bytes) / (1 << 20), s.reps, s.warmup);

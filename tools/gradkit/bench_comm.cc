@@ -352,8 +352,9 @@ int run(int argc, char** argv, bool report) {
   app.add_option("--reps", s.reps, "timed calls per row (the median is reported)")->check(integer(1, 100000));
   app.add_option("--torch-results", torch_results, "results of bench/torch_dist_bench.py to print beside (optional)");
   CommunicatorOptions options;
-  app.add_flag("--blocking-calls", options.blocking_calls,
-               "gradkit's collectives on a blocking NCCL communicator (CommunicatorOptions::blocking_calls)");
+  app.add_flag("--blocking-calls,!--non-blocking-calls", options.blocking_calls,
+               "gradkit's calls on a blocking NCCL communicator with a watchdog (the default) or on a non-blocking "
+               "one, polled (CommunicatorOptions::blocking_calls)");
   app.add_option("--cuda-device", options.cuda_device,
                  "the GPU of every rank (default: one per local rank); with scripts/ranks-on-one-gpu, several ranks "
                  "share GPU 0: host times hold, device times do not")
@@ -389,7 +390,7 @@ int run(int argc, char** argv, bool report) {
     const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
     std::printf("gradkit-bench-comm: %d ranks, rank 0 on %s; NCCL %d; NCCL_NVLS_ENABLE=%s; gradkit's calls %s\n",
                 comm->size(), dev->description().c_str(), version, nvls != nullptr ? nvls : "(unset)",
-                options.blocking_calls ? "blocking (--blocking-calls)" : "non-blocking (polled)");
+                options.blocking_calls ? "blocking, with a watchdog" : "non-blocking, polled (--non-blocking-calls)");
     std::printf("time: median of %d reps (each rep: the slowest rank), after %d warm-up calls; busbw: all-reduce "
                 "bytes*2(n-1)/n/time, all-gather and reduce-scatter bytes*(n-1)/n/time (bytes: the whole "
                 "buffer)\n",

@@ -14,7 +14,7 @@
 //
 //   mpiexec -n N build/tools/gradkit/gradkit-bench-sharded [--backend nccl|mpi]
 //       [--optimizer adam|lamb] [--model f32|f16|bf16] [--bucket-mib 64] [--update-parts 8]
-//       [--blocking-calls] [--warmup 3] [--reps 20] [--scale D]
+//       [--non-blocking-calls] [--warmup 3] [--reps 20] [--scale D]
 //
 // The NCCL backend (the default where built) needs a GPU per local rank; the
 // MPI backend runs on host memory, by default with every size divided by 16.
@@ -70,8 +70,9 @@ int run(int argc, char** argv, bool report) {
   app.add_option("--scale", scale, "divide every tensor size by this (0: 1 on the GPU, 16 on the host)")
       ->check(integer(0, 1 << 20));
   CommunicatorOptions comm_options;
-  app.add_flag("--blocking-calls", comm_options.blocking_calls,
-               "the collectives on a blocking NCCL communicator (CommunicatorOptions::blocking_calls)");
+  app.add_flag("--blocking-calls,!--non-blocking-calls", comm_options.blocking_calls,
+               "the calls on a blocking NCCL communicator with a watchdog (the default) or on a non-blocking one, "
+               "polled (CommunicatorOptions::blocking_calls)");
   app.add_option("--torch-results", torch_results,
                  "bench/torch_dist_bench.py --zero on's results (ZeroRedundancyOptimizer and its parts), printed beside");
   if (std::optional<int> status = command.parse(std::vector<std::string>(argv + 1, argv + argc), report)) {
@@ -169,7 +170,7 @@ int run(int argc, char** argv, bool report) {
                 "gradients), %zu bucket(s), update in at most %d launches%s; median of %d after %d warm-up\n",
                 std::string(comm->backend_name()).c_str(), ranks, device->description().c_str(), optimizer.c_str(),
                 workload.name.c_str(), workload.sizes.size(), n, model.c_str(), layout.buckets.size(), update_parts,
-                comm_options.blocking_calls ? ", blocking calls" : "", reps, warmup);
+                comm_options.blocking_calls ? ", blocking calls" : ", non-blocking calls", reps, warmup);
     std::printf("%-36s %10s %12s %10s\n", "", "ms", "MB per rank", "GB/s");
     for (const Row& r : rows) {
       std::printf("%-36s %10.3f %12.1f %10.1f\n", r.what.c_str(), r.ms, r.bytes / 1e6, r.bytes / (r.ms * 1e6));

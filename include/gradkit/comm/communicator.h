@@ -68,21 +68,21 @@ struct CommunicatorOptions {
   // This and fusion_pipeline_bytes decide which collectives an all-reduce
   // issues: every rank must use the same values (checked mode compares them).
   size_t direct_tensor_bytes = size_t{1} << 20;
-  // NCCL only: issue the collectives on a second, blocking NCCL
-  // communicator (made after start-up, its unique id sent through the host
-  // exchange) instead of the non-blocking one that starts the ranks and
-  // carries the host exchanges. A non-blocking NCCL
-  // communicator hands every call to a new thread and answers "in
-  // progress" (NCCL 2.28's ncclGroupEndInternal), which the call then
-  // polls: tens to hundreds of microseconds of host time per call. A
-  // blocking one enqueues in the caller's thread. Start-up still times out;
-  // wait() still polls with the timeout and aborts both; what is given up:
-  // the first use of a connection (NCCL connects lazily, per algorithm and
-  // per send/receive peer) waits in the call for the peer, so a peer that
-  // stops calling before that blocks the call instead of timing out (set
-  // NCCL_RUNTIME_CONNECT=0 to connect the collectives' algorithms at
-  // start-up). Off by default until measured on several GPUs.
-  bool blocking_calls = false;
+  // NCCL only: once the ranks have started (on a non-blocking NCCL
+  // communicator, so that start-up times out), every call goes to a
+  // blocking NCCL communicator made from a new unique id, and a watchdog
+  // thread keeps the timeout: when a call stays inside NCCL, or the work it
+  // enqueued stays unfinished, for longer than the timeout, or NCCL reports
+  // a failed peer or network, it ends the communicator's work
+  // (ncclCommRevoke where NCCL has it, 2.28.7 and later; else
+  // ncclCommAbort), and the next call or wait() throws. Each call costs
+  // the raw NCCL call's host time plus a few microseconds (an event
+  // recorded for the watchdog). false: the non-blocking communicator
+  // carries everything; NCCL hands each of its calls to a new thread and
+  // answers "in progress" (NCCL 2.28's ncclGroupEndInternal), which the
+  // call polls: 150-300 us more host time per call with 4 ranks
+  // (bench/RESULTS.md), and a stuck call's work is found only by wait().
+  bool blocking_calls = true;
 };
 
 // An MPI communicator passed through gradkit's API without mpi.h: wrap one

@@ -108,7 +108,7 @@ class Communicator:
         self.comm.barrier()
 
 
-def from_process_group(group=None, *, timeout=600.0, checked=False, device=None, blocking_calls=False):
+def from_process_group(group=None, *, timeout=600.0, checked=False, device=None, blocking_calls=True):
     """A gradkit NCCL communicator over the ranks of an initialized torch.distributed
     process group: the group's rank 0 makes the NCCL unique id and the group
     broadcasts it (any backend: nccl or gloo). `device` is this rank's GPU (default:
