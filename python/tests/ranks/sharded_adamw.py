@@ -22,7 +22,8 @@ from gradkit.torch._device import stream_handle
 from torch_ddp_cpu import batch, close, fail
 
 TORCHRUN = "LOCAL_RANK" in os.environ
-DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if TORCHRUN else torch.device("cpu")
+DEVICE = (torch.device("cuda", int(os.environ.get("GRADKIT_TEST_CUDA_DEVICE", os.environ["LOCAL_RANK"]))) if TORCHRUN
+          else torch.device("cpu"))
 
 STEPS = 20
 BUCKET = 300  # elements: several buckets even for this model

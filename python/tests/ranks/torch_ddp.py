@@ -105,7 +105,7 @@ def check_adasum_hook(device, comm):
 
 def main():
     dist.init_process_group("nccl")
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    device = torch.device("cuda", int(os.environ.get("GRADKIT_TEST_CUDA_DEVICE", os.environ["LOCAL_RANK"])))
     torch.cuda.set_device(device)
     comm = gtd.from_process_group(timeout=60)
     if (comm.rank, comm.size) != (dist.get_rank(), dist.get_world_size()):
