@@ -172,25 +172,38 @@ TEST(MpiFaults, OptionsAreValidated) {
 
 // NCCL: the last rank never joins; the others' wait() gives up, aborts the
 // communicator and throws.
-TEST(NcclFaults, ARankThatDoesNotJoinMakesTheOthersAbortWithinTheTimeout) {
-  const std::string reason = backend_unavailable_reason(Backend::nccl);
-  if (!reason.empty()) GTEST_SKIP() << reason;
-  CommunicatorOptions options;
-  options.timeout = std::chrono::milliseconds(2000);
-  std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
+// The NCCL cases: each makes its own communicator with a 2 s timeout, and
+// a list of 4096 f32 elements holding this rank's input for a seed.
+class NcclFaults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string reason = backend_unavailable_reason(Backend::nccl);
+    if (!reason.empty()) GTEST_SKIP() << reason;
+    CommunicatorOptions options;
+    options.timeout = std::chrono::milliseconds(2000);
+    c = make_communicator(Backend::nccl, options);
+    list = std::make_unique<TestList>(c->device(), DType::f32, std::vector<int64_t>{kCount}, Layout::back_to_back);
+  }
+  void write_input(uint64_t seed) { list->write(rank_input(seed, c->rank(), kCount, DType::f32)); }
+
+  static constexpr int64_t kCount = 4096;
+  std::unique_ptr<Communicator> c;
+  std::unique_ptr<TestList> list;
+};
+
+TEST_F(NcclFaults, ARankThatDoesNotJoinMakesTheOthersAbortWithinTheTimeout) {
   const bool absent = c->rank() == c->size() - 1;
-  TestList list(c->device(), DType::f32, {4096}, Layout::back_to_back);
-  list.write(rank_input(7300, c->rank(), 4096, DType::f32));
+  write_input(7300);
   if (!absent) {
     const auto start = std::chrono::steady_clock::now();
     expect_error(
         [&] {
-          c->all_reduce(list.views());
+          c->all_reduce(list->views());
           c->wait();
         },
         ErrorCode::nccl_error, {"aborted"});
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(6000)) << "the timeout did not hold";
-    expect_error([&] { c->all_reduce(list.views()); }, ErrorCode::invalid_argument, {"unusable"});
+    expect_error([&] { c->all_reduce(list->views()); }, ErrorCode::invalid_argument, {"unusable"});
   }
   MPI_Barrier(MPI_COMM_WORLD);
   c.reset();  // the absent rank's communicator finalizes or aborts within its timeout
@@ -203,22 +216,16 @@ TEST(NcclFaults, ARankThatDoesNotJoinMakesTheOthersAbortWithinTheTimeout) {
 // within the timeout, so that even a plain device-wide synchronize returns
 // (which without it would hang); either way the next gradkit call throws,
 // naming the cause, and the communicator is aborted.
-TEST(NcclFaults, ARankThatStopsCallingMakesTheOthersAbortWithinTheTimeout) {
-  const std::string reason = backend_unavailable_reason(Backend::nccl);
-  if (!reason.empty()) GTEST_SKIP() << reason;
-  CommunicatorOptions options;
-  options.timeout = std::chrono::milliseconds(2000);
-  std::unique_ptr<Communicator> c = make_communicator(Backend::nccl, options);
-  TestList list(c->device(), DType::f32, {4096}, Layout::back_to_back);
-  list.write(rank_input(7400, c->rank(), 4096, DType::f32));
-  c->all_reduce(list.views());  // every rank: the connections are made
+TEST_F(NcclFaults, ARankThatStopsCallingMakesTheOthersAbortWithinTheTimeout) {
+  write_input(7400);
+  c->all_reduce(list->views());  // every rank: the connections are made
   c->wait();
-  expect_reduced(list.read(), 7400, c->size(), DType::f32, false, 0, 4096, "the all-reduce before the stop");
+  expect_reduced(list->read(), 7400, c->size(), DType::f32, false, 0, kCount, "the all-reduce before the stop");
   MPI_Barrier(MPI_COMM_WORLD);
   const bool stops = c->rank() == c->size() - 1;
   if (!stops) {
     const auto start = std::chrono::steady_clock::now();
-    c->all_reduce(list.views());  // enqueued; the stopped rank never joins
+    c->all_reduce(list->views());  // enqueued; the stopped rank never joins
     if (test_blocking_calls()) {
       synchronize(c->device());
       EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(6000))
@@ -226,7 +233,7 @@ TEST(NcclFaults, ARankThatStopsCallingMakesTheOthersAbortWithinTheTimeout) {
     }
     expect_error([&] { c->wait(); }, ErrorCode::nccl_error, {"within 2000 ms", "aborted"});
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(6000)) << "the timeout did not hold";
-    expect_error([&] { c->all_reduce(list.views()); }, ErrorCode::invalid_argument, {"unusable"});
+    expect_error([&] { c->all_reduce(list->views()); }, ErrorCode::invalid_argument, {"unusable"});
   }
   MPI_Barrier(MPI_COMM_WORLD);
   c.reset();
