@@ -13,7 +13,9 @@ Collectives are enqueued and return at once; like torch's NCCL work they
 complete in stream order. comm.wait() blocks until this rank's work on the
 current stream has finished and raises after the communicator's timeout, or
 when a peer failed (the communicator is then aborted): call it where a loop
-must notice a dead or stuck rank.
+must notice a dead or stuck rank. With blocking calls (from_process_group's
+default) a watchdog thread also ends work stuck past the timeout, as torch's
+does, so that a loop that only synchronizes through torch does not hang.
 """
 import collections
 
