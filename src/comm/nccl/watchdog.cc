@@ -13,7 +13,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A tenth of the timeout, so that a revoke comes at most 10% late; at most
+// A tenth of the timeout, so that the watchdog acts at most 10% late; at most
 // 20 ms (a look costs a few microseconds of a thread that otherwise sleeps)
 // and at least 1 ms.
 std::chrono::milliseconds period_for(std::chrono::milliseconds timeout) {
