@@ -82,7 +82,8 @@ void bind_communicator(nb::module_& m) {
           },
           nb::arg("timeout_s") = 600.0, nb::arg("checked") = false, nb::arg("cuda_device") = -1,
           nb::arg("fusion_pipeline_bytes") = CommunicatorOptions{}.fusion_pipeline_bytes,
-          nb::arg("direct_tensor_bytes") = CommunicatorOptions{}.direct_tensor_bytes, nb::arg("blocking_calls") = CommunicatorOptions{}.blocking_calls)
+          nb::arg("direct_tensor_bytes") = CommunicatorOptions{}.direct_tensor_bytes,
+          nb::arg("blocking_calls") = CommunicatorOptions{}.blocking_calls)
       .def_prop_rw(
           "timeout_s", [](const CommunicatorOptions& o) { return o.timeout.count() / 1000.0; },
           [](CommunicatorOptions& o, double s) { o.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0)); })

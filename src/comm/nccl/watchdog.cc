@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <utility>
 
 #include "cuda/check.h"
 
