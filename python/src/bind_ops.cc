@@ -10,6 +10,7 @@
 
 #include "bindings.h"
 #include "gradkit/core/error.h"
+#include "gradkit/core/memory.h"
 #include "gradkit/ops/adam.h"
 #include "gradkit/ops/grad_check.h"
 #include "gradkit/ops/gradient.h"
@@ -62,6 +63,7 @@ struct PyAdamPlan {
 struct PyLambPlan {
   ViewList weights, grads, exp_avg, exp_avg_sq, model_copy, update;
   LambPlan plan;
+  Buffer tensor_index;  // 0 .. n-1 on the plan's device, for a step in two passes (made at the first)
   PyLambPlan(const Arrays& w, const Arrays& g, const Arrays& m, const Arrays& v,
              const std::vector<LambHyperparameters>& hyper, const std::vector<int32_t>& groups, const Arrays& copy,
              const Arrays& upd, bool hold_grads)
@@ -76,6 +78,44 @@ struct PyLambPlan {
     if (!hold_grads) grads.arrays.clear();
   }
 };
+
+constexpr std::string_view kLambStep = "LambPlan.step";
+
+// A LAMB step in two passes (LambSplit) as Python asks for it: tensor i's
+// sums at sums[2i], [2i + 1] of a row of 2n doubles; the second pass reads
+// `rows` such rows, one after another. Validated here: the plan reads the
+// sums through raw device pointers.
+LambSplit lamb_split(PyLambPlan& p, const std::string& pass, nb::handle sums, int rows) {
+  if (pass == "both") {
+    if (!sums.is_none()) throw_argument_error(ErrorCode::invalid_argument, kLambStep, "sums", "is given, expected None "
+                                              "with split='both' (sums are for a step in two passes)");
+    return {};
+  }
+  if (pass != "first" && pass != "second") {
+    throw_argument_error(ErrorCode::invalid_argument, kLambStep, "split",
+                         "is '" + pass + "', expected 'both', 'first' or 'second'");
+  }
+  if (rows < 1) throw_argument_error(ErrorCode::invalid_argument, kLambStep, "rows", "is " + std::to_string(rows) +
+                                     ", expected at least 1");
+  const int64_t n = static_cast<int64_t>(p.plan.plan().num_tensors());
+  const int used_rows = pass == "first" ? 1 : rows;
+  auto* data = scalar_pointer<double>(sums, "sums", "float64", 2 * n * used_rows);
+  if (data == nullptr) throw_argument_error(ErrorCode::invalid_argument, kLambStep, "sums", "is None, expected "
+                                            "float64 memory for the two-pass step's sums");
+  if (scalar_device(sums, "sums") != p.plan.plan().device()) {
+    throw_argument_error(ErrorCode::invalid_argument, kLambStep, "sums", "is on another device than the plan's tensors");
+  }
+  if (p.tensor_index.bytes() == 0) {
+    std::vector<int32_t> index(static_cast<size_t>(n));
+    for (int32_t i = 0; i < static_cast<int32_t>(n); ++i) index[static_cast<size_t>(i)] = i;
+    Buffer buffer(p.plan.plan().device(), index.size() * sizeof(int32_t));
+    copy_from_host(buffer.data(), buffer.device(), index.data(), index.size() * sizeof(int32_t));
+    p.tensor_index = std::move(buffer);
+  }
+  const auto* index = static_cast<const int32_t*>(p.tensor_index.data());
+  if (pass == "first") return {LambPass::first, data, index};
+  return {LambPass::second, data, index, rows, 2 * n};
+}
 
 struct PyGradientCheckPlan {
   ViewList grads;
@@ -235,10 +275,12 @@ void bind_ops(nb::module_& m) {
            nb::arg("update") = Arrays{}, nb::arg("hold_grads") = true)
       .def(
           "step",
-          [](const PyLambPlan& p, float eta, nb::handle eta_device, float loss_scale,
+          [](PyLambPlan& p, float eta, nb::handle eta_device, float loss_scale,
              nb::handle loss_scale_device, float gradient_norm, nb::handle gradient_norm_device,
-             int64_t step, nb::handle step_device, nb::handle found_inf, uintptr_t stream) {
+             int64_t step, nb::handle step_device, nb::handle found_inf, const std::string& split,
+             nb::handle sums, int rows, uintptr_t stream) {
             LambStepInputs in;
+            in.split = lamb_split(p, split, sums, rows);
             in.eta = eta;
             in.eta_device = scalar_pointer<float>(eta_device, "eta_device", "float32");
             in.loss_scale = loss_scale;
@@ -253,7 +295,11 @@ void bind_ops(nb::module_& m) {
           nb::arg("eta") = 1e-3f, nb::arg("eta_device") = nb::none(), nb::arg("loss_scale") = 1.0f,
           nb::arg("loss_scale_device") = nb::none(), nb::arg("gradient_norm") = -1.0f,
           nb::arg("gradient_norm_device") = nb::none(), nb::arg("step") = 1, nb::arg("step_device") = nb::none(),
-          nb::arg("found_inf") = nb::none(), nb::arg("stream") = 0)
+          nb::arg("found_inf") = nb::none(), nb::arg("split") = "both", nb::arg("sums") = nb::none(),
+          nb::arg("rows") = 1, nb::arg("stream") = 0,
+          "split='first' runs pass 1 and writes tensor i's sums of w^2 and d^2 to sums[2i], sums[2i+1] "
+          "(float64, 2n); split='second' takes `rows` such rows (float64, rows * 2n; every row's sums "
+          "added in row order: the ranks' shards of one model) and finishes the step. Default: the whole step.")
       .def("set_grads",
            [](PyLambPlan& p, const Arrays& g, bool hold, uintptr_t stream) { set_grads(p.grads, p.plan, g, hold, stream); },
            nb::arg("grads"), nb::arg("hold_grads") = true, nb::arg("stream") = 0)
@@ -278,9 +324,10 @@ void bind_ops(nb::module_& m) {
       .def(
           "check",
           [](const PyGradientCheckPlan& p, nb::handle found_inf, nb::handle grad_divisor,
-             nb::handle global_norm, nb::handle tensor_norms, float loss_scale,
+             nb::handle global_norm, nb::handle tensor_norms, nb::handle partial, float loss_scale,
              nb::handle loss_scale_device, uintptr_t stream) {
             GradientCheckOutputs out;
+            out.partial = scalar_pointer<double>(partial, "partial", "float64", 2);
             out.found_inf = flag_pointer(found_inf, "found_inf");
             out.grad_divisor = scalar_pointer<float>(grad_divisor, "grad_divisor", "float32");
             out.global_norm = scalar_pointer<float>(global_norm, "global_norm", "float32");
@@ -290,8 +337,30 @@ void bind_ops(nb::module_& m) {
                          to_stream(stream));
           },
           nb::arg("found_inf") = nb::none(), nb::arg("grad_divisor") = nb::none(), nb::arg("global_norm") = nb::none(),
-          nb::arg("tensor_norms") = nb::none(), nb::arg("loss_scale") = 1.0f,
+          nb::arg("tensor_norms") = nb::none(), nb::arg("partial") = nb::none(), nb::arg("loss_scale") = 1.0f,
           nb::arg("loss_scale_device") = nb::none(), nb::arg("stream") = 0)
+      .def(
+          "combine",
+          [](const PyGradientCheckPlan& p, nb::handle partials, int count, nb::handle found_inf,
+             nb::handle grad_divisor, nb::handle global_norm, float loss_scale, nb::handle loss_scale_device,
+             uintptr_t stream) {
+            if (count < 1) throw_argument_error(ErrorCode::invalid_argument, "GradientCheckPlan.combine", "count", "is " +
+                                                std::to_string(count) + ", expected at least 1");
+            const double* data = scalar_pointer<double>(partials, "partials", "float64", 2 * int64_t{count});
+            if (data == nullptr) throw_argument_error(ErrorCode::invalid_argument, "GradientCheckPlan.combine", "partials", "is None, "
+                                                      "expected the lists' partials (float64, 2 * count)");
+            GradientCheckOutputs out;
+            out.found_inf = flag_pointer(found_inf, "found_inf");
+            out.grad_divisor = scalar_pointer<float>(grad_divisor, "grad_divisor", "float32");
+            out.global_norm = scalar_pointer<float>(global_norm, "global_norm", "float32");
+            p.plan.combine(data, count, out, loss_scale,
+                           scalar_pointer<float>(loss_scale_device, "loss_scale_device", "float32"), to_stream(stream));
+          },
+          nb::arg("partials"), nb::arg("count"), nb::arg("found_inf") = nb::none(), nb::arg("grad_divisor") = nb::none(),
+          nb::arg("global_norm") = nb::none(), nb::arg("loss_scale") = 1.0f, nb::arg("loss_scale_device") = nb::none(),
+          nb::arg("stream") = 0,
+          "The outputs of one check over several lists (the ranks' shards of one model) from their partials "
+          "(check(partial=...), `count` of them, one after another), combined in index order.")
       .def("set_grads",
            [](PyGradientCheckPlan& p, const Arrays& g, bool hold, uintptr_t stream) { set_grads(p.grads, p.plan, g, hold, stream); },
            nb::arg("grads"), nb::arg("hold_grads") = true, nb::arg("stream") = 0);

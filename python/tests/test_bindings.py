@@ -188,3 +188,68 @@ def test_errors_map_to_python_exception_types():
     with pytest.raises(OSError):
         adam = gradkit.Adam([{"params": [np.ones(4, np.float32)], "grads": [np.ones(4, np.float32)]}])
         adam.load("/nonexistent/state")
+
+
+def test_gradient_check_partials_of_shards_combine_to_the_whole_lists_check(rng, device):
+    """Two shards of the same gradients (the ranks' local tensors under FSDP2):
+    each checked with `partial`, the partials combined, give the whole list's
+    flag, norm and divisor."""
+    grads = [normal(rng, n) * 64 for n in SIZES]
+    halves = [[x[: len(x) // 2] for x in grads], [x[len(x) // 2:] for x in grads]]
+    out = {k: to_device(np.zeros(1, np.float32), device) for k in ("grad_divisor", "global_norm")}
+    found = to_device(np.zeros(1, bool), device)
+    partials = [to_device(np.zeros(2, np.float64), device) for _ in halves]
+    plans = [gradkit.GradientCheckPlan([to_device(x, device) for x in h], max_norm=1.0) for h in halves]
+    for plan, partial in zip(plans, partials):
+        plan.check(partial=partial, loss_scale=64.0)
+    both = to_device(np.concatenate([read(p) for p in partials]), device)
+    plans[0].combine(both, 2, found_inf=found, loss_scale=64.0, **out)
+    gradkit.synchronize(device)
+    norm = np.sqrt(sum(((x.astype(np.float64) / 64) ** 2).sum() for x in grads))
+    assert not read(found)[0]
+    np.testing.assert_allclose(read(out["global_norm"])[0], norm, rtol=NORM[0])
+    np.testing.assert_allclose(read(out["grad_divisor"])[0], 64.0 * (norm + 1e-6), rtol=NORM[0])
+    with pytest.raises(ValueError, match="count"):
+        plans[0].combine(both, 0, found_inf=found)
+    with pytest.raises(ValueError, match="partials"):
+        plans[0].combine(both, 3, found_inf=found)
+    halves[1][2][7] = np.inf  # one shard's Inf: the combined check finds it
+    plan = gradkit.GradientCheckPlan([to_device(x, device) for x in halves[1]])
+    plan.check(partial=partials[1])
+    both = to_device(np.concatenate([read(p) for p in partials]), device)
+    plans[0].combine(both, 2, found_inf=found, **out)
+    gradkit.synchronize(device)
+    assert read(found)[0] and not np.isfinite(read(out["global_norm"])[0])
+
+
+def test_lamb_in_two_passes_over_shards_is_the_whole_step(rng, device):
+    """LAMB's trust ratios need each whole tensor's norms: two shards' plans,
+    pass 1 each, their rows of sums side by side, pass 2 each, give the
+    unsharded step."""
+    (w, g, m, v), whole = make_lists(rng, device)
+    hypers = [gradkit.LambHyperparameters(lambda_=0.01)]
+    gradkit.LambPlan(*whole, hypers).step(eta=1e-2)
+    cut = [len(x) // 3 for x in w]
+    shards = [[[to_device(x[:c], device) for x, c in zip(lst, cut)] for lst in (w, g, m, v)],
+              [[to_device(x[c:], device) for x, c in zip(lst, cut)] for lst in (w, g, m, v)]]
+    plans = [gradkit.LambPlan(*s, hypers) for s in shards]
+    n = len(SIZES)
+    rows = [to_device(np.zeros(2 * n, np.float64), device) for _ in plans]
+    for plan, row in zip(plans, rows):
+        plan.step(eta=1e-2, split="first", sums=row)
+    both = to_device(np.concatenate([read(r) for r in rows]), device)
+    for plan in plans:
+        plan.step(eta=1e-2, split="second", sums=both, rows=2)
+    gradkit.synchronize(device)
+    rtol, atol = REFERENCE_STEP[np.float32]
+    for i in range(n):
+        got = np.concatenate([read(shards[0][0][i]), read(shards[1][0][i])])
+        np.testing.assert_allclose(got, read(whole[0][i]), rtol=rtol, atol=atol)
+    with pytest.raises(ValueError, match="split"):
+        plans[0].step(split="third", sums=rows[0])
+    with pytest.raises(ValueError, match="rows"):
+        plans[0].step(split="second", sums=both, rows=0)
+    with pytest.raises(ValueError, match="sums"):
+        plans[0].step(split="second", sums=rows[0], rows=2)
+    with pytest.raises(ValueError, match="sums"):
+        plans[0].step(sums=rows[0])

@@ -29,3 +29,10 @@ AMP_SMOOTHED = 0.05
 AMP_SAME_SCALES_STEPS = 100
 # norms from gradkit's check against a float64 reference (f32 result of an f64 sum).
 NORM = (1e-6, 0.0)
+# FSDP2 (DTensor parameters): LAMB over the shards against the unsharded
+# model after 10 steps on the same gradients: the trust ratios' sums of
+# squares are added shard by shard instead of chunk by chunk (f32 weights).
+FSDP2_UNSHARDED = (1e-5, 1e-6)
+# AmpStep's norm over sharded gradients against clip_grad_norm_'s (gradkit
+# sums the squares in f64, torch in f32 per shard).
+FSDP2_NORM = (1e-5, 1e-7)

@@ -25,11 +25,16 @@ this module only decides which plans to make and when to re-point them:
   rewritten only when a group's "lr" changed (lr schedulers work), and step
   counters are int64 on the device, advanced only by a step that is not
   skipped for an overflow (the fused mixed-precision step).
+- DTensor parameters (FSDP2): every plan is over the local shards, and the
+  state is made like the parameters (DTensors, as torch.optim's under
+  FSDP2, so torch.distributed.checkpoint saves it); LAMB's trust ratios and
+  the gradient check's norm become collectives over the shards (_dtensor).
 """
 import torch
 
 import gradkit
 from gradkit.torch._device import common_device, stream_handle
+from gradkit.torch._dtensor import RankRows, check_placements, is_dtensor, local, shard_group
 
 
 def closure_loss(closure):
@@ -43,19 +48,20 @@ def closure_loss(closure):
 class _Cohort:
     """Parameters stepped together by one plan; they share their step count."""
 
-    __slots__ = ("indices", "counter", "counter_scalar", "plan")
+    __slots__ = ("indices", "counter", "counter_scalar", "plan", "sums")
 
     def __init__(self, indices, counter, plan):
         self.indices = indices  # positions in the optimizer's flat parameter list
         self.counter = counter  # int64 tensor of one element on the parameters' device
         self.counter_scalar = gradkit.DeviceScalar(counter)  # the same memory, converted once
         self.plan = plan
+        self.sums = None  # LAMB over sharded DTensors: the ranks' rows of per-tensor sums (RankRows)
 
 
 class _Layout:
     """The optimizer's parameters in param_groups order, with their group index."""
 
-    __slots__ = ("params", "group_of", "device", "masters")
+    __slots__ = ("params", "group_of", "device", "masters", "_shard_group")
 
     LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -71,9 +77,17 @@ class _Layout:
                             "float64, float16 or bfloat16 for all of them (float16/bfloat16 parameters get "
                             "float32 master weights)")
         self.masters = self.params[0].dtype in self.LOW_PRECISION
+        check_placements(self.params)
         for i, p in enumerate(self.params):
-            if not p.is_contiguous():
+            if not local(p).is_contiguous():
                 raise ValueError(f"params[{i}] is not contiguous; expected contiguous parameters")
+        self._shard_group = False  # not yet looked at
+
+    def shard_group(self):
+        """The process group the sharded DTensor parameters are split over (None: none is)."""
+        if self._shard_group is False:
+            self._shard_group = shard_group(self.params)
+        return self._shard_group
 
 
 class _PlannedOptimizer(torch.optim.Optimizer):
@@ -170,6 +184,9 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         """Steps over `flat` (a gradkit.torch.FlatGradients covering every parameter)
         without reading each .grad per step."""
         layout = self._get_layout()
+        if any(is_dtensor(p) for p in layout.params):
+            raise TypeError("flat gradients do not cover DTensor parameters (FSDP2 shards the gradients itself); "
+                            "step them from their .grad")
         if set(map(id, flat.params)) != set(map(id, layout.params)):
             raise ValueError("the flat gradients do not cover exactly this optimizer's parameters")
         self._flat = flat
@@ -200,7 +217,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         params = layout.params
         if self._flat is not None and self._cohorts and self._flat.attached_cheap():
             return self._cohorts
-        grads = [p.grad for p in params]
+        grads = [local(p.grad) for p in params]
         # -1 for a missing gradient (no tensor has that address, an empty one may have 0), so that
         # equal pointers mean the same gradients present where they were: the common step reads
         # each .grad once and compares one list.
@@ -230,7 +247,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
     def present_grads(self):
         """The gradients the last prepared step covers, in cohort order."""
         params = self._get_layout().params
-        return [params[i].grad for c in self._cohorts for i in c.indices]
+        return [local(params[i].grad) for c in self._cohorts for i in c.indices]
 
     def _make_cohorts(self, grads, present):
         self._write_steps_to_state()
@@ -343,25 +360,30 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         params = self._layout.params
         g = self._grad_arrays(grads, indices)
         groups = [self._layout.group_of[i] for i in indices]
+        weights = [local(params[i].detach()) for i in indices]
         if self._layout.masters:
-            return self._state_list(indices, "master_param"), g, groups, [params[i].detach() for i in indices]
-        return [params[i].detach() for i in indices], g, groups, []
+            return self._state_list(indices, "master_param"), g, groups, weights
+        return weights, g, groups, []
 
     def _state_list(self, indices, name):
+        """A state tensor of each parameter of `indices`, as gradkit reads it (the local shard)."""
         params = self._layout.params
-        return [self.state[params[i]][name] for i in indices]
+        return [local(self.state[params[i]][name]) for i in indices]
 
 
 class GradientCheck:
     """gradkit's GradientCheckPlan over the gradients an optimizer's last prepared
     step covers, kept pointing at them: made anew when the optimizer's cohorts
-    are, re-pointed (in stream order) when only the gradients moved."""
+    are, re-pointed (in stream order) when only the gradients moved. Over
+    sharded DTensor gradients each rank checks its shards and the ranks'
+    partials are combined (every rank gets the same flag, norm and divisor)."""
 
     def __init__(self, optimizer, **options):
         self.optimizer = optimizer
         self.options = options
         self.plan = None
         self.versions = None
+        self.partials = None  # RankRows of the shards' partials (sharded DTensor gradients)
 
     def check(self, stream, **outputs):
         opt = self.optimizer
@@ -371,7 +393,16 @@ class GradientCheck:
         elif versions[1] != self.versions[1]:
             self.plan.set_grads(opt.present_grads(), hold_grads=False, stream=stream)
         self.versions = versions
-        self.plan.check(stream=stream, **outputs)
+        layout = opt._get_layout()
+        group = layout.shard_group()
+        if group is None:
+            self.plan.check(stream=stream, **outputs)
+            return
+        if self.partials is None:
+            self.partials = RankRows(group, 2, layout.device)
+        self.plan.check(partial=self.partials.mine, stream=stream)
+        self.partials.gather()
+        self.plan.combine(self.partials.rows, self.partials.count, stream=stream, **outputs)
 
 
 def _check_betas(betas, eps, weight_decay, lr):
@@ -420,7 +451,7 @@ class Adam(_PlannedOptimizer):
                 if "max_exp_avg_sq" not in s:
                     s["max_exp_avg_sq"] = torch.zeros_like(params[i], dtype=self._state_dtype(params[i]),
                                                            memory_format=torch.contiguous_format)
-                vmax.append(s["max_exp_avg_sq"])
+                vmax.append(local(s["max_exp_avg_sq"]))
         return gradkit.AdamPlan(weights, g, self._state_list(indices, "exp_avg"),
                                 self._state_list(indices, "exp_avg_sq"),
                                 [self._hyperparameters(grp) for grp in self.param_groups], groups,
@@ -496,10 +527,22 @@ class Lamb(_PlannedOptimizer):
     def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
         # Under the fused mixed-precision step the divisor carries the clipping already.
         norm = self._clip_norm(stream) if grad_divisor is None else None
+        shards = self._layout.shard_group()
         for c in cohorts:
             group = self.param_groups[self._layout.group_of[c.indices[0]]]
-            c.plan.step(eta=float(group["lr"]), loss_scale_device=grad_divisor, gradient_norm_device=norm,
+            args = dict(eta=float(group["lr"]), loss_scale_device=grad_divisor, gradient_norm_device=norm,
                         step_device=c.counter_scalar, found_inf=found_inf, stream=stream)
+            if shards is None:
+                c.plan.step(**args)
+                continue
+            # Sharded DTensors: pass 1 leaves this rank's sums of w^2 and d^2 per
+            # tensor; every rank's, all-gathered and added in rank order, give
+            # each whole tensor's trust ratio in pass 2.
+            if c.sums is None:
+                c.sums = RankRows(shards, 2 * len(c.indices), self._layout.device)
+            c.plan.step(split="first", sums=c.sums.mine, **args)
+            c.sums.gather()
+            c.plan.step(split="second", sums=c.sums.rows, rows=c.sums.count, **args)
 
 
 __all__ = ["Adam", "AdamW", "Lamb"]

@@ -34,6 +34,7 @@ import contextlib
 import torch
 
 import gradkit
+from gradkit.torch._dtensor import is_dtensor
 from gradkit.torch._device import common_device, device_name, gradkit_dtype, stream_handle
 from gradkit.torch.flat import FlatGradients
 from gradkit.torch.optim import closure_loss
@@ -63,6 +64,10 @@ class ShardedAdamW(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.comm = getattr(comm, "comm", comm)  # gradkit.torch.distributed.Communicator, or gradkit's own
         params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            if is_dtensor(p):
+                raise TypeError(f"params[{i}] is a DTensor: ShardedAdamW shards plain parameters itself; for "
+                                "FSDP2's DTensor parameters use gradkit.torch.AdamW (it steps the local shards)")
         self._device = common_device(params, "params")
         if self._device != torch.device(self.comm.device):
             raise ValueError(f"params are on {self._device}, expected {self.comm.device} (the communicator's device)")

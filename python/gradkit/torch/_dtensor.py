@@ -1,0 +1,94 @@
+"""DTensor parameters (FSDP2's fully_shard, tensor parallelism).
+
+gradkit steps each parameter's local shard: the update of an element needs
+only that element, so Adam and AdamW need nothing more. What needs a whole
+tensor, or the whole model, becomes a collective over the process group
+that the shards lie on, enqueued in stream order with no host
+synchronization: LAMB's per-tensor sums of w^2 and d^2 (its trust ratios),
+and the gradient check's norm and Inf/NaN flag (AmpStep, LAMB's clipping).
+Each rank's partial sums are all-gathered in rank order and added by
+gradkit in that order, so every rank gets the same bits, run after run.
+"""
+import torch
+
+try:  # torch 2.5+
+    from torch.distributed.tensor import DTensor
+except ImportError:  # older torch: the private module, or no DTensor at all (torch 1.13)
+    try:
+        from torch.distributed._tensor import DTensor
+    except ImportError:
+        DTensor = None
+
+
+def is_dtensor(t):
+    return DTensor is not None and isinstance(t, DTensor)
+
+
+def local(t):
+    """What gradkit reads and writes for `t`: a DTensor's local shard (the same
+    memory), else `t` itself; None stays None."""
+    if is_dtensor(t):
+        with torch.no_grad():
+            return t.to_local()
+    return t
+
+
+def check_placements(params, what="params"):
+    """Refuses a DTensor whose local tensor is not what its update should
+    change: Shard and Replicate placements are fine, a Partial one holds a
+    summand of the values, not the values."""
+    for i, p in enumerate(params):
+        if not is_dtensor(p):
+            continue
+        for dim, placement in enumerate(p.placements):
+            if not (placement.is_shard() or placement.is_replicate()):
+                raise ValueError(f"{what}[{i}] is a DTensor with a {type(placement).__name__} placement ({placement}) "
+                                 f"on mesh dimension {dim} "
+                                 f"of {p.device_mesh}; expected Shard or Replicate placements (a partial tensor "
+                                 "holds a summand of each value: redistribute it to Shard or Replicate first)")
+
+
+def shard_group(params, what="params"):
+    """The process group over which the sharded DTensor parameters are split, or
+    None where no parameter is sharded (every local tensor is then whole).
+    Collectives over the shards need one layout: every parameter a DTensor on
+    the same mesh with the same placements, sharded along one mesh dimension
+    (FSDP2's fully_shard gives that); anything else is refused, naming it."""
+    sharded = [i for i, p in enumerate(params) if is_dtensor(p) and any(pl.is_shard() for pl in p.placements)]
+    if not sharded:
+        return None
+    first = params[sharded[0]]
+    mesh, placements = first.device_mesh, tuple(first.placements)
+    for i, p in enumerate(params):
+        if not is_dtensor(p) or p.device_mesh != mesh or tuple(p.placements) != placements:
+            layout = f"a DTensor with placements {tuple(p.placements)} on {p.device_mesh}" if is_dtensor(p) \
+                else "a plain tensor"
+            raise ValueError(f"{what}[{i}] is {layout}, expected placements {placements} on {mesh} like "
+                             f"{what}[{sharded[0]}]: LAMB's trust ratios and the gradient check's norm over "
+                             "sharded parameters need every parameter sharded the same way")
+    dims = [d for d, pl in enumerate(placements) if pl.is_shard()]
+    if len(dims) != 1:
+        raise ValueError(f"{what}[{sharded[0]}] is sharded along mesh dimensions {dims} of {mesh}; expected one "
+                         "sharded mesh dimension (the others Replicate)")
+    return mesh.get_group(dims[0])
+
+
+class RankRows:
+    """One float64 row per rank of `group`, all-gathered in rank order: this
+    rank writes its row (`mine`), gather() fills `rows` (every rank's, rank 0
+    first) on the current stream."""
+
+    def __init__(self, group, length, device):
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.group = group
+        self.count = dist.get_world_size(group)
+        self.rows = torch.zeros(self.count * length, dtype=torch.float64, device=device)
+        self.mine = torch.zeros(length, dtype=torch.float64, device=device)
+
+    def gather(self):
+        self._dist.all_gather_into_tensor(self.rows, self.mine, group=self.group)
+
+
+__all__ = ["DTensor", "is_dtensor", "local", "check_placements", "shard_group", "RankRows"]

@@ -1,0 +1,189 @@
+"""One rank of the FSDP2 tests (python/tests/test_torch_fsdp2.py), under torchrun:
+gradkit.torch's optimizers over DTensor parameters (torch.distributed.fsdp's
+fully_shard on each block and on the model). On the CPU the ranks talk over
+gloo; with CUDA, over NCCL, a GPU per rank (GRADKIT_TEST_CUDA_DEVICE: all on
+that one).
+
+    fsdp2.py train DIR   AdamW against torch.optim.AdamW, LAMB against an
+                         unsharded run, AmpStep's norm and a skip decided on
+                         one rank, a Partial placement refused; saves
+                         gradkit's and torch's optimizer state with
+                         torch.distributed.checkpoint into DIR
+    fsdp2.py load DIR    loads both into gradkit's AdamW (any rank count):
+                         the state equals what was saved, bit for bit
+
+Prints "rank R: ok" when every check passed."""
+import os
+import pathlib
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Partial, init_device_mesh
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import gradkit.torch as gt  # noqa: E402
+from models import TinyGPT, text_batches  # noqa: E402
+from tolerances import FSDP2_NORM, FSDP2_UNSHARDED, TRAINING_LOSS  # noqa: E402
+
+STEPS = 50
+
+
+def setup():
+    if torch.cuda.is_available():
+        index = int(os.environ.get("GRADKIT_TEST_CUDA_DEVICE", os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(index)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", index))
+        return torch.device("cuda", index)
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
+def sharded_model(device, seed=0):
+    torch.manual_seed(seed)
+    model = TinyGPT(layers=2, d=64, heads=4, block=32).to(device)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def full(t):
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def train(model, opt, device, steps, seed):
+    losses = []
+    for x, y in text_batches(device, steps, batch=8, block=32, seed=seed):
+        loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def check_adamw_against_torch(device, rank):
+    """The same model, data and gradients (FSDP2's): gradkit's AdamW and torch's."""
+    runs = {}
+    for name, make in (("gradkit", gt.AdamW), ("torch", torch.optim.AdamW)):
+        model = sharded_model(device)
+        opt = make(model.parameters(), lr=3e-3, weight_decay=0.01)
+        runs[name] = (train(model, opt, device, STEPS, seed=10 + rank), model)
+    ours, theirs = runs["gradkit"][0], runs["torch"][0]
+    rtol, atol = TRAINING_LOSS
+    for step, (a, b) in enumerate(zip(ours, theirs)):
+        assert abs(a - b) <= atol + rtol * abs(b), f"step {step}: loss {a} (gradkit) against {b} (torch)"
+    assert ours[-1] < ours[0] * 0.8, f"gradkit's AdamW did not train: {ours[0]} -> {ours[-1]}"
+    return runs["gradkit"][1]
+
+
+def check_lamb_against_unsharded(device):
+    """Every rank trains on the same data, so FSDP2's averaged gradients are the
+    unsharded model's: LAMB's trust ratios from the shards' sums must match."""
+    model = sharded_model(device, seed=1)
+    plain = TinyGPT(layers=2, d=64, heads=4, block=32).to(device)
+    plain.load_state_dict({k: full(v) for k, v in model.state_dict().items()})
+    kwargs = dict(lr=1e-2, weight_decay=0.01, max_grad_norm=1.0)
+    train(model, gt.Lamb(model.parameters(), **kwargs), device, 10, seed=3)
+    train(plain, gt.Lamb(plain.parameters(), **kwargs), device, 10, seed=3)
+    rtol, atol = FSDP2_UNSHARDED
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(full(p.detach()), q.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+def check_amp_step(device, rank):
+    """AmpStep's norm is clip_grad_norm_'s over the whole DTensor gradients, and an
+    Inf on one rank's shard makes every rank skip."""
+    model = sharded_model(device, seed=2)
+    opt = gt.AdamW(model.parameters(), lr=1e-3)
+    amp = gt.AmpStep(opt, max_norm=1.0, enabled=False)
+    batches = text_batches(device, 2, batch=8, block=32, seed=20 + rank)
+    x, y = next(batches)
+    amp.scale(model(x, y)).backward()
+    want = full(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e30)).float()
+    amp.step()
+    rtol, atol = FSDP2_NORM
+    torch.testing.assert_close(amp.grad_norm.reshape(()), want.reshape(()), rtol=rtol, atol=atol)
+    assert not amp.found_inf
+    opt.zero_grad()
+    x, y = next(batches)
+    amp.scale(model(x, y)).backward()
+    if rank == 1:
+        shard = next(p.grad.to_local() for p in model.parameters() if p.grad.to_local().numel() > 0)
+        shard.view(-1)[0] = float("inf")
+    before = [full(p.detach()).clone() for p in model.parameters()]
+    amp.step()
+    assert amp.found_inf, "a rank whose shards were finite did not see the other rank's Inf"
+    for b, p in zip(before, model.parameters()):
+        assert torch.equal(b, full(p.detach())), "a skipped step changed a weight"
+
+
+def check_partial_refused(device):
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    p = torch.nn.Parameter(DTensor.from_local(torch.randn(4, device=device), mesh, [Partial()]))
+    p.grad = DTensor.from_local(torch.randn(4, device=device), mesh, [Partial()])
+    try:
+        gt.AdamW([p]).step()
+    except ValueError as e:
+        assert "params[0]" in str(e) and "Partial" in str(e), str(e)
+    else:
+        raise AssertionError("a Partial DTensor parameter was stepped")
+
+
+def save(directory, device, rank):
+    """gradkit's and torch's AdamW state through DCP, and their full tensors for the check after loading."""
+    states = {}
+    for name, make in (("gradkit", gt.AdamW), ("torch", torch.optim.AdamW)):
+        m = sharded_model(device, seed=4)
+        opt = make(m.parameters(), lr=3e-3)
+        train(m, opt, device, 5, seed=30 + rank)
+        state = {"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt)}
+        dcp.save(state, checkpoint_id=str(directory / name))
+        states[name] = {f"{k}.{s}": full(v).cpu() for k, d in state["optim"]["state"].items() for s, v in d.items()}
+    if rank == 0:
+        torch.save(states, directory / "full.pt")
+
+
+def load(directory, device):
+    saved = torch.load(directory / "full.pt")
+    for name in ("gradkit", "torch"):
+        model = sharded_model(device, seed=5)
+        opt = gt.AdamW(model.parameters(), lr=3e-3)
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+        dcp.load(state, checkpoint_id=str(directory / name))
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, opt, state["optim"])
+        got = get_optimizer_state_dict(model, opt)["state"]
+        got = {f"{k}.{s}": full(v).cpu() for k, d in got.items() for s, v in d.items()}
+        assert got.keys() == saved[name].keys(), (sorted(got)[:4], sorted(saved[name])[:4])
+        for key, value in saved[name].items():
+            assert torch.equal(got[key].to(value.dtype), value), f"{name}'s {key} changed through the checkpoint"
+        x, y = next(text_batches(device, 1, batch=8, block=32, seed=40))
+        model(x, y).backward()
+        opt.step()  # the loaded state steps
+
+
+def main():
+    what, directory = sys.argv[1], pathlib.Path(sys.argv[2])
+    device = setup()
+    rank = dist.get_rank()
+    if what == "train":
+        check_adamw_against_torch(device, rank)
+        check_lamb_against_unsharded(device)
+        check_amp_step(device, rank)
+        check_partial_refused(device)
+        save(directory, device, rank)
+    else:
+        load(directory, device)
+    dist.barrier()
+    print(f"rank {rank}: ok", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
