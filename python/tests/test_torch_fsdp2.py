@@ -30,16 +30,27 @@ def torchrun(ranks, *args):
 def run(ranks, *args):
     if torch.cuda.is_available() and os.environ.get("GRADKIT_TEST_CUDA_DEVICE") is None \
             and torch.cuda.device_count() < ranks:
-        pytest.skip(f"{ranks} ranks need {ranks} GPUs (or GRADKIT_TEST_CUDA_DEVICE)")
+        pytest.skip(f"{ranks} ranks need {ranks} GPUs (or GRADKIT_TEST_CUDA_DEVICE: the ranks share that one)")
     done = subprocess.run(torchrun(ranks, RANKS / "fsdp2.py", *args), capture_output=True, text=True, timeout=900,
                           env=env())
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
     assert done.stdout.count(": ok") == ranks, done.stdout
 
 
-def test_fsdp2_on_2_ranks_and_its_checkpoint_on_4(tmp_path):
-    run(2, "train", tmp_path)
-    run(4, "load", tmp_path)
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """The 2-rank run's checks, and the optimizer states it saves (gradkit's and torch's)."""
+    directory = tmp_path_factory.mktemp("fsdp2")
+    run(2, "train", directory)
+    return directory
+
+
+def test_fsdp2_on_2_ranks(checkpoints):
+    assert (checkpoints / "full.pt").exists()
+
+
+def test_fsdp2_checkpoints_load_on_4_ranks(checkpoints):
+    run(4, "load", checkpoints)
 
 
 def test_the_docs_fsdp2_example_runs_as_written(tmp_path):
