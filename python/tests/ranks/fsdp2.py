@@ -5,7 +5,8 @@ gloo; with CUDA, over NCCL, a GPU per rank (GRADKIT_TEST_CUDA_DEVICE: all on
 that one).
 
     fsdp2.py train DIR   AdamW against torch.optim.AdamW, LAMB against an
-                         unsharded run, AmpStep's norm and a skip decided on
+                         unsharded run, bfloat16 parameters' float32
+                         masters against an unsharded run, AmpStep's norm and a skip decided on
                          one rank, a Partial placement refused; saves
                          gradkit's and torch's optimizer state with
                          torch.distributed.checkpoint into DIR
@@ -96,6 +97,22 @@ def check_lamb_against_unsharded(device):
         torch.testing.assert_close(full(p.detach()), q.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
+def check_bfloat16_masters_against_unsharded(device):
+    """bfloat16 parameters: float32 master weights made and stepped shard by shard.
+    An element's update needs only that element, so the sharded masters are
+    the unsharded run's bit for bit (every rank on the same data)."""
+    model = sharded_model(device, seed=6).to(torch.bfloat16)
+    plain = TinyGPT(layers=2, d=64, heads=4, block=32).to(device).to(torch.bfloat16)
+    plain.load_state_dict({k: full(v) for k, v in model.state_dict().items()})
+    opts = [gt.AdamW(m.parameters(), lr=1e-3) for m in (model, plain)]
+    for m, opt in zip((model, plain), opts):
+        train(m, opt, device, 5, seed=7)
+    for i, (mine, whole) in enumerate(zip(opts[0].master_params(), opts[1].master_params())):
+        assert mine.dtype == torch.float32 and torch.equal(full(mine), whole), f"master {i} differs"
+    for p, q in zip(model.parameters(), plain.parameters()):
+        assert torch.equal(full(p.detach()), q.detach())
+
+
 def check_amp_step(device, rank):
     """AmpStep's norm is clip_grad_norm_'s over the whole DTensor gradients, and an
     Inf on one rank's shard makes every rank skip."""
@@ -175,6 +192,7 @@ def main():
     if what == "train":
         check_adamw_against_torch(device, rank)
         check_lamb_against_unsharded(device)
+        check_bfloat16_masters_against_unsharded(device)
         check_amp_step(device, rank)
         check_partial_refused(device)
         save(directory, device, rank)
