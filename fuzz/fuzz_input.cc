@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -29,10 +30,20 @@ void MemoryFile::write(const uint8_t* data, size_t size) {
   }
 }
 
+namespace {
+
+std::string temp_directory;  // removed at a normal exit
+
+void remove_temp_directory() { std::filesystem::remove_all(temp_directory); }
+
+}  // namespace
+
 std::string make_temp_directory() {
   const char* base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : std::getenv("TMPDIR");
   std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/gradkit-fuzz-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error(std::string("mkdtemp: ") + std::strerror(errno));
+  temp_directory = pattern;
+  std::atexit(remove_temp_directory);
   return pattern;
 }
 

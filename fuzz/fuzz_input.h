@@ -30,7 +30,7 @@ class MemoryFile {
 
 // A new directory for files that must live in one (a save writes a
 // temporary file beside its target and renames it), in /dev/shm where
-// there is one; it is left behind for the system's clean-up of /dev/shm.
+// there is one; removed at a normal exit. One per process.
 std::string make_temp_directory();
 
 std::vector<uint8_t> read_file(const std::string& path);
