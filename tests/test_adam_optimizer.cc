@@ -1,7 +1,9 @@
 // The owning Adam optimizer: step counter, learning rates, save/load.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <fstream>
 #include <random>
 #include <string>
@@ -9,8 +11,11 @@
 
 #include "gradkit/core/error.h"
 #include "gradkit/optim/adam.h"
+#include "gradkit/optim/state_file.h"
 #include "support/adam_reference.h"
 #include "support/device_param.h"
+#include "support/expect_error.h"
+#include "support/state_file_bytes.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"
 
@@ -215,6 +220,99 @@ TEST_P(AdamOptimizer, CorruptOrMismatchedFilesAreRefusedWithoutWriting) {
   for (const char* name : {"flipped", "truncated", "magic"}) std::remove(temp_path(name).c_str());
   std::remove(path.c_str());
   std::remove(small_path.c_str());
+}
+
+// Files that get past the checksum (hand-made, as an attacker's would be),
+// each refused with a message naming its fault, nothing loaded.
+class HandMadeAdamFile {
+ public:
+  HandMadeAdamFile(Device device, const std::string& name) : model_(device, 11), adam_(model_.groups()), path_(temp_path(name)) {
+    adam_.step();
+    adam_.save(path_);
+    sections = read_raw_sections(path_);
+    adam_.step();  // the optimizer's state now differs from the file's
+  }
+  ~HandMadeAdamFile() { std::remove(path_.c_str()); }
+  // Writes `sections` and expects load to refuse them with `fragment`.
+  void expect_refused(const std::string& fragment) {
+    write_raw_state_file(path_, sections);
+    expect_load_refused(adam_, path_, fragment);
+  }
+  std::vector<RawSection> sections;
+
+ private:
+  Model model_;
+  Adam adam_;
+  std::string path_;
+};
+
+// Offsets in the 'groups' section: u32 group count, then group 0's
+// hyperparameters (f32 lr, beta1, ...: 27 bytes), its u32 tensor count, and
+// its first tensor's i64 count and u32 dtype.
+constexpr size_t kBeta1 = 8, kFirstTensorDtype = 4 + 27 + 4 + 8;
+
+TEST_P(AdamOptimizer, RefusesARepeatedSectionNamingIt) {
+  HandMadeAdamFile file(device(), "adam_repeated");
+  // A second exp_avg after max_exp_avg_sq: which copy a reader took would be
+  // an accident of its code.
+  std::vector<RawSection>& s = file.sections;
+  RawSection second = find_section(s, "exp_avg");
+  std::fill(second.bytes.begin(), second.bytes.end(), uint8_t{0x3f});
+  auto after = std::find_if(s.begin(), s.end(), [](const RawSection& r) { return r.name == "max_exp_avg_sq"; });
+  s.insert(after + 1, second);
+  file.expect_refused("has section 'exp_avg' more than once");
+}
+
+TEST_P(AdamOptimizer, RefusesABadStepCountNamingIt) {
+  HandMadeAdamFile file(device(), "adam_step");
+  std::vector<uint8_t>& meta = find_section(file.sections, "meta").bytes;
+  put_at<int64_t>(meta, 0, -5);  // was refused as "moments of dtype f32, expected f32"
+  file.expect_refused("has step count -5 in section 'meta', expected 0 to 2^63 - 2");
+  put_at<int64_t>(meta, 0, std::numeric_limits<int64_t>::max());  // the next step could not count it
+  file.expect_refused("has step count 9223372036854775807");
+}
+
+TEST_P(AdamOptimizer, RefusesDtypeCodesThatAreNoDtype) {
+  // 256 and 0 (f32) share their low byte: a cast to DType accepted 256 as f32.
+  HandMadeAdamFile file(device(), "adam_dtype");
+  std::vector<uint8_t>& meta = find_section(file.sections, "meta").bytes;
+  put_at<uint32_t>(meta, 8, 256);
+  file.expect_refused("has moments of dtype unknown dtype code 256, expected f32");
+  put_at<uint32_t>(meta, 8, 0);
+  put_at<uint32_t>(find_section(file.sections, "groups").bytes, kFirstTensorDtype, 256);
+  file.expect_refused("groups[0] tensor 0 is 3000 elements of unknown dtype code 256, expected 3000 of f32");
+}
+
+TEST_P(AdamOptimizer, RefusesBadHyperparametersAsAnIoErrorNamingTheFile) {
+  // Found by fuzz/state_file_fuzzer.cc: this was an invalid_argument naming
+  // no file.
+  HandMadeAdamFile file(device(), "adam_beta1");
+  put_at<float>(find_section(file.sections, "groups").bytes, kBeta1, 1.8f);
+  file.expect_refused("has bad hyperparameters: adam_step: argument 'groups[0].beta1' is 1.79999995, expected a value in [0, 1)");
+}
+
+TEST_P(AdamOptimizer, RefusesTrailingBytesAndUnprintableNames) {
+  HandMadeAdamFile file(device(), "adam_framing");
+  find_section(file.sections, "meta").bytes.push_back(0);
+  file.expect_refused("section 'meta' has trailing bytes");
+  find_section(file.sections, "meta").bytes.pop_back();
+  // Names and kinds go into messages that are printed: none with control
+  // bytes (an escape sequence that clears the terminal, here).
+  find_section(file.sections, "exp_avg").name = "exp\x1b[2J";
+  file.expect_refused("has a section name that is not 1 to 64 printable ASCII characters (7 bytes)");
+  find_section(file.sections, "exp\x1b[2J").name = "exp_avg";
+  find_section(file.sections, "kind").bytes = {'a', 'd', 0x1b, 'm'};
+  file.expect_refused("holds an unknown kind of state, expected 'adam'");
+}
+
+TEST(StateFile, AddRefusesWhatReadWouldRefuse) {
+  StateFile file;
+  file.add("meta", {1, 2});
+  expect_error([&] { file.add("meta", {3}); }, ErrorCode::invalid_argument, {"section 'meta' is already in the file"});
+  expect_error([&] { file.add("", {}); }, ErrorCode::invalid_argument, {"printable ASCII"});
+  expect_error([&] { file.add("a b", {}); }, ErrorCode::invalid_argument, {"'a b'", "printable ASCII"});
+  expect_error([&] { file.add(std::string(65, 'x'), {}); }, ErrorCode::invalid_argument, {"1 to 64"});
+  EXPECT_EQ(file.get("meta"), (std::vector<uint8_t>{1, 2}));
 }
 
 TEST_P(AdamOptimizer, RejectsBadGroups) {

@@ -1,7 +1,9 @@
 // The owning LAMB optimizer: counting, the reference, found_inf, save/load.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -10,7 +12,9 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "support/device_param.h"
+#include "support/expect_error.h"
 #include "support/lamb_reference.h"
+#include "support/state_file_bytes.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"
 
@@ -144,6 +148,39 @@ TEST_P(LambOptimizer, RefusesAnAdamFile) {
     EXPECT_NE(std::string(e.what()).find("holds 'adam' state, expected 'lamb'"), std::string::npos) << e.what();
   }
   EXPECT_EQ(lamb.step_count(), 0);
+  std::remove(path.c_str());
+}
+
+// A hand-made 'meta' section behind a valid checksum: each bad field is
+// refused by name, nothing loaded.
+TEST_P(LambOptimizer, RefusesABadMetaSectionNamingTheField) {
+  Model model(device(), 7);
+  Lamb lamb(model.groups(), LambOptions{.eta = 0.02f});
+  lamb.step();
+  const std::string path = temp_path("lamb_meta");
+  lamb.save(path);
+  lamb.step();
+  std::vector<RawSection> sections = read_raw_sections(path);
+  std::vector<uint8_t>& meta = find_section(sections, "meta").bytes;  // i64 steps, u32 moment dtype, f32 eta
+  const std::vector<uint8_t> good = meta;
+  auto expect_refused = [&](const std::string& fragment) {
+    write_raw_state_file(path, sections);
+    const auto before = model.bits();
+    expect_error([&] { lamb.load(path); }, ErrorCode::io_error, {path, fragment});
+    EXPECT_EQ(lamb.step_count(), 2);
+    EXPECT_EQ(lamb.eta(), 0.02f);
+    EXPECT_EQ(model.bits(), before);
+    meta = good;
+  };
+  put_at<int64_t>(meta, 0, -5);
+  expect_refused("has step count -5 in section 'meta', expected 0 to 2^63 - 2");
+  // The largest count passed the old check, and the load's count + 1 overflowed.
+  put_at<int64_t>(meta, 0, std::numeric_limits<int64_t>::max());
+  expect_refused("has step count 9223372036854775807");
+  put_at<uint32_t>(meta, 8, 2);
+  expect_refused("has moments of dtype bf16, expected f32");
+  put_at<float>(meta, 12, NAN);
+  expect_refused("section 'meta' has a bad eta: Lamb: argument 'eta' is nan, expected a finite value >= 0");
   std::remove(path.c_str());
 }
 

@@ -14,6 +14,7 @@
 #include "support/adam_reference.h"
 #include "support/device_param.h"
 #include "support/expect_error.h"
+#include "support/state_file_bytes.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"
 
@@ -440,6 +441,38 @@ TEST_P(MixedPrecisionOptimizer, SaveLoadRoundTripsBitExactly) {
   }
   EXPECT_EQ(resumed.bits(), model.bits());
   EXPECT_EQ(b.loss_scale(), a.loss_scale());
+  std::remove(path.c_str());
+}
+
+// A hand-made 'scaler' section behind a valid checksum: refused, the
+// model's weights, masters and scale left as they were.
+TEST_P(MixedPrecisionOptimizer, RefusesABadScalerSectionWritingNothing) {
+  HalfModel model(device(), 14);
+  MixedPrecisionAdam opt(model.adam_groups(0.01f));
+  std::mt19937_64 rng(15);
+  model.set_gradients(device(), rng, 65536.0, 0.0);
+  opt.step();
+  const std::string path = ::testing::TempDir() + "gradkit_mp_scaler_" + std::to_string(::getpid());
+  opt.save(path);
+  model.set_gradients(device(), rng, 65536.0, INFINITY);
+  opt.step();  // skipped: the scale backs off, the file keeps the old one
+  std::vector<RawSection> sections = read_raw_sections(path);
+  std::vector<uint8_t>& scaler = find_section(sections, "scaler").bytes;  // f32 scale, i32 growth, i32 hysteresis left
+  const std::vector<uint8_t> good = scaler;
+  auto expect_refused = [&](const std::string& fragment) {
+    write_raw_state_file(path, sections);
+    const auto weights = model.bits();
+    expect_error([&] { opt.load(path); }, ErrorCode::io_error, {path, fragment});
+    EXPECT_EQ(model.bits(), weights);
+    EXPECT_EQ(opt.loss_scale(), 32768.0f);
+    scaler = good;
+  };
+  scaler.push_back(0);
+  expect_refused("section 'scaler' has trailing bytes");
+  put_at<float>(scaler, 0, NAN);
+  expect_refused("has a bad loss scaler state: LossScaler: argument 'state.scale' is nan");
+  put_at<int32_t>(scaler, 8, 0);
+  expect_refused("'state.hysteresis_left' is 0, expected an integer in [1, hysteresis]");
   std::remove(path.c_str());
 }
 

@@ -118,17 +118,10 @@ void Adam::save_to(StateFile& file) const {
 
 void Adam::check_state(const std::string& path, const StateFile& file) const {
   SectionReader meta(file.get("meta"), "meta");
-  const auto step = meta.get<int64_t>();
-  const auto moment = static_cast<DType>(meta.get<uint32_t>());
-  const DType expected_moment = exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype;
-  if (moment != expected_moment || step < 0) {
-    throw Error(ErrorCode::io_error, "state file '" + path + "' has moments of dtype " +
-                                         std::string(dtype_name(moment)) + ", expected " +
-                                         std::string(dtype_name(expected_moment)));
-  }
+  read_step_and_moment(meta, path, exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype);
+  if (!meta.done()) throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has trailing bytes");
   const std::vector<AdamHyperparameters> hyper = read_groups(path, file.get("groups"), groups_);
   for (size_t g = 0; g < hyper.size(); ++g) {
-    validate(hyper[g], kOp, "state file groups[" + std::to_string(g) + "]");
     if (hyper[g].amsgrad && max_exp_avg_sq_.empty()) {
       throw Error(ErrorCode::io_error, "state file '" + path + "' uses amsgrad in group " + std::to_string(g) +
                                            ", but this optimizer was made without it");

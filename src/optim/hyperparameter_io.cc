@@ -1,6 +1,29 @@
 #include "optim/hyperparameter_io.h"
 
+#include <limits>
+
 namespace gradkit {
+
+std::string dtype_code_name(uint32_t code) {
+  for (DType d : kAllDTypes) {
+    if (code == static_cast<uint32_t>(d)) return std::string(dtype_name(d));
+  }
+  return "unknown dtype code " + std::to_string(code);
+}
+
+int64_t read_step_and_moment(SectionReader& meta, const std::string& path, DType moment) {
+  const auto step = meta.get<int64_t>();
+  const auto code = meta.get<uint32_t>();
+  if (step < 0 || step == std::numeric_limits<int64_t>::max()) {
+    throw Error(ErrorCode::io_error, "state file '" + path + "' has step count " + std::to_string(step) +
+                                         " in section 'meta', expected 0 to 2^63 - 2");
+  }
+  if (code != static_cast<uint32_t>(moment)) {
+    throw Error(ErrorCode::io_error, "state file '" + path + "' has moments of dtype " + dtype_code_name(code) +
+                                         ", expected " + std::string(dtype_name(moment)));
+  }
+  return step;
+}
 
 void write_hyperparameters(SectionWriter& out, const AdamHyperparameters& h) {
   out.put(h.lr).put(h.beta1).put(h.beta2).put(h.eps).put(h.weight_decay).put(static_cast<int32_t>(h.decay));

@@ -18,6 +18,16 @@ AdamHyperparameters read_hyperparameters(SectionReader& in, const AdamHyperparam
 void write_hyperparameters(SectionWriter& out, const LambHyperparameters& h);
 LambHyperparameters read_hyperparameters(SectionReader& in, const LambHyperparameters* /*tag*/);
 
+// A dtype as a state file stores it (u32): its name, or "unknown dtype code
+// N" for a code that is no dtype (a cast to DType would keep its low byte).
+std::string dtype_code_name(uint32_t code);
+
+// The head of an optimizer's 'meta' section: i64 step count (steps
+// completed), u32 moment dtype. Throws io_error naming the file and the
+// field unless the count is one the next step can increment (0 to
+// 2^63 - 2) and the dtype is `moment`; returns the count.
+int64_t read_step_and_moment(SectionReader& meta, const std::string& path, DType moment);
+
 template <class Group, class Hyper>
 std::vector<uint8_t> write_groups(const std::vector<Group>& groups, const std::vector<Hyper>& hyper) {
   SectionWriter out;
@@ -30,8 +40,9 @@ std::vector<uint8_t> write_groups(const std::vector<Group>& groups, const std::v
   return out.take();
 }
 
-// Reads the groups back and checks them against `groups`; returns the
-// hyperparameters. Throws io_error naming the file and what differs.
+// Reads the groups back and checks them against `groups` and each group's
+// hyperparameters with validate(); returns the hyperparameters. Throws
+// io_error naming the file and what differs or is out of range.
 template <class Group, class Hyper = decltype(Group{}.hyperparameters)>
 std::vector<Hyper> read_groups(const std::string& path, const std::vector<uint8_t>& bytes,
                                const std::vector<Group>& groups) {
@@ -46,6 +57,11 @@ std::vector<Hyper> read_groups(const std::string& path, const std::vector<uint8_
   std::vector<Hyper> hyper;
   for (size_t g = 0; g < groups.size(); ++g) {
     hyper.push_back(read_hyperparameters(in, static_cast<const Hyper*>(nullptr)));
+    try {
+      validate(hyper.back(), "", "groups[" + std::to_string(g) + "]");
+    } catch (const Error& e) {
+      throw Error(ErrorCode::io_error, "state file '" + path + "' has bad hyperparameters: " + e.what());
+    }
     const auto tensors = in.get<uint32_t>();
     if (tensors != groups[g].params.size()) {
       mismatch("group " + std::to_string(g) + " has " + std::to_string(tensors) + " tensors, expected " +
@@ -53,12 +69,12 @@ std::vector<Hyper> read_groups(const std::string& path, const std::vector<uint8_
     }
     for (size_t i = 0; i < tensors; ++i) {
       const auto numel = in.get<int64_t>();
-      const auto dtype = static_cast<DType>(in.get<uint32_t>());
+      const auto dtype = in.get<uint32_t>();
       const TensorView& p = groups[g].params[i];
-      if (numel != p.numel || dtype != p.dtype) {
+      if (numel != p.numel || dtype != static_cast<uint32_t>(p.dtype)) {
         mismatch("groups[" + std::to_string(g) + "] tensor " + std::to_string(i) + " is " + std::to_string(numel) +
-                 " elements of " + std::string(dtype_name(dtype)) + ", expected " + std::to_string(p.numel) +
-                 " of " + std::string(dtype_name(p.dtype)));
+                 " elements of " + dtype_code_name(dtype) + ", expected " + std::to_string(p.numel) + " of " +
+                 std::string(dtype_name(p.dtype)));
       }
     }
   }

@@ -99,17 +99,15 @@ void Lamb::save_to(StateFile& file) const {
 
 void Lamb::check_state(const std::string& path, const StateFile& file) const {
   SectionReader meta(file.get("meta"), "meta");
-  const auto completed = meta.get<int64_t>();
-  const auto moment = static_cast<DType>(meta.get<uint32_t>());
+  read_step_and_moment(meta, path, exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype);
   const auto eta = meta.get<float>();
-  const DType expected_moment = exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype;
-  if (moment != expected_moment || completed < 0 || !(eta >= 0 && eta < INFINITY)) {
-    throw Error(ErrorCode::io_error, "state file '" + path + "' has moments of dtype " + std::string(dtype_name(moment)) +
-                                         " (expected " + std::string(dtype_name(expected_moment)) +
-                                         "), or a negative step count or a bad eta");
+  try {
+    check_value(eta >= 0 && eta < INFINITY, kOp, "eta", eta, "a finite value >= 0");
+  } catch (const Error& e) {
+    throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has a bad eta: " + e.what());
   }
-  const std::vector<LambHyperparameters> hyper = read_groups(path, file.get("groups"), groups_);
-  for (size_t g = 0; g < hyper.size(); ++g) validate(hyper[g], kOp, "state file groups[" + std::to_string(g) + "]");
+  if (!meta.done()) throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has trailing bytes");
+  read_groups(path, file.get("groups"), groups_);
   check_sections(path, file, sections());
 }
 

@@ -1,5 +1,7 @@
 #include "optim/moment_storage.h"
 
+#include <algorithm>
+
 #include "gradkit/ops/gradient.h"
 
 namespace gradkit {
@@ -79,8 +81,13 @@ StateFile read_state(const std::string& path, std::string_view kind) {
   const std::vector<uint8_t>& bytes = file.get("kind");
   const std::string got(bytes.begin(), bytes.end());
   if (got != kind) {
-    throw Error(ErrorCode::io_error,
-                "state file '" + path + "' holds '" + got + "' state, expected '" + std::string(kind) + "'");
+    // The kind is named only when it looks like one: the message is printed,
+    // and the file's bytes may be anything.
+    const bool printable =
+        got.size() <= 64 && std::all_of(got.begin(), got.end(), [](char c) { return c >= ' ' && c <= '~'; });
+    throw Error(ErrorCode::io_error, "state file '" + path + "' holds " +
+                                         (printable ? "'" + got + "'" : "an unknown kind of") + " state, expected '" +
+                                         std::string(kind) + "'");
   }
   return file;
 }
@@ -111,6 +118,7 @@ std::vector<uint8_t> scaler_section(const LossScaler& scaler) {
 LossScalerState read_scaler_section(const std::string& path, const StateFile& file, const LossScaler& scaler) {
   SectionReader reader(file.get("scaler"), "scaler");
   const auto state = reader.get<LossScalerState>();
+  if (!reader.done()) throw Error(ErrorCode::io_error, "state file '" + path + "' section 'scaler' has trailing bytes");
   try {
     scaler.check_state(state);
   } catch (const Error& e) {

@@ -7,21 +7,23 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <set>
 
 #include "gradkit/core/error.h"
+#include "optim/state_file_checksum.h"
 
 namespace gradkit {
 namespace {
 
 constexpr char kMagic[8] = {'G', 'R', 'A', 'D', 'K', 'I', 'T', '\0'};
+constexpr size_t kMaxNameLength = 64;
 
-uint64_t fnv1a(const uint8_t* data, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= data[i];
-    h *= 0x100000001b3ull;
+bool is_section_name(std::string_view name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  for (char c : name) {
+    if (c <= ' ' || c > '~') return false;
   }
-  return h;
+  return true;
 }
 
 template <class T>
@@ -36,7 +38,24 @@ void append(std::vector<uint8_t>& out, const T& v) {
 
 }  // namespace
 
+uint64_t state_file_checksum(const uint8_t* data, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64-bit
+  for (size_t i = 0; i < n; ++i) {
+    h ^= data[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
 void StateFile::add(std::string name, std::vector<uint8_t> bytes) {
+  // Nothing is added that read() would refuse.
+  if (!is_section_name(name)) {
+    throw Error(ErrorCode::invalid_argument, "StateFile::add: section name '" + name + "' is not 1 to " +
+                                                 std::to_string(kMaxNameLength) + " printable ASCII characters");
+  }
+  if (has(name)) {
+    throw Error(ErrorCode::invalid_argument, "StateFile::add: section '" + name + "' is already in the file");
+  }
   sections_.emplace_back(std::move(name), std::move(bytes));
 }
 
@@ -64,7 +83,7 @@ void StateFile::write(const std::string& path) const {
     append(out, static_cast<uint64_t>(bytes.size()));
     out.insert(out.end(), bytes.begin(), bytes.end());
   }
-  append(out, fnv1a(out.data(), out.size()));
+  append(out, state_file_checksum(out.data(), out.size()));
 
   const std::string temporary = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -102,7 +121,7 @@ StateFile StateFile::read(const std::string& path) {
   if (version != kVersion) {
     fail(path, "has format version " + std::to_string(version) + ", expected " + std::to_string(kVersion));
   }
-  if (fnv1a(data.data(), data.size() - 8) != stored) fail(path, "is corrupt (checksum mismatch)");
+  if (state_file_checksum(data.data(), data.size() - 8) != stored) fail(path, "is corrupt (checksum mismatch)");
 
   StateFile file;
   file.source_ = path;
@@ -115,15 +134,26 @@ StateFile StateFile::read(const std::string& path) {
   };
   uint32_t count;
   take(&count, 4);
+  // Which copy of a repeated section a reader would take is an accident of
+  // its code: a file that repeats one is refused. (A set, not has(): a file
+  // of many empty sections must not cost time quadratic in its size.)
+  std::set<std::string, std::less<>> names;
   for (uint32_t s = 0; s < count; ++s) {
     uint32_t name_length;
     take(&name_length, 4);
     if (name_length > end - at) fail(path, "is truncated in a section name");
     std::string name(name_length, '\0');
     take(name.data(), name_length);
+    // Names go into error messages: no control bytes or screenfuls from a
+    // file of unknown origin.
+    if (!is_section_name(name)) {
+      fail(path, "has a section name that is not 1 to " + std::to_string(kMaxNameLength) +
+                     " printable ASCII characters (" + std::to_string(name_length) + " bytes)");
+    }
     uint64_t size;
     take(&size, 8);
     if (size > end - at) fail(path, "is truncated in section '" + name + "'");
+    if (!names.insert(name).second) fail(path, "has section '" + name + "' more than once");
     file.sections_.emplace_back(name, std::vector<uint8_t>(data.begin() + at, data.begin() + at + size));
     at += size;
   }

@@ -5,7 +5,9 @@
 #include <zlib.h>
 
 #include <cstdio>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -83,7 +85,7 @@ TEST(IdxFile, RejectsBadFiles) {
   std::vector<uint8_t> type = good;
   type[2] = 0x0d;
   write_gz(temp("type.gz"), type);
-  expect_io_error(temp("type.gz"), 2, "expected unsigned bytes");
+  expect_io_error(temp("type.gz"), 2, "holds elements of type 0x0d, expected unsigned bytes (0x08)");
   std::vector<uint8_t> extra = good;
   extra.push_back(9);
   write_gz(temp("extra.gz"), extra);
@@ -92,6 +94,42 @@ TEST(IdxFile, RejectsBadFiles) {
   // Not gzip at all, and a gzip stream cut short.
   std::ofstream(temp("corrupt.gz"), std::ios::binary) << std::string("\x1f\x8b\x08\x00garbage", 11);
   expect_io_error(temp("corrupt.gz"), 2, "");
+}
+
+// Limits the process's address space to what it maps now plus `headroom`
+// bytes, until the end of the scope.
+class AddressSpaceLimit {
+ public:
+  explicit AddressSpaceLimit(size_t headroom) {
+    size_t pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    ::getrlimit(RLIMIT_AS, &old_);
+    rlimit tight = old_;
+    tight.rlim_cur = pages * static_cast<size_t>(::sysconf(_SC_PAGESIZE)) + headroom;
+    ::setrlimit(RLIMIT_AS, &tight);
+  }
+  ~AddressSpaceLimit() { ::setrlimit(RLIMIT_AS, &old_); }
+
+ private:
+  rlimit old_{};
+};
+
+// Found by fuzz/idx_fuzzer.cc: a 51-byte file whose header announced 150 MB
+// made the reader allocate them all before it found the data missing. A
+// header may announce up to 4 GiB; with 1 GiB to spare that allocation
+// failed with std::bad_alloc, and a 40-byte file must cost no more than it
+// holds. The fuzzer's input itself is in fuzz/regressions/idx/.
+TEST(IdxFile, AllocatesNoMoreThanTheFileHolds) {
+  std::vector<uint8_t> bytes = idx_header(0x08, {65536, 65536, 1});
+  bytes.resize(bytes.size() + 40, 7);
+  const std::string plain = temp("announces_4gib"), gzipped = temp("announces_4gib.gz");
+  std::ofstream(plain, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                               static_cast<std::streamsize>(bytes.size()));
+  write_gz(gzipped, bytes);
+  const AddressSpaceLimit limit(size_t{1} << 30);
+  for (const std::string& path : {plain, gzipped}) {
+    expect_io_error(path, 3, "is truncated (40 of the 4294967296 bytes its header announces)");
+  }
 }
 
 TEST(FashionMnist, ChecksTheDatasetsShape) {

@@ -90,13 +90,20 @@ class Sharded {
   bool last_step_skipped() const;
   float last_grad_norm() const;     // unscaled global norm of the last step, all ranks
   int64_t step_count() const { return parts_[0].optimizer->step_count(); }
-  // Adam's per-group learning rates; LAMB's eta. Synchronous.
-  float lr(int group) const requires std::same_as<Optimizer, Adam> { return parts_[0].optimizer->lr(group); }
-  void set_lr(int group, float lr) requires std::same_as<Optimizer, Adam> {
+  // Adam's per-group learning rates; LAMB's eta. Synchronous. (Member
+  // templates, so that the explicit instantiations in sharded.cc leave out
+  // the other optimizer's: clang before 16 instantiates a constrained
+  // member whose constraint fails.)
+  template <class O = Optimizer> requires std::same_as<O, Adam>
+  float lr(int group) const { return parts_[0].optimizer->lr(group); }
+  template <class O = Optimizer> requires std::same_as<O, Adam>
+  void set_lr(int group, float lr) {
     for_each_optimizer([&](Optimizer& o) { o.set_lr(group, lr); });
   }
-  float eta() const requires std::same_as<Optimizer, Lamb> { return parts_[0].optimizer->eta(); }
-  void set_eta(float eta) requires std::same_as<Optimizer, Lamb> {
+  template <class O = Optimizer> requires std::same_as<O, Lamb>
+  float eta() const { return parts_[0].optimizer->eta(); }
+  template <class O = Optimizer> requires std::same_as<O, Lamb>
+  void set_eta(float eta) {
     for_each_optimizer([&](Optimizer& o) { o.set_eta(eta); });
   }
 

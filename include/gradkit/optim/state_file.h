@@ -16,6 +16,8 @@ class StateFile {
  public:
   static constexpr uint32_t kVersion = 1;
 
+  // Section names are 1 to 64 printable ASCII characters, each used once;
+  // throws Error(invalid_argument) otherwise.
   void add(std::string name, std::vector<uint8_t> bytes);
   // The section's bytes; throws Error(io_error) naming the file and section if absent.
   const std::vector<uint8_t>& get(std::string_view name) const;
@@ -24,8 +26,9 @@ class StateFile {
   // Writes atomically: to a temporary file beside `path`, flushed to disk,
   // then renamed over `path`, so a crash mid-write leaves the old file whole.
   void write(const std::string& path) const;
-  // Reads and checks magic, version and checksum; throws Error(io_error)
-  // saying what is wrong (missing, truncated, corrupt, newer version).
+  // Reads and checks magic, version, checksum and the sections' framing;
+  // throws Error(io_error) saying what is wrong (missing, truncated,
+  // corrupt, newer version, a section repeated or badly named).
   static StateFile read(const std::string& path);
 
  private:
