@@ -8,6 +8,7 @@ first mismatch. Two ways to run it:
 - by test_torch_distributed.py under torchrun (2 GPUs): gradkit's NCCL
   communicator from the NCCL process group; argv[1] a path prefix for the
   state file."""
+import copy
 import os
 import sys
 
@@ -188,11 +189,11 @@ def run(comm):
 
     # Bad input: named, and nothing made.
     for call, expected in [(lambda: gt.ShardedAdamW(make_model().parameters(), comm, stage=3), "stage is 3"),
-                           (lambda: opt.state_dict(), "save(path)")]:
+                           (lambda: opt.state_dict(), "save(path)"), (lambda: copy.deepcopy(opt), "save(path)")]:
         try:
             call()
             fail(rank, f"accepted: expected an error saying {expected!r}")
-        except (ValueError, NotImplementedError) as e:
+        except (ValueError, NotImplementedError, TypeError) as e:
             if expected not in str(e):
                 fail(rank, f"the error does not say {expected!r}: {e}")
     try:
