@@ -1,6 +1,7 @@
 """A distributed training script as a new user writes one: everything at
-module level, nothing deleted or destroyed, the last losses and their
-autograd graphs still alive when Python exits. Run by test_comm.py under
+module level, nothing deleted, the last losses and their
+autograd graphs still alive when Python exits (under torchrun the process
+group is destroyed at the end, as torch asks). Run by test_comm.py under
 mpiexec (the CPU: gradkit's MPI communicator, DDP over gloo; argv[1] a file
 for gloo's rendezvous) and by test_torch_distributed.py under torchrun (a
 GPU per rank, or GRADKIT_TEST_CUDA_DEVICE: gradkit's NCCL communicator from
@@ -87,3 +88,5 @@ for step in range(3):
     amp.step()
 
 print(f"rank {rank} of {comm.size}: ok", flush=True)
+if "LOCAL_RANK" in os.environ:
+    dist.destroy_process_group()  # as torch asks, and as the torchrun example of docs/python.md does
