@@ -176,42 +176,47 @@ void bind_communicator(nb::module_& m) {
       .def("__exit__", [](PyMpiEnvironment& e, nb::args) { e.close(); });
 }
 
+using PyGradientArena = Shared<GradientArena>;  // arrays keep the memory, not the object
+
 void bind_arena_and_adasum(nb::module_& m) {
-  nb::class_<GradientArena>(m, "GradientArena",
-                            "A model's gradients as views into one zero-filled allocation, each starting on an "
-                            "`alignment`-byte boundary.")
+  nb::class_<PyGradientArena>(m, "GradientArena",
+                              "A model's gradients as views into one zero-filled allocation, each starting on an "
+                              "`alignment`-byte boundary.")
       .def(
           "__init__",
-          [](GradientArena* a, const std::string& device, DType dtype, const std::vector<int64_t>& numels,
-             size_t alignment) { new (a) GradientArena(parse_device(device), dtype, numels, alignment); },
+          [](PyGradientArena* a, const std::string& device, DType dtype, const std::vector<int64_t>& numels,
+             size_t alignment) {
+            new (a) PyGradientArena{std::make_shared<GradientArena>(parse_device(device), dtype, numels, alignment)};
+          },
           nb::arg("device"), nb::arg("dtype"), nb::arg("numels"), nb::arg("alignment") = 256)
       .def(
           "__init__",
-          [](GradientArena* a, const std::string& device, DType dtype, const ShardedLayout& layout) {
-            new (a) GradientArena(parse_device(device), dtype, layout);
+          [](PyGradientArena* a, const std::string& device, DType dtype, const ShardedLayout& layout) {
+            new (a) PyGradientArena{std::make_shared<GradientArena>(parse_device(device), dtype, layout)};
           },
           nb::arg("device"), nb::arg("dtype"), nb::arg("layout"),
           "The tensors of a ShardedLayout at its offsets, padding included (a sharded model's weights or gradients).")
-      .def("__len__", &GradientArena::size)
+      .def("__len__", [](const PyGradientArena& a) { return a.object->size(); })
       .def("buffer",
-           [](nb::handle self) {
-             const GradientArena& a = nb::cast<GradientArena&>(self);
-             return to_array(a.buffer().view(a.dtype(), 0, static_cast<int64_t>(a.buffer().bytes() / dtype_size(a.dtype()))), self);
+           [](const PyGradientArena& a) {
+             const GradientArena& g = *a.object;
+             const auto elements = static_cast<int64_t>(g.buffer().bytes() / dtype_size(g.dtype()));
+             return to_array(g.buffer().view(g.dtype(), 0, elements), a.memory_owner());
            },
            "The whole allocation, padding included, as one 1-D array.")
-      .def("gradients", [](nb::handle self) { return to_arrays(nb::cast<GradientArena&>(self).gradients(), self); },
-           "Each gradient as a 1-D array (zero-copy; the arena stays alive while an array does).")
-      .def("flat", [](nb::handle self) { return to_array(nb::cast<GradientArena&>(self).flat(), self); },
+      .def("gradients", [](const PyGradientArena& a) { return to_arrays(a.object->gradients(), a.memory_owner()); },
+           "Each gradient as a 1-D array (zero-copy; the memory stays alive while an array does).")
+      .def("flat", [](const PyGradientArena& a) { return to_array(a.object->flat(), a.memory_owner()); },
            "The whole arena, gaps included, as one 1-D array.")
       .def(
           "all_reduce",
-          [](const GradientArena& a, Communicator& comm, ReduceOp op, uintptr_t stream) {
-            a.all_reduce(comm, op, to_stream(stream));
+          [](const PyGradientArena& a, Communicator& comm, ReduceOp op, uintptr_t stream) {
+            a.object->all_reduce(comm, op, to_stream(stream));
           },
           nb::arg("comm"), nb::arg("op") = ReduceOp::sum, nb::arg("stream") = 0,
           "One collective over the whole arena (gaps included).")
-      .def_prop_ro("dtype", &GradientArena::dtype)
-      .def_prop_ro("device", [](const GradientArena& a) { return to_string(a.device()); });
+      .def_prop_ro("dtype", [](const PyGradientArena& a) { return a.object->dtype(); })
+      .def_prop_ro("device", [](const PyGradientArena& a) { return to_string(a.object->device()); });
 
   nb::class_<AdasumOptions>(m, "AdasumOptions")
       .def(

@@ -96,40 +96,42 @@ void bind_loss_scaler(nb::module_& m) {
       .def_rw("min_scale", &LossScalerOptions::min_scale)
       .def_rw("max_scale", &LossScalerOptions::max_scale);
 
-  nb::class_<LossScaler>(m, "LossScaler", "The loss scale, kept and updated on the device.")
+  using PyLossScaler = Shared<LossScaler>;  // the scale array keeps the memory, not the object
+  nb::class_<PyLossScaler>(m, "LossScaler", "The loss scale, kept and updated on the device.")
       .def(
           "__init__",
-          [](LossScaler* s, const std::string& device, const LossScalerOptions& options) {
-            new (s) LossScaler(parse_device(device), options);
+          [](PyLossScaler* s, const std::string& device, const LossScalerOptions& options) {
+            new (s) PyLossScaler{std::make_shared<LossScaler>(parse_device(device), options)};
           },
           nb::arg("device"), nb::arg("options") = LossScalerOptions{})
       .def_prop_ro(
           "scale_device",
-          [](nb::handle self) {
-            const LossScaler& s = nb::cast<const LossScaler&>(self);
-            return to_array(TensorView{const_cast<float*>(s.scale_device()), 1, DType::f32, s.device()}, self);
+          [](const PyLossScaler& s) {
+            const LossScaler& scaler = *s.object;
+            return to_array(TensorView{const_cast<float*>(scaler.scale_device()), 1, DType::f32, scaler.device()},
+                            s.memory_owner());
           },
           "The current scale S as a one-element float32 array on the device (multiply the loss by it).")
       .def(
           "update",
-          [](LossScaler& s, nb::handle found_inf, uintptr_t stream) {
-            s.update(flag_pointer(found_inf, "found_inf"), to_stream(stream));
+          [](PyLossScaler& s, nb::handle found_inf, uintptr_t stream) {
+            s.object->update(flag_pointer(found_inf, "found_inf"), to_stream(stream));
           },
           nb::arg("found_inf"), nb::arg("stream") = 0, "The decision after a step, from a bool on the device.")
       .def("state",
-           [](const LossScaler& s) {
-             const LossScalerState st = s.state();
+           [](const PyLossScaler& s) {
+             const LossScalerState st = s.object->state();
              return nb::make_tuple(st.scale, st.growth_tracker, st.hysteresis_left);
            },
            "(scale, growth_tracker, hysteresis_left), read synchronously.")
       .def(
           "set_state",
-          [](LossScaler& s, float scale, int32_t growth_tracker, std::optional<int32_t> hysteresis_left) {
-            s.set_state({scale, growth_tracker, hysteresis_left.value_or(s.options().hysteresis)});
+          [](PyLossScaler& s, float scale, int32_t growth_tracker, std::optional<int32_t> hysteresis_left) {
+            s.object->set_state({scale, growth_tracker, hysteresis_left.value_or(s.object->options().hysteresis)});
           },
           nb::arg("scale"), nb::arg("growth_tracker"), nb::arg("hysteresis_left") = nb::none(),
           "Synchronous write, validated.")
-      .def_prop_ro("options", &LossScaler::options);
+      .def_prop_ro("options", [](const PyLossScaler& s) { return s.object->options(); });
 }
 
 template <class Optimizer>

@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -64,6 +65,25 @@ Device scalar_device(nb::handle scalar, const std::string& arg);
 // (the Python object owning that memory) stays alive as long as the array.
 nb::object to_array(const TensorView& view, nb::handle owner);
 nb::list to_arrays(std::span<const TensorView> views, nb::handle owner);
+
+// An object whose memory Python sees as arrays (a GradientArena, a
+// LossScaler), shared by its Python object and those arrays: an array's
+// owner is a capsule holding a share, not the Python object. A torch tensor
+// made from an array (a parameter's .grad or .data, a scale saved by an
+// autograd graph) can outlive every Python reference to the object, held by
+// torch's C++; and torch (2.11, not 1.13) never frees a tensor whose last
+// C++ owner lets go while the interpreter is finalizing. What such a tensor
+// then keeps is the memory, not a Python object that would outlive the
+// module (docs/python.md, "At exit").
+template <class T>
+struct Shared {
+  std::shared_ptr<T> object;
+
+  nb::object memory_owner() const {
+    return nb::capsule(new std::shared_ptr<T>(object), "gradkit memory",
+                       [](void* share) noexcept { delete static_cast<std::shared_ptr<T>*>(share); });
+  }
+};
 
 // The CUDA stream handle a Python caller passes: an int (cudaStream_t), 0
 // for the legacy default stream.

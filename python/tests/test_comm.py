@@ -4,7 +4,9 @@ GradientArena, Adasum, checked mode, bad input), and
 ranks/torch_ddp_cpu.py with 2 and 3 ranks (the DDP hooks and
 all_reduce_gradients over the MPI communicator against DDP's default over
 gloo), ranks/sharded_adamw.py with 2 and 3 ranks (ShardedAdamW against
-DDP and torch.optim.AdamW). Skipped where gradkit was built without MPI or mpiexec is missing.""" 
+DDP and torch.optim.AdamW), and ranks/train_to_exit.py with 2 (a script
+written as a new user would). Every run must end without nanobind's leak
+reports (exits.py). Skipped where gradkit was built without MPI or mpiexec is missing."""
 import os
 import pathlib
 import shutil
@@ -14,6 +16,7 @@ import sys
 import pytest
 
 import gradkit
+from exits import assert_clean_exit
 
 SCRIPT = pathlib.Path(__file__).parent / "ranks" / "mpi_collectives.py"
 needs_mpi = pytest.mark.skipif(not hasattr(gradkit, "create_mpi_communicator") or shutil.which("mpiexec") is None,
@@ -26,8 +29,7 @@ def test_mpi_collectives_through_the_bindings(ranks):
     cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", sys.executable, str(SCRIPT)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count(": ok") == ranks, done.stdout
+    assert_clean_exit(done, ranks)
 
 
 def run_torch_ranks(script, ranks, tmp_path):
@@ -37,8 +39,7 @@ def run_torch_ranks(script, ranks, tmp_path):
            str(SCRIPT.parent / script), str(tmp_path / "rendezvous")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert done.stdout.count(": ok") == ranks, done.stdout
+    assert_clean_exit(done, ranks)
 
 
 @needs_mpi
@@ -51,6 +52,11 @@ def test_ddp_hooks_over_the_mpi_communicator(ranks, tmp_path):
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_sharded_adamw_over_the_mpi_communicator(ranks, tmp_path):
     run_torch_ranks("sharded_adamw.py", ranks, tmp_path)
+
+
+@needs_mpi
+def test_a_training_script_over_mpi_exits_without_leak_reports(tmp_path):
+    run_torch_ranks("train_to_exit.py", 2, tmp_path)
 
 
 def test_from_process_group_needs_an_initialized_process_group():

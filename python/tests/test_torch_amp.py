@@ -74,13 +74,11 @@ def poison(model, step):
         next(model.parameters()).grad.view(-1)[3] = POISON[step]
 
 
-def test_fused_step_makes_grad_scalers_decisions(device):
-    steps = 20
-    data = batches(device, steps)
-
+def train_with_grad_scaler(device, data, optimizer_class, scaler):
+    """GradScaler's sequence (unscale_, clip_grad_norm_, step, update) over `data`, poisoned:
+    the model, the scale after each step and the step count of the first parameter."""
     ref = model_on(device)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
-    scaler = torch_grad_scaler(device) or DocumentedGradScaler()
+    ref_opt = optimizer_class(ref.parameters(), lr=1e-2, weight_decay=0.01)
     ref_scales, ref_steps = [], []
     for s, (x, y) in enumerate(data):
         ref_opt.zero_grad()
@@ -92,6 +90,14 @@ def test_fused_step_makes_grad_scalers_decisions(device):
         scaler.update()
         ref_scales.append(float(scaler.get_scale()))
         ref_steps.append(float(ref_opt.state_dict()["state"][0]["step"]) if ref_opt.state else 0.0)
+    return ref, ref_scales, ref_steps
+
+
+def test_fused_step_makes_grad_scalers_decisions(device):
+    steps = 20
+    data = batches(device, steps)
+    ref, ref_scales, ref_steps = train_with_grad_scaler(device, data, torch.optim.AdamW,
+                                                        torch_grad_scaler(device) or DocumentedGradScaler())
 
     ours = model_on(device)
     opt = gt.AdamW(ours.parameters(), lr=1e-2, weight_decay=0.01)
@@ -101,7 +107,7 @@ def test_fused_step_makes_grad_scalers_decisions(device):
         opt.zero_grad()
         amp.scale(torch.nn.functional.mse_loss(ours(x), y)).backward()
         poison(ours, s)
-        assert amp.step()
+        assert amp.step() is None  # what optimizer.step() returns without a closure
         scales.append(amp.get_scale())
         skipped.append(amp.found_inf)
         taken.append(float(opt.state_dict()["state"][0]["step"]) if opt.state else 0.0)
@@ -109,6 +115,19 @@ def test_fused_step_makes_grad_scalers_decisions(device):
     assert skipped == [s in POISON for s in range(steps)]
     assert scales == ref_scales
     assert taken == ref_steps
+    for a, b in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), rtol=TORCH_100_STEPS[0] * 10,
+                                   atol=TORCH_100_STEPS[1] * 10)
+
+
+def test_grad_scaler_drives_a_gradkit_optimizer_as_torchs(device):
+    """AmpStep is gradkit's way; GradScaler over a gradkit optimizer works as over torch's."""
+    if torch_grad_scaler(device) is None:
+        pytest.skip(f"torch {torch.__version__} has no GradScaler for {device}")
+    data = batches(device, 20)
+    ours, scales, steps = train_with_grad_scaler(device, data, gt.AdamW, torch_grad_scaler(device))
+    ref, ref_scales, ref_steps = train_with_grad_scaler(device, data, torch.optim.AdamW, torch_grad_scaler(device))
+    assert (scales, steps) == (ref_scales, ref_steps)
     for a, b in zip(ours.parameters(), ref.parameters()):
         torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), rtol=TORCH_100_STEPS[0] * 10,
                                    atol=TORCH_100_STEPS[1] * 10)

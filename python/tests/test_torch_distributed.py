@@ -1,7 +1,9 @@
 """gradkit.torch.distributed on 2 GPUs (skipped with fewer): the DDP hooks and
 the loop without DDP against torch's DDP under torchrun
 (ranks/torch_ddp.py), ShardedAdamW against DDP and torch.optim.AdamW
-(ranks/sharded_adamw.py), and a dead rank (ranks/dead_rank.py).
+(ranks/sharded_adamw.py), a script written as a new user would
+(ranks/train_to_exit.py), and a dead rank (ranks/dead_rank.py). The runs
+that end normally must end without nanobind's leak reports (exits.py).
 
 With GRADKIT_TEST_CUDA_DEVICE set, both ranks share that one GPU instead,
 each posing as a host of its own to NCCL (scripts/ranks-on-one-gpu): the
@@ -18,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import gradkit  # noqa: E402
+from exits import assert_clean_exit  # noqa: E402
 
 RANKS = pathlib.Path(__file__).parent / "ranks"
 ONE_GPU = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "ranks-on-one-gpu"
@@ -54,16 +57,21 @@ def torchrun(*args):
 def test_ddp_hooks_under_torchrun():
     cmd = torchrun(RANKS / "torch_ddp.py")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env())
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert done.stdout.count(": ok") == 2, done.stdout
+    assert_clean_exit(done, 2)
 
 
 @two_gpus
 def test_sharded_adamw_under_torchrun(tmp_path):
     cmd = torchrun(RANKS / "sharded_adamw.py", tmp_path / "sharded")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env())
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert done.stdout.count(": ok") == 2, done.stdout
+    assert_clean_exit(done, 2)
+
+
+@two_gpus
+def test_a_training_script_under_torchrun_exits_without_leak_reports():
+    done = subprocess.run(torchrun(RANKS / "train_to_exit.py"), capture_output=True, text=True, timeout=600,
+                          env=env())
+    assert_clean_exit(done, 2)
 
 
 @two_gpus
@@ -96,6 +104,6 @@ def test_the_docs_torchrun_example_runs_as_written(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            str(script)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env())
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert_clean_exit(done)
     losses = [float(v) for v in re.findall(r"rank \d: loss (\S+)", done.stdout)]
     assert len(losses) == 2 and all(v < 0.05 for v in losses), done.stdout

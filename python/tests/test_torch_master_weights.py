@@ -137,7 +137,7 @@ def test_fused_amp_step_on_a_float16_model(device):
         torch.nn.utils.clip_grad_norm_(ref, MAX_NORM)
         scaler.step(ref_opt)
         scaler.update()
-        assert amp.step()
+        amp.step()
         assert amp.found_inf == (step in POISON)
     for p, m, r in zip(params, opt.master_params(), ref):
         torch.testing.assert_close(m.cpu(), r.detach().cpu(), rtol=TORCH_100_STEPS[0] * 10,

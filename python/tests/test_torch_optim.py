@@ -146,6 +146,27 @@ def test_closure_is_called_and_its_loss_returned(device):
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+@pytest.mark.parametrize("name, kwargs", [("AdamW", {}), ("Lamb", {"max_grad_norm": 0.05})], ids=["AdamW", "Lamb"])
+def test_a_deep_copy_goes_on_where_the_original_is(device, name, kwargs):
+    """copy.deepcopy (and pickle) keep the step counts (on the device until then) and the
+    settings outside param_groups; the copy steps the copied parameters alike."""
+    import copy
+    grads = gradient_sequence(6)
+    params = make_params(device)
+    opt = run(getattr(gt, name), params, grads[:3], scheduler=False, **kwargs)
+    twin = copy.deepcopy(opt)
+    twin_params = [p for g in twin.param_groups for p in g["params"]]
+    assert all(a is not b and torch.equal(a, b) for a, b in zip(params, twin_params))
+    for optimizer, ps in ((opt, params), (twin, twin_params)):
+        for step_grads in grads[3:]:
+            for p, g in zip(ps, step_grads):
+                p.grad = g.to(device)
+            optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(params, twin_params))
+    assert twin.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"] == 6
+    assert getattr(twin, "max_grad_norm", None) == kwargs.get("max_grad_norm")
+
+
 def test_flat_gradients_step_like_torch_without_set_to_none(device):
     a, b = small_model(device), small_model(device)
     opt_a = gt.AdamW(a.parameters(), lr=1e-2)

@@ -60,7 +60,7 @@ class AmpStep:
             growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval,
             hysteresis=hysteresis)
         self._scaler = gradkit.LossScaler(device_name(device), options)
-        self._scale = torch.from_dlpack(self._scaler.scale_device)
+        self._scale = torch.from_dlpack(self._scaler.scale_device).view(())  # 0-dim, as GradScaler's
         self._found_inf = torch.zeros(1, dtype=torch.bool, device=device)
         # What gradkit writes and reads: the same byte, as uint8 (PyTorch before 2.0 has no bool in DLPack).
         self._divisor = torch.ones(1, dtype=torch.float32, device=device)
@@ -69,28 +69,46 @@ class AmpStep:
         self._flag = gradkit.DeviceScalar(self._found_inf.view(torch.uint8))
         self._divisor_scalar = gradkit.DeviceScalar(self._divisor)
         self._norm_scalar = gradkit.DeviceScalar(self._norm)
-        self._scale_scalar = gradkit.DeviceScalar(self._scale)
+        # From the scaler's own array, not from self._scale: gradkit then holds no torch tensor (one
+        # whose last owner is C++ when Python exits is never freed, nor what its memory belongs to).
+        self._scale_scalar = gradkit.DeviceScalar(self._scaler.scale_device)
         self._check = GradientCheck(optimizer, norm=self.norm, max_norm=self.max_norm or 0.0)
+        self._stream = None  # the stream of the step in progress; None while nothing was launched
 
-    def scale(self, loss):
-        """loss * S, S being the current scale on the device (as GradScaler.scale)."""
-        return loss * self._scale
+    def scale(self, outputs):
+        """outputs * S, S being the current scale on the device; `outputs` is a tensor or
+        (as GradScaler.scale takes them) a list or tuple of tensors, nested or not."""
+        if isinstance(outputs, torch.Tensor):
+            return outputs * self._scale
+        if isinstance(outputs, (list, tuple)):
+            return type(outputs)(self.scale(o) for o in outputs)
+        raise TypeError(f"outputs is a {type(outputs).__name__}, expected a tensor or a list or tuple of tensors")
 
-    def step(self):
-        """Check, update or skip, and the scaler's decision, enqueued on the current stream.
-        Returns False if no parameter had a gradient (nothing was done)."""
+    def step(self, closure=None):
+        """Check, update or skip, and the scaler's decision, enqueued on the current stream,
+        through optimizer.step(closure): its step pre- and post-hooks run, LR schedulers
+        count the step, and wrappers of optimizer.step see it, as under GradScaler.step;
+        unlike GradScaler, on every call, since whether the step is skipped is known on the
+        device only. Returns what optimizer.step returns (closure()'s loss, or None)."""
         opt = self.optimizer
-        stream_of = {}
+        self._stream = None
+        opt._fused_step = self._launch_fused
+        try:
+            loss = opt.step() if closure is None else opt.step(closure)
+        finally:
+            opt._fused_step = None
+        if self._stream is not None:  # some parameter had a gradient
+            self._scaler.update(self._flag, stream=self._stream)
+        return loss
 
+    def _launch_fused(self):
+        """What optimizer.step() does when called from step(): the check folded into the update."""
         def check(stream):
             self._check.check(stream, found_inf=self._flag, grad_divisor=self._divisor_scalar,
                               global_norm=self._norm_scalar, loss_scale_device=self._scale_scalar)
-            stream_of["stream"] = stream
+            self._stream = stream
 
-        if not opt._step_with(self._flag, self._divisor_scalar, check):
-            return False
-        self._scaler.update(self._flag, stream=stream_of["stream"])
-        return True
+        self.optimizer._step_with(self._flag, self._divisor_scalar, check)
 
     # -- what GradScaler offers ------------------------------------------------
 
@@ -102,6 +120,12 @@ class AmpStep:
     def found_inf(self):
         """Whether the last step found an Inf or NaN and was skipped (synchronous)."""
         return bool(self._found_inf.item())
+
+    @property
+    def found_inf_device(self):
+        """The same as a one-element bool tensor on the device, read without a synchronization
+        (a step post-hook that must not act on a skipped step: torch.where on it)."""
+        return self._found_inf
 
     @property
     def grad_norm(self):

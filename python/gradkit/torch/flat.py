@@ -36,7 +36,9 @@ class FlatGradients:
                                                alignment)
         self.flat = torch.from_dlpack(self.arena.flat())
         self.views = [torch.from_dlpack(a).view(p.shape) for a, p in zip(self.arena.gradients(), self.params)]
-        self._zero = gradkit.ZeroPlan([self.flat])  # planned once: zeroing costs one launch, no table upload
+        # Planned once (zeroing costs one launch, no table upload), over gradkit's own array: gradkit
+        # holds no torch tensor (one whose last owner is C++ when Python exits is never freed).
+        self._zero = gradkit.ZeroPlan([self.arena.flat()])
         self.attach()
 
     def attach(self):

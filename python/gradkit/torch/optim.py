@@ -100,8 +100,14 @@ class _PlannedOptimizer(torch.optim.Optimizer):
     """
 
     _counter_offset = 0  # counter value = completed steps + offset
+    _copied_attributes = ()  # a subclass's settings outside `defaults`, kept by copy.deepcopy and pickle
 
     def __init__(self, params, defaults):
+        self._init_plans()
+        super().__init__(params, defaults)
+
+    def _init_plans(self):
+        """No plans yet: made at the first step from the parameters and state."""
         self._layout = None
         self._cohorts = []
         self._present = None     # which parameters had a gradient at the last step
@@ -109,13 +115,26 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._cohort_version = 0   # changes when the cohorts are made anew
         self._pointer_version = 0  # changes when any plan's gradients change (re-pointed or made anew)
         self._flat = None        # FlatGradients covering every parameter, if given
+        self._fused_step = None  # set by AmpStep.step for the length of its call to step()
         self._hyper_key = None
         self._lrs = None
         self._lr_device = None
         self._lr_scalar = None
-        super().__init__(params, defaults)
 
     # -- torch.optim.Optimizer -------------------------------------------------
+
+    def __getstate__(self):
+        """torch's (defaults, state, param_groups), the step counts written into the state
+        first: copy.deepcopy and pickle give an optimizer that goes on where this one is
+        (its plans are made anew at its first step)."""
+        self._write_steps_to_state()
+        state = super().__getstate__()
+        state.update({name: getattr(self, name) for name in self._copied_attributes})
+        return state
+
+    def __setstate__(self, state):
+        self._init_plans()
+        super().__setstate__(state)
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
@@ -123,9 +142,15 @@ class _PlannedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One update of every parameter that has a gradient; returns closure()'s loss."""
+        """One update of every parameter that has a gradient; returns closure()'s loss.
+        Called by gradkit.torch.AmpStep.step() too (so that torch's step hooks, LR schedulers
+        and wrappers of optimizer.step see its steps), which then makes it the fused
+        mixed-precision step."""
         loss = closure_loss(closure)
-        self._step_with()
+        if self._fused_step is not None:
+            self._fused_step()
+        else:
+            self._step_with()
         return loss
 
     def zero_grad(self, set_to_none=True):
@@ -483,6 +508,7 @@ class Lamb(_PlannedOptimizer):
     all gradients (computed by gradkit's gradient check) as ONNX Runtime does."""
 
     _counter_offset = 1  # LambPlan's counter holds the next t
+    _copied_attributes = ("max_grad_norm",)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, *,
                  min_trust=float("-inf"), max_trust=float("inf"), max_grad_norm=None, bias_correction=True):
@@ -492,9 +518,12 @@ class Lamb(_PlannedOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, min_trust=min_trust,
                         max_trust=max_trust, bias_correction=bias_correction)
         self.max_grad_norm = max_grad_norm
-        self._norm_check = None
-        self._global_norm = None
         super().__init__(params, defaults)
+
+    def _init_plans(self):
+        super()._init_plans()
+        self._norm_check = None  # the gradient norm for max_grad_norm's clipping
+        self._global_norm = None
 
     def _moment_names(self, group):
         return ("exp_avg", "exp_avg_sq")

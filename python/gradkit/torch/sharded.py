@@ -30,6 +30,7 @@ onto any number of ranks and into gradkit.MixedPrecisionAdam / gradkit.Adam.
 state_dict() is refused: no rank holds the whole state.
 """
 import contextlib
+import weakref
 
 import torch
 
@@ -80,10 +81,13 @@ class ShardedAdamW(torch.optim.Optimizer):
                 v.copy_(p)
                 p.data = v
         self.gradients = FlatGradients(params, layout=self.layout)
+        # gradkit's own arrays of the two arenas, not the torch views over them: gradkit then holds no
+        # torch tensor (a torch tensor whose last owner is C++ when Python exits is never freed).
+        weight_arrays, grad_arrays = self._weights.gradients(), self.gradients.arena.gradients()
         groups, at = [], 0
         for g in self.param_groups:
             n = len(g["params"])
-            groups.append({"params": views[at:at + n], "grads": self.gradients.views[at:at + n],
+            groups.append({"params": weight_arrays[at:at + n], "grads": grad_arrays[at:at + n],
                            "hyperparameters": self._hyperparameters(g)})
             at += n
         # On CUDA a side stream carries stage 2's reduce-scatters (overlapping
@@ -101,14 +105,13 @@ class ShardedAdamW(torch.optim.Optimizer):
             if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
                 raise RuntimeError(f"stage 2 needs torch 2.1 or newer (Tensor.register_post_accumulate_grad_hook); "
                                    f"this is torch {torch.__version__}")
-            for i, p in enumerate(params):
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._marker(i)))
-
-    def _marker(self, index):
-        def mark(_param):
-            if self._marking:
-                self._sharded.mark_ready(index, stream_handle(self._device))
-        return mark
+            # The hooks live on the parameters, in torch's C++ where the garbage collector does not look:
+            # holding the optimizer there would make a cycle (parameter -> hook -> optimizer ->
+            # param_groups -> parameter) that is never freed. They hold a weak reference, and go when
+            # the optimizer does.
+            me = weakref.ref(self)
+            self._hooks = [p.register_post_accumulate_grad_hook(_ready_marker(me, i)) for i, p in enumerate(params)]
+            weakref.finalize(self, _remove_hooks, self._hooks)
 
     @staticmethod
     def _hyperparameters(g):
@@ -160,6 +163,10 @@ class ShardedAdamW(torch.optim.Optimizer):
             self._reattach()
         self.gradients.zero_()
 
+    def __getstate__(self):
+        raise TypeError("ShardedAdamW cannot be copied or pickled: its state is split over the ranks of a "
+                        "communicator; save it with save(path) (every rank calls it)")
+
     def state_dict(self):
         raise NotImplementedError("ShardedAdamW keeps its state split over the ranks: save it with save(path) "
                                   "(every rank calls it; one file in gradkit's unsharded format, loadable on any "
@@ -201,3 +208,17 @@ class ShardedAdamW(torch.optim.Optimizer):
     def state_bytes(self):
         """Bytes of optimizer state (moments, masters) this rank holds."""
         return self._sharded.state_bytes
+
+
+def _ready_marker(optimizer_ref, index):
+    """Stage 2's hook for the parameter at `index`: its gradient is final, its bucket may go."""
+    def mark(_param):
+        opt = optimizer_ref()
+        if opt is not None and opt._marking:
+            opt._sharded.mark_ready(index, stream_handle(opt._device))
+    return mark
+
+
+def _remove_hooks(handles):
+    for h in handles:
+        h.remove()

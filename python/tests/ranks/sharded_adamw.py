@@ -1,15 +1,19 @@
 """gradkit.torch.ShardedAdamW against DDP's default all-reduce with
 torch.optim.AdamW and the same lr schedule; every rank ends with the same
 weights; its state saved and loaded goes on bitwise alike; stage 2 (torch
-2.1 and newer) equals stage 1; bad input is refused. Exits non-zero on the
+2.1 and newer) equals stage 1 and, dropped, is freed with its hooks; bad
+input is refused. Exits non-zero on the
 first mismatch. Two ways to run it:
 - by test_comm.py under mpiexec (2 or 3 ranks, the CPU): gradkit's MPI
   communicator, DDP over gloo; argv[1] names a file for gloo's rendezvous;
 - by test_torch_distributed.py under torchrun (2 GPUs): gradkit's NCCL
   communicator from the NCCL process group; argv[1] a path prefix for the
   state file."""
+import copy
+import gc
 import os
 import sys
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -111,9 +115,16 @@ def run(comm):
         fail(rank, f"step_count {opt.step_count}, expected {STEPS}")
 
     if hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
-        staged, _ = train_sharded(comm, stage=2)
+        staged, staged_opt = train_sharded(comm, stage=2)
         if not all(torch.equal(a, b) for a, b in zip(weights(staged), weights(model))):
             fail(rank, "stage 2 differs from stage 1")
+        # Its hooks on the parameters do not keep it alive (they live in torch's C++, where the
+        # garbage collector does not look), and they go with it.
+        gone = weakref.ref(staged_opt)
+        del staged_opt
+        gc.collect()
+        if gone() is not None or any(p._post_accumulate_grad_hooks for p in staged.parameters()):
+            fail(rank, "a stage-2 ShardedAdamW dropped is still alive, or its hooks are left on the parameters")
 
     # Saved after 10 steps and loaded into a new optimizer (the weights go with the
     # model): both go on alike, bit for bit.
@@ -188,11 +199,11 @@ def run(comm):
 
     # Bad input: named, and nothing made.
     for call, expected in [(lambda: gt.ShardedAdamW(make_model().parameters(), comm, stage=3), "stage is 3"),
-                           (lambda: opt.state_dict(), "save(path)")]:
+                           (lambda: opt.state_dict(), "save(path)"), (lambda: copy.deepcopy(opt), "save(path)")]:
         try:
             call()
             fail(rank, f"accepted: expected an error saying {expected!r}")
-        except (ValueError, NotImplementedError) as e:
+        except (ValueError, NotImplementedError, TypeError) as e:
             if expected not in str(e):
                 fail(rank, f"the error does not say {expected!r}: {e}")
     try:
