@@ -4,7 +4,13 @@
 // backends bit for bit.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -14,6 +20,8 @@
 #include "gradkit/ops/adam.h"
 #include "gradkit/ops/blockwise.h"
 #include "gradkit/ops/master.h"
+#include "gradkit/optim/adam.h"
+#include "gradkit/optim/state_file.h"
 #include "support/adam_reference.h"
 #include "support/blockwise_reference.h"
 #include "support/device_param.h"
@@ -299,6 +307,146 @@ TEST_P(Adam8bit, RejectsBadArgumentsNamingThem) {
 }
 
 GRADKIT_INSTANTIATE_ON_EACH_DEVICE(Adam8bit);
+
+// The owning Adam with 8-bit moments: a run saved and resumed is the straight
+// run bit for bit; its own state is about 2 bytes per parameter.
+struct OwningModel {
+  std::vector<TestTensor> w, g;
+  OwningModel(Device device, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    for (int64_t n : {3000, 64, 70001, 10}) {
+      w.emplace_back(device, DType::f32, random_values(rng, n));
+      g.emplace_back(device, DType::bf16, random_values(rng, n));
+    }
+  }
+  std::vector<AdamGroup> groups() const {
+    AdamGroup group;
+    group.hyperparameters.lr = 1e-2f;
+    group.hyperparameters.weight_decay = 0.01f;
+    for (size_t i = 0; i < w.size(); ++i) {
+      group.params.push_back(w[i].view());
+      group.grads.push_back(g[i].view());
+    }
+    return {group};
+  }
+  void new_gradients(std::mt19937_64& rng) {
+    for (auto& t : g) {
+      const TestTensor fresh(t.view().device, DType::bf16, random_values(rng, t.numel()));
+      copy_from_host(t.view().data, t.view().device, fresh.bytes().data(), fresh.bytes().size());
+    }
+  }
+  std::vector<std::vector<uint8_t>> bits() const {
+    std::vector<std::vector<uint8_t>> out;
+    for (const auto& t : w) out.push_back(t.bytes());
+    return out;
+  }
+  int64_t numel() const {
+    int64_t n = 0;
+    for (const auto& t : w) n += t.numel();
+    return n;
+  }
+};
+
+std::vector<std::vector<uint8_t>> adam_state(const Adam& adam) {
+  std::vector<std::vector<uint8_t>> out;
+  for (const auto* list : {&adam.exp_avg(), &adam.exp_avg_sq(), &adam.exp_avg_absmax(), &adam.exp_avg_sq_absmax()}) {
+    for (const TensorView& t : *list) {
+      std::vector<uint8_t> bytes(t.bytes());
+      copy_to_host(bytes.data(), t.data, t.bytes(), t.device);
+      out.push_back(bytes);
+    }
+  }
+  return out;
+}
+
+using Adam8bitOptimizer = OnEachDevice;
+
+TEST_P(Adam8bitOptimizer, ResumeFromACheckpointEqualsTheStraightRun) {
+  OwningModel straight(device(), 5), resumed(device(), 5);
+  const AdamOptions options{.moment_dtype = DType::u8};
+  Adam adam(straight.groups(), options);
+  EXPECT_LE(static_cast<double>(adam.state_bytes()) / straight.numel(), 2.1) << "bytes of state per parameter";
+  std::mt19937_64 rng(6);
+  for (int s = 0; s < 3; ++s) {
+    straight.new_gradients(rng);
+    adam.step();
+  }
+  const std::string path = ::testing::TempDir() + "gradkit_adam8bit_" + std::to_string(::getpid());
+  adam.save(path);
+  for (size_t i = 0; i < straight.w.size(); ++i) {
+    copy_from_host(resumed.w[i].view().data, device(), straight.w[i].bytes().data(), straight.w[i].bytes().size());
+  }
+  std::mt19937_64 rng_resumed = rng;
+  for (int s = 0; s < 4; ++s) {
+    straight.new_gradients(rng);
+    adam.step();
+  }
+  Adam second(resumed.groups(), options);
+  second.load(path);
+  EXPECT_EQ(second.step_count(), 3);
+  for (int s = 0; s < 4; ++s) {
+    resumed.new_gradients(rng_resumed);
+    second.step();
+  }
+  EXPECT_EQ(resumed.bits(), straight.bits());
+  EXPECT_EQ(adam_state(second), adam_state(adam));
+
+  // An f32-moment optimizer refuses the file (and the file an f32 one's).
+  Adam f32(resumed.groups());
+  EXPECT_THROW(f32.load(path), Error);
+  std::remove(path.c_str());
+}
+
+// FNV-1a (64-bit), as docs/state-format.md closes a file with.
+uint64_t fnv1a(const std::vector<char>& bytes, size_t end) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < end; ++i) {
+    h ^= static_cast<uint8_t>(bytes[i]);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// A file written before 8-bit moments (format version 1) still loads.
+TEST_P(Adam8bitOptimizer, AVersion1FileStillLoads) {
+  OwningModel model(device(), 8);
+  Adam adam(model.groups());
+  std::mt19937_64 rng(1);
+  model.new_gradients(rng);
+  adam.step();
+  const std::string path = ::testing::TempDir() + "gradkit_adam_v1_" + std::to_string(::getpid());
+  adam.save(path);
+  std::vector<char> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const uint32_t one = 1;
+  std::memcpy(bytes.data() + 8, &one, 4);
+  const uint64_t sum = fnv1a(bytes, bytes.size() - 8);
+  std::memcpy(bytes.data() + bytes.size() - 8, &sum, 8);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  Adam second(model.groups());
+  second.load(path);
+  EXPECT_EQ(second.step_count(), 1);
+  EXPECT_EQ(adam_state(second), adam_state(adam));
+  std::remove(path.c_str());
+}
+
+TEST_P(Adam8bitOptimizer, RejectsWhatCannotWork) {
+  OwningModel model(device(), 9);
+  auto groups = model.groups();
+  groups[0].hyperparameters.amsgrad = true;
+  expect_error([&] { Adam(groups, {.moment_dtype = DType::u8}); }, ErrorCode::invalid_argument,
+               {"hyperparameters[0].amsgrad", "8-bit"});
+  expect_error([&] { Adam(model.groups(), {.moment_dtype = DType::i16}); }, ErrorCode::dtype_unsupported,
+               {"options.moment_dtype", "f32, bf16 or u8"});
+}
+
+GRADKIT_INSTANTIATE_ON_EACH_DEVICE(Adam8bitOptimizer);
 
 // The same steps on the CPU and on CUDA give the same bytes: weights,
 // remainders, copies, codes, absmax; for the f32-moment path too.

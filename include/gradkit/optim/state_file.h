@@ -14,7 +14,9 @@ namespace gradkit {
 
 class StateFile {
  public:
-  static constexpr uint32_t kVersion = 1;
+  // 2: 8-bit moments (u8 moment dtype, absmax sections); a version-1 file
+  // has the same layout and reads as it is.
+  static constexpr uint32_t kVersion = 2;
 
   void add(std::string name, std::vector<uint8_t> bytes);
   // The section's bytes; throws Error(io_error) naming the file and section if absent.
