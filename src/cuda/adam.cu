@@ -35,13 +35,7 @@ struct AdamOp {
 
     // The group's constants for this step, computed once per block.
     __shared__ AdamCoefficients<C> shared;
-    if (threadIdx.x == 0) {
-      const int group = plan.groups[chunk.tensor];
-      const AdamHyperparameters& h = launch.groups[group];
-      const double lr = in.lr_device != nullptr ? in.lr_device[group] : h.lr;
-      const int64_t step = in.step_device != nullptr ? *in.step_device : in.step;
-      shared = adam_coefficients<C>(h, lr, step);
-    }
+    if (threadIdx.x == 0) shared = cuda::chunk_coefficients<C>(plan, chunk, launch);
     __syncthreads();
     const AdamCoefficients<C> c = shared;
     const C scale = static_cast<C>(in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale);

@@ -58,13 +58,7 @@ struct Adam8bitOp {
     // The group's constants and both code tables, once per thread block.
     __shared__ AdamCoefficients<float> shared;
     __shared__ QuantTables tables;
-    if (threadIdx.x == 0) {
-      const int group = plan.groups[chunk.tensor];
-      const AdamHyperparameters& h = launch.groups[group];
-      const double lr = in.lr_device != nullptr ? in.lr_device[group] : h.lr;
-      const int64_t step = in.step_device != nullptr ? *in.step_device : in.step;
-      shared = adam_coefficients<float>(h, lr, step);
-    }
+    if (threadIdx.x == 0) shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
     {
       const auto* from = reinterpret_cast<const float*>(launch.tables);
       auto* to = reinterpret_cast<float*>(&tables);

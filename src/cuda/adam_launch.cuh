@@ -9,9 +9,24 @@
 #include <type_traits>
 
 #include "backend/adam.h"
+#include "backend/adam_math.h"
+#include "cuda/multi_tensor.cuh"
 #include "gradkit/core/dtype.h"
 
 namespace gradkit::cuda {
+
+// The constants of the chunk's group for this step (one thread computes
+// them and shares them with its block).
+template <class C>
+__device__ __forceinline__ backend::AdamCoefficients<C> chunk_coefficients(const PlanArgs& plan, const PlanChunk& chunk,
+                                                                           const backend::AdamLaunch& launch) {
+  const AdamStepInputs& in = launch.inputs;
+  const int group = plan.groups[chunk.tensor];
+  const AdamHyperparameters& h = launch.groups[group];
+  const double lr = in.lr_device != nullptr ? in.lr_device[group] : h.lr;
+  const int64_t step = in.step_device != nullptr ? *in.step_device : in.step;
+  return backend::adam_coefficients<C>(h, lr, step);
+}
 
 struct NoCopy {};
 struct RemainderWeights {};

@@ -11,6 +11,7 @@
 #include "backend/quant_tables.h"
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
+#include "ops/host_staging.h"
 
 namespace gradkit {
 namespace {
@@ -56,38 +57,12 @@ backend::QuantTable build_table(const std::array<float, 256>& code) {
 constexpr std::string_view kQuantize = "quantize_blockwise";
 constexpr std::string_view kDequantize = "dequantize_blockwise";
 
-void check_view(std::string_view op, std::string_view arg, const TensorView& t, DType dtype, int64_t numel,
-                Device device) {
-  if (t.dtype != dtype) {
-    throw_argument_error(ErrorCode::dtype_unsupported, op, arg,
-                         "has dtype " + std::string(dtype_name(t.dtype)) + ", expected " + std::string(dtype_name(dtype)));
-  }
-  if (t.numel != numel) {
-    throw_argument_error(ErrorCode::size_mismatch, op, arg,
-                         "has " + std::to_string(t.numel) + " elements, expected " + std::to_string(numel));
-  }
-  if (t.device != device) {
-    throw_argument_error(ErrorCode::device_mismatch, op, arg,
-                         "is on " + to_string(t.device) + ", expected " + to_string(device));
-  }
-  if (t.numel > 0 && t.data == nullptr) {
-    throw_argument_error(ErrorCode::null_pointer, op, arg, "is null; expected a valid pointer");
-  }
-}
-
 void check_code(std::string_view op, QuantCode code) {
   const auto c = static_cast<int32_t>(code);
   if (c != 0 && c != 1) {
     throw_argument_error(ErrorCode::invalid_argument, op, "code",
                          "is " + std::to_string(c) + ", expected signed_dynamic or unsigned_dynamic");
   }
-}
-
-template <class T>
-std::vector<T> to_host(const TensorView& t) {
-  std::vector<T> out(static_cast<size_t>(t.numel));
-  copy_to_host(out.data(), t.data, t.bytes(), t.device);
-  return out;
 }
 
 }  // namespace
@@ -123,10 +98,10 @@ void encode_block(const QuantTable& table, const float* values, int n, uint8_t* 
 void quantize_blockwise(QuantCode code, const TensorView& values, const TensorView& codes, const TensorView& absmax) {
   check_code(kQuantize, code);
   const Device device = values.device;
-  check_view(kQuantize, "values", values, DType::f32, values.numel, device);
-  check_view(kQuantize, "codes", codes, DType::u8, values.numel, device);
-  check_view(kQuantize, "absmax", absmax, DType::f32, quant_blocks(values.numel), device);
-  const std::vector<float> x = to_host<float>(values);
+  ops::check_staged(kQuantize, "values", values, DType::f32, values.numel, device);
+  ops::check_staged(kQuantize, "codes", codes, DType::u8, values.numel, device);
+  ops::check_staged(kQuantize, "absmax", absmax, DType::f32, quant_blocks(values.numel), device);
+  const std::vector<float> x = ops::to_host<float>(values);
   std::vector<uint8_t> q(x.size());
   std::vector<float> amax(static_cast<size_t>(absmax.numel));
   const backend::QuantTable& table = backend::quant_tables().table[static_cast<int>(code)];
@@ -142,11 +117,11 @@ void quantize_blockwise(QuantCode code, const TensorView& values, const TensorVi
 void dequantize_blockwise(QuantCode code, const TensorView& codes, const TensorView& absmax, const TensorView& values) {
   check_code(kDequantize, code);
   const Device device = codes.device;
-  check_view(kDequantize, "codes", codes, DType::u8, codes.numel, device);
-  check_view(kDequantize, "absmax", absmax, DType::f32, quant_blocks(codes.numel), device);
-  check_view(kDequantize, "values", values, DType::f32, codes.numel, device);
-  const std::vector<uint8_t> q = to_host<uint8_t>(codes);
-  const std::vector<float> amax = to_host<float>(absmax);
+  ops::check_staged(kDequantize, "codes", codes, DType::u8, codes.numel, device);
+  ops::check_staged(kDequantize, "absmax", absmax, DType::f32, quant_blocks(codes.numel), device);
+  ops::check_staged(kDequantize, "values", values, DType::f32, codes.numel, device);
+  const std::vector<uint8_t> q = ops::to_host<uint8_t>(codes);
+  const std::vector<float> amax = ops::to_host<float>(absmax);
   std::vector<float> x(q.size());
   const backend::QuantTable& table = backend::quant_tables().table[static_cast<int>(code)];
   for (size_t i = 0; i < x.size(); ++i) x[i] = backend::dequantize(table, q[i], amax[i / kQuantBlock]);
