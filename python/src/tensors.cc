@@ -18,10 +18,13 @@ DType to_dtype(nb::dlpack::dtype t, const std::string& arg) {
       if (t.bits == 64) return DType::f64;
     }
     if (t.code == static_cast<uint8_t>(dtype_code::Bfloat) && t.bits == 16) return DType::bf16;
+    // The storage dtypes of encoded optimizer state (8-bit moments, remainders).
+    if (t.code == static_cast<uint8_t>(dtype_code::UInt) && t.bits == 8) return DType::u8;
+    if (t.code == static_cast<uint8_t>(dtype_code::Int) && t.bits == 16) return DType::i16;
   }
   throw_argument_error(ErrorCode::dtype_unsupported, kOp, arg,
                        "has DLPack dtype (code " + std::to_string(t.code) + ", " + std::to_string(t.bits) +
-                           " bits), expected float32, float16, bfloat16 or float64");
+                           " bits), expected float32, float16, bfloat16 or float64 (or uint8, int16 for encoded state)");
 }
 
 bool is_bool(nb::dlpack::dtype t) { return t == nb::dtype<bool>(); }
@@ -143,7 +146,10 @@ nb::object to_array(const TensorView& view, nb::handle owner) {
   nb::dlpack::dtype t{};
   t.lanes = 1;
   t.bits = static_cast<uint8_t>(dtype_size(view.dtype) * 8);
-  t.code = static_cast<uint8_t>(view.dtype == DType::bf16 ? nb::dlpack::dtype_code::Bfloat : nb::dlpack::dtype_code::Float);
+  t.code = static_cast<uint8_t>(view.dtype == DType::bf16  ? nb::dlpack::dtype_code::Bfloat
+                                : view.dtype == DType::u8  ? nb::dlpack::dtype_code::UInt
+                                : view.dtype == DType::i16 ? nb::dlpack::dtype_code::Int
+                                                           : nb::dlpack::dtype_code::Float);
   const int device_type = view.device.is_cuda() ? nb::device::cuda::value : nb::device::cpu::value;
   // array_api: an object with __dlpack__ and __dlpack_device__, which
   // torch.from_dlpack, numpy.from_dlpack, cupy and jax all take.

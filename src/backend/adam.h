@@ -1,6 +1,7 @@
 // The Adam kernels each backend implements, over a validated plan whose lists
-// are weights, grads, exp_avg, exp_avg_sq, then max_exp_avg_sq and
-// model_copy where present (their list index, or -1).
+// are weights, grads, exp_avg, exp_avg_sq, then max_exp_avg_sq, model_copy,
+// the two absmax lists of 8-bit moments and the weights' remainder where
+// present (their list index, or -1).
 #pragma once
 
 #include "gradkit/core/multi_tensor_plan.h"
@@ -8,14 +9,21 @@
 
 namespace gradkit::backend {
 
+struct QuantTables;  // backend/blockwise_math.h
+
 struct AdamLaunch {
   const AdamHyperparameters* groups;  // on the plan's device (host memory for the CPU)
   AdamStepInputs inputs;
   int max_list = -1;
   int copy_list = -1;
+  int absmax_list = -1;               // 8-bit moments: m's absmax list, v's at absmax_list + 1
+  int remainder_list = -1;            // bf16 weights: the remainder list
+  const QuantTables* tables = nullptr;  // the code tables, on the plan's device
 };
 
 void adam_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch);
 void adam_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream);
+// 8-bit moments (launch.absmax_list >= 0), called by adam_cuda.
+void adam_8bit_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream);
 
 }  // namespace gradkit::backend

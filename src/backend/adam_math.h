@@ -1,18 +1,13 @@
 // The Adam update of one element, written once and compiled for both
 // backends (host and device), so that the CPU and CUDA backends compute the
-// same formula in the same order.
+// same formula in the same order, with the same roundings.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#include "backend/exact_math.h"
 #include "gradkit/ops/adam.h"
-
-#if defined(__CUDACC__)
-#define GRADKIT_HD __host__ __device__ __forceinline__
-#else
-#define GRADKIT_HD inline
-#endif
 
 namespace gradkit::backend {
 
@@ -31,22 +26,23 @@ struct AdamCoefficients {
 
 template <class C>
 GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, double lr, int64_t step) {
-  const double t = static_cast<double>(step);
-  const double bias1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), t) : 1.0;
-  const double bias2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), t) : 1.0;
+  using exact::mul;
+  using exact::sub;
+  const double bias1 = h.bias_correction ? sub(1.0, exact::power(h.beta1, step)) : 1.0;
+  const double bias2 = h.bias_correction ? sub(1.0, exact::power(h.beta2, step)) : 1.0;
   const double wd = h.weight_decay;
   AdamCoefficients<C> c;
   c.beta1 = static_cast<C>(h.beta1);
   c.beta2 = static_cast<C>(h.beta2);
-  c.one_minus_beta1 = static_cast<C>(1.0 - static_cast<double>(h.beta1));
-  c.one_minus_beta2 = static_cast<C>(1.0 - static_cast<double>(h.beta2));
+  c.one_minus_beta1 = static_cast<C>(sub(1.0, static_cast<double>(h.beta1)));
+  c.one_minus_beta2 = static_cast<C>(sub(1.0, static_cast<double>(h.beta2)));
   c.eps = static_cast<C>(h.eps);
   c.weight_decay = static_cast<C>(wd);
   c.decay = static_cast<int32_t>(h.decay);
   c.bias2_sqrt = static_cast<C>(std::sqrt(bias2));
-  c.step_size = static_cast<C>(h.decay == WeightDecay::hugging_face ? lr * std::sqrt(bias2) / bias1 : lr / bias1);
-  c.decay_factor = static_cast<C>(1.0 - lr * wd);
-  c.decay_after = static_cast<C>(lr * wd);
+  c.step_size = static_cast<C>(h.decay == WeightDecay::hugging_face ? mul(lr, std::sqrt(bias2)) / bias1 : lr / bias1);
+  c.decay_factor = static_cast<C>(sub(1.0, mul(lr, wd)));
+  c.decay_after = static_cast<C>(mul(lr, wd));
   c.amsgrad = h.amsgrad;
   c.maximize = h.maximize;
   return c;
@@ -58,23 +54,27 @@ GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, d
 // and decoupled, Transformers for hugging_face), so that results agree with
 // theirs to rounding: the first moment as PyTorch's lerp (m + (1 - beta1) *
 // (g - m)) or as Transformers' m * beta1 + (1 - beta1) * g, and the update
-// as addcdiv (w - step_size * (m / denom)).
+// as addcdiv (w - step_size * (m / denom)). Every operation is rounded on
+// its own (exact_math.h), so both backends give the same bits.
 template <class C>
 GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c) {
+  using exact::add;
+  using exact::mul;
+  using exact::sub;
   const bool hugging_face = c.decay == static_cast<int32_t>(WeightDecay::hugging_face);
   if (c.maximize) g = -g;
-  if (c.decay == static_cast<int32_t>(WeightDecay::l2)) g = g + c.weight_decay * w;
-  if (c.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = w * c.decay_factor;
-  m = hugging_face ? m * c.beta1 + c.one_minus_beta1 * g : m + c.one_minus_beta1 * (g - m);
-  v = v * c.beta2 + c.one_minus_beta2 * g * g;
+  if (c.decay == static_cast<int32_t>(WeightDecay::l2)) g = add(g, mul(c.weight_decay, w));
+  if (c.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
+  m = hugging_face ? add(mul(m, c.beta1), mul(c.one_minus_beta1, g)) : add(m, mul(c.one_minus_beta1, sub(g, m)));
+  v = add(mul(v, c.beta2), mul(mul(c.one_minus_beta2, g), g));
   C second = v;
   if (c.amsgrad) {
     vmax = vmax > v ? vmax : v;
     second = vmax;
   }
-  const C denom = hugging_face ? std::sqrt(second) + c.eps : std::sqrt(second) / c.bias2_sqrt + c.eps;
-  w = w - c.step_size * (m / denom);
-  if (hugging_face) w = w - c.decay_after * w;
+  const C denom = hugging_face ? add(std::sqrt(second), c.eps) : add(std::sqrt(second) / c.bias2_sqrt, c.eps);
+  w = sub(w, mul(c.step_size, m / denom));
+  if (hugging_face) w = sub(w, mul(c.decay_after, w));
 }
 
 }  // namespace gradkit::backend

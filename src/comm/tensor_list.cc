@@ -46,6 +46,10 @@ ListInfo inspect_list(std::string_view op, std::string_view arg, std::span<const
                            "is on " + to_string(t.device) + ", expected " + to_string(device) +
                                " (the communicator's device)");
     }
+    if (is_storage_dtype(t.dtype)) {
+      throw_argument_error(ErrorCode::dtype_unsupported, op, element_name(arg, i),
+                           "is " + std::string(dtype_name(t.dtype)) + ", expected f32, f16, bf16 or f64");
+    }
     if (t.dtype != info.dtype) {
       throw_argument_error(ErrorCode::invalid_argument, op, element_name(arg, i),
                            "is " + std::string(dtype_name(t.dtype)) + ", expected " +

@@ -17,19 +17,29 @@ std::string element_name(std::string_view list, size_t index) {
   return std::string(list) + "[" + std::to_string(index) + "]";
 }
 
+// The element count list entry i must have: the first list's count, or one
+// per `block` of it.
+int64_t expected_numel(int64_t first_numel, int32_t block) { return (first_numel + block - 1) / block; }
+
 // The checks every tensor of a plan passes: its element count (that of the
-// first list's tensor at its index), its list's dtype, the plan's device, a
-// pointer that is not null and is aligned, memory that the device can reach.
+// first list's tensor at its index, or one per block of it), its list's
+// dtype (a storage dtype only where the list takes one), the plan's device,
+// a pointer that is not null and is aligned, memory that the device can reach.
 void check_tensor(std::string_view op, std::string_view list, size_t i, const TensorView& t, int64_t expected,
-                  std::string_view first_list, DType dtype, Device device) {
+                  std::string_view first_list, DType dtype, Device device, bool storage) {
   if (t.numel < 0 || t.numel > kMaxElements) {
     throw_argument_error(ErrorCode::invalid_argument, op, element_name(list, i),
                          "has " + std::to_string(t.numel) + " elements, expected a count from 0 to 2^60");
   }
+  if (is_storage_dtype(t.dtype) && !storage) {
+    throw_argument_error(ErrorCode::dtype_unsupported, op, element_name(list, i),
+                         "has dtype " + std::string(dtype_name(t.dtype)) +
+                             ", expected f32, f16, bf16 or f64 (this list holds no encoded state)");
+  }
   if (t.numel != expected) {
     throw_argument_error(ErrorCode::size_mismatch, op, element_name(list, i),
                          "has " + std::to_string(t.numel) + " elements, expected " + std::to_string(expected) +
-                             " (the size of " + element_name(first_list, i) + ")");
+                             " (from the size of " + element_name(first_list, i) + ")");
   }
   if (t.dtype != dtype) {
     throw_argument_error(ErrorCode::dtype_unsupported, op, element_name(list, i),
@@ -141,11 +151,18 @@ MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> 
   impl->pointers.resize(n * lists.size());
   for (size_t l = 0; l < lists.size(); ++l) {
     const PlanList& list = lists[l];
+    if (list.block < 1 || chunk_elements % list.block != 0) {
+      throw_argument_error(ErrorCode::invalid_argument, op, std::string(list.name) + " block",
+                           "is " + std::to_string(list.block) + ", expected a divisor of chunk_elements (" +
+                               std::to_string(chunk_elements) + ")");
+    }
     impl->names.emplace_back(list.name);
     impl->written.push_back(list.written);
+    impl->blocks.push_back(list.block);
+    impl->storage.push_back(list.storage);
     for (size_t i = 0; i < n; ++i) {
-      check_tensor(op, list.name, i, list.tensors[i], first.tensors[i].numel, first.name, impl->dtypes[l],
-                   impl->device);
+      check_tensor(op, list.name, i, list.tensors[i], expected_numel(first.tensors[i].numel, list.block), first.name,
+                   impl->dtypes[l], impl->device, list.storage);
       impl->pointers[l * n + i] = list.tensors[i].data;
     }
   }
@@ -202,7 +219,11 @@ void MultiTensorPlan::repoint(int list, std::span<const TensorView> tensors, Str
                              " (the plan's)");
   }
   const DType dtype = n > 0 ? old.dtypes[static_cast<size_t>(list)] : DType::f32;
-  for (size_t i = 0; i < n; ++i) check_tensor(op, name, i, tensors[i], old.numels[i], old.names[0], dtype, old.device);
+  const int32_t block = old.blocks[static_cast<size_t>(list)];
+  for (size_t i = 0; i < n; ++i) {
+    check_tensor(op, name, i, tensors[i], expected_numel(old.numels[i], block), old.names[0], dtype, old.device,
+                 old.storage[static_cast<size_t>(list)]);
+  }
 
   // The overlap check sees every list, the kept ones rebuilt from the tables.
   std::vector<std::vector<TensorView>> kept(old.names.size());
@@ -212,8 +233,10 @@ void MultiTensorPlan::repoint(int list, std::span<const TensorView> tensors, Str
       lists.push_back({old.names[l], tensors, old.written[l]});
       continue;
     }
-    for (size_t i = 0; i < n; ++i) kept[l].push_back({old.pointers[l * n + i], old.numels[i], old.dtypes[l], old.device});
-    lists.push_back({old.names[l], kept[l], old.written[l]});
+    for (size_t i = 0; i < n; ++i) {
+      kept[l].push_back({old.pointers[l * n + i], expected_numel(old.numels[i], old.blocks[l]), old.dtypes[l], old.device});
+    }
+    lists.push_back({old.names[l], kept[l], old.written[l], old.blocks[l], old.storage[l]});
   }
   check_overlaps(op, lists);
 

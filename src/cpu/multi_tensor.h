@@ -18,6 +18,11 @@ struct ChunkView {
   T* tensor(int list) const {
     return static_cast<T*>(plan->pointers()[list * plan->num_tensors() + chunk.tensor]) + chunk.begin;
   }
+  // The chunk's part of a list of per-block values (PlanList::block).
+  template <class T>
+  T* block_tensor(int list, int32_t block) const {
+    return static_cast<T*>(plan->pointers()[list * plan->num_tensors() + chunk.tensor]) + chunk.begin / block;
+  }
 };
 
 // Calls op(ChunkView) for every chunk of the plan.

@@ -22,6 +22,11 @@ struct PlanArgs {
   __device__ __forceinline__ T* tensor(int list, const PlanChunk& c) const {
     return static_cast<T*>(pointers[list * num_tensors + c.tensor]) + c.begin;
   }
+  // The chunk's part of a list of per-block values (PlanList::block).
+  template <class T>
+  __device__ __forceinline__ T* block_tensor(int list, const PlanChunk& c, int32_t block) const {
+    return static_cast<T*>(pointers[list * num_tensors + c.tensor]) + c.begin / block;
+  }
 
   // The index of the first chunk of tensor `t` (chunks are stored in tensor
   // order), or of the first chunk after it if it has none.

@@ -3,9 +3,12 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "backend/adam.h"
 #include "backend/cuda_runtime.h"
+#include "backend/quant_tables.h"
+#include "gradkit/ops/blockwise.h"
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
 #include "ops/device_scalar.h"
@@ -15,6 +18,33 @@ namespace gradkit {
 namespace {
 
 constexpr std::string_view kOp = "adam_step";
+
+// The lists 8-bit moments need, and what they rule out, checked before the
+// plan is made (which checks every tensor's size, dtype and device).
+void check_quantized_lists(const AdamTensors& t, std::span<const AdamHyperparameters> hyperparameters,
+                           bool quantized) {
+  const size_t n = t.weights.size();
+  const std::pair<std::string_view, size_t> absmax[] = {{"exp_avg_absmax", t.exp_avg_absmax.size()},
+                                                        {"exp_avg_sq_absmax", t.exp_avg_sq_absmax.size()}};
+  for (const auto& [name, count] : absmax) {
+    if (quantized && count != n) {
+      throw_argument_error(ErrorCode::size_mismatch, kOp, name,
+                           "has " + std::to_string(count) + " tensors, expected " + std::to_string(n) +
+                               " (one per tensor: exp_avg is u8)");
+    }
+    if (!quantized && count != 0) {
+      throw_argument_error(ErrorCode::invalid_argument, kOp, name,
+                           "is given, expected none (exp_avg is not u8: the moments are not 8-bit)");
+    }
+  }
+  if (!quantized) return;
+  for (size_t i = 0; i < hyperparameters.size(); ++i) {
+    if (hyperparameters[i].amsgrad) {
+      throw_argument_error(ErrorCode::invalid_argument, kOp, "hyperparameters[" + std::to_string(i) + "].amsgrad",
+                           "is true with 8-bit moments (exp_avg u8); expected false");
+    }
+  }
+}
 
 
 }  // namespace
@@ -45,30 +75,43 @@ AdamPlan::AdamPlan(const AdamTensors& t, std::span<const AdamHyperparameters> hy
                          "has " + std::to_string(t.max_exp_avg_sq.size()) + " tensors, expected " +
                              std::to_string(t.weights.size()) + " (a group uses amsgrad)");
   }
+  const bool quantized = !t.exp_avg.empty() && t.exp_avg[0].dtype == DType::u8;
+  check_quantized_lists(t, hyperparameters, quantized);
+  // Every list of encoded state is a storage list; the dtype rules below say
+  // which storage dtype each may hold.
   std::vector<PlanList> lists = {{"weights", t.weights, true},
                                  {"grads", t.grads, false},
-                                 {"exp_avg", t.exp_avg, true},
-                                 {"exp_avg_sq", t.exp_avg_sq, true}};
-  int max_list = -1, copy_list = -1;
-  if (any_amsgrad) {
-    max_list = static_cast<int>(lists.size());
-    lists.push_back({"max_exp_avg_sq", t.max_exp_avg_sq, true});
+                                 {"exp_avg", t.exp_avg, true, 1, true},
+                                 {"exp_avg_sq", t.exp_avg_sq, true, 1, true}};
+  Lists at;
+  auto add = [&](int& index, PlanList list) {
+    index = static_cast<int>(lists.size());
+    lists.push_back(list);
+  };
+  if (any_amsgrad) add(at.max_exp_avg_sq, {"max_exp_avg_sq", t.max_exp_avg_sq, true});
+  if (!t.model_copy.empty()) add(at.model_copy, {"model_copy", t.model_copy, true});
+  if (quantized) {
+    add(at.absmax, {"exp_avg_absmax", t.exp_avg_absmax, true, kQuantBlock});
+    lists.push_back({"exp_avg_sq_absmax", t.exp_avg_sq_absmax, true, kQuantBlock});
   }
-  if (!t.model_copy.empty()) {
-    copy_list = static_cast<int>(lists.size());
-    lists.push_back({"model_copy", t.model_copy, true});
-  }
+  if (!t.weight_remainder.empty()) add(at.remainder, {"weight_remainder", t.weight_remainder, true, 1, true});
   plan_ = MultiTensorPlan(kOp, lists, MultiTensorPlan::kDefaultChunkElements, groups,
                           static_cast<int32_t>(hyperparameters.size()));
-  ops::check_optimizer_dtypes(kOp, plan_, {.max_exp_avg_sq = max_list, .model_copy = copy_list});
-  has_max_ = max_list >= 0;
-  has_copy_ = copy_list >= 0;
+  ops::check_optimizer_dtypes(kOp, plan_,
+                              {.max_exp_avg_sq = at.max_exp_avg_sq,
+                               .model_copy = at.model_copy,
+                               .weight_remainder = at.remainder,
+                               .u8_moments = true});
+  lists_ = at;
+  if (quantized && plan_.device().is_cuda()) {
+    tables_ = backend::upload(plan_.device(), &backend::quant_tables(), sizeof(backend::QuantTables));
+  }
   set_hyperparameters(hyperparameters);
 }
 
 void AdamPlan::set_hyperparameters(std::span<const AdamHyperparameters> hyperparameters) {
   for (size_t i = 0; i < hyperparameters.size(); ++i) {
-    if (hyperparameters[i].amsgrad && !has_max_ && !hyper_.empty()) {
+    if (hyperparameters[i].amsgrad && lists_.max_exp_avg_sq < 0 && !hyper_.empty()) {
       throw_argument_error(ErrorCode::invalid_argument, kOp, "hyperparameters[" + std::to_string(i) + "].amsgrad",
                            "is true, but the plan was made without max_exp_avg_sq");
     }
@@ -96,8 +139,11 @@ void AdamPlan::step(const AdamStepInputs& in, Stream stream) const {
 
   backend::AdamLaunch launch;
   launch.inputs = in;
-  launch.max_list = has_max_ ? 4 : -1;
-  launch.copy_list = has_copy_ ? (has_max_ ? 5 : 4) : -1;
+  launch.max_list = lists_.max_exp_avg_sq;
+  launch.copy_list = lists_.model_copy;
+  launch.absmax_list = lists_.absmax;
+  launch.remainder_list = lists_.remainder;
+  launch.tables = device.is_cuda() ? static_cast<const backend::QuantTables*>(tables_.get()) : &backend::quant_tables();
   launch.groups = hyper_.on(device);
   if (device.is_cuda()) backend::adam_cuda(plan_, launch, stream);
   else backend::adam_cpu(plan_, launch);

@@ -17,6 +17,7 @@ void check_optimizer_dtypes(std::string_view op, const MultiTensorPlan& plan, co
     fail("update", plan.dtype(lists.update), std::string(dtype_name(w)) + " (the dtype of the weights)");
   }
   if (w == DType::f64) {
+    if (lists.weight_remainder >= 0) fail("weights", w, "bf16 (the weights weight_remainder completes to an f32 master)");
     if (g != DType::f64) fail("grads", g, "f64 (the dtype of the weights)");
     if (m != DType::f64) fail("exp_avg", m, "f64 (the dtype of the weights)");
     if (v != DType::f64) fail("exp_avg_sq", v, "f64 (the dtype of the weights)");
@@ -26,9 +27,22 @@ void check_optimizer_dtypes(std::string_view op, const MultiTensorPlan& plan, co
     if (lists.model_copy >= 0) fail("model_copy", plan.dtype(lists.model_copy), "no model copy with f64 weights");
     return;
   }
-  if (w != DType::f32) fail("weights", w, "f32 (master weights) or f64");
+  if (lists.weight_remainder >= 0) {
+    if (w != DType::bf16) fail("weights", w, "bf16 (the weights weight_remainder completes to an f32 master)");
+    if (plan.dtype(lists.weight_remainder) != DType::i16) {
+      fail("weight_remainder", plan.dtype(lists.weight_remainder), "i16");
+    }
+    if (lists.model_copy >= 0) {
+      throw_argument_error(ErrorCode::invalid_argument, op, "model_copy",
+                           "is given with weight_remainder; expected none (the bf16 weights are the model's)");
+    }
+  } else if (w != DType::f32) {
+    fail("weights", w, "f32 (master weights) or f64, or bf16 with weight_remainder");
+  }
   if (g == DType::f64) fail("grads", g, "f32, f16 or bf16 with f32 weights");
-  if (m != DType::f32 && m != DType::bf16) fail("exp_avg", m, "f32 or bf16");
+  if (m != DType::f32 && m != DType::bf16 && !(lists.u8_moments && m == DType::u8)) {
+    fail("exp_avg", m, lists.u8_moments ? "f32, bf16 or u8" : "f32 or bf16");
+  }
   if (v != m) fail("exp_avg_sq", v, std::string(dtype_name(m)) + " (the dtype of exp_avg)");
   if (lists.max_exp_avg_sq >= 0 && plan.dtype(lists.max_exp_avg_sq) != m) {
     fail("max_exp_avg_sq", plan.dtype(lists.max_exp_avg_sq), std::string(dtype_name(m)));

@@ -12,10 +12,14 @@ struct OptionalLists {
   int max_exp_avg_sq = -1;  // must match the moments
   int model_copy = -1;      // f16 or bf16
   int update = -1;          // the weights' dtype
+  int weight_remainder = -1;  // i16, with bf16 weights (and no model copy)
+  bool u8_moments = false;    // does the op take 8-bit moments?
 };
 
-// Weights f32 with grads f32/f16/bf16 and moments f32 or bf16 (all alike),
-// or everything f64 (no model copy). Throws dtype_unsupported naming `op`
+// Weights f32 with grads f32/f16/bf16 and moments f32 or bf16 (all alike;
+// or u8 where the op takes them), or everything f64 (no model copy); or
+// weights bf16 with an i16 remainder (no model copy) and grads and moments
+// as for f32 weights. Throws dtype_unsupported naming `op`
 // and the list.
 void check_optimizer_dtypes(std::string_view op, const MultiTensorPlan& plan, const OptionalLists& lists);
 

@@ -5,6 +5,7 @@
 
 #include "backend/step_counter.h"
 #include "gradkit/core/error.h"
+#include "gradkit/ops/blockwise.h"
 #include "gradkit/optim/state_file.h"
 #include "optim/hyperparameter_io.h"
 #include "optim/moment_storage.h"
@@ -20,9 +21,10 @@ constexpr std::string_view kKind = "adam";
 Adam::Adam(std::vector<AdamGroup> groups, AdamOptions options)
     : groups_(std::move(groups)), options_(options) {
   if (groups_.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
-  if (options_.moment_dtype != DType::f32 && options_.moment_dtype != DType::bf16) {
+  const DType md = options_.moment_dtype;
+  if (md != DType::f32 && md != DType::bf16 && md != DType::u8) {
     throw_argument_error(ErrorCode::dtype_unsupported, kOp, "options.moment_dtype",
-                         "is " + std::string(dtype_name(options_.moment_dtype)) + ", expected f32 or bf16");
+                         "is " + std::string(dtype_name(md)) + ", expected f32, bf16 or u8");
   }
   const ParameterLists lists = flatten_groups(kOp, groups_);
   device_ = lists.device;
@@ -34,19 +36,36 @@ Adam::Adam(std::vector<AdamGroup> groups, AdamOptions options)
     amsgrad = amsgrad || g.hyperparameters.amsgrad;
   }
   const int moments = amsgrad ? 3 : 2;
+  // Zero-filled 8-bit moments decode to zero whatever their codes: their
+  // absmax is 0.
   state_ = allocate_moments(device_, lists.params, moment, moments);
   std::vector<std::vector<TensorView>*> views = {&exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_};
   for (int k = 0; k < moments; ++k) *views[k] = moment_views(state_, lists.params, moment, moments, k);
+  if (moment == DType::u8) {
+    std::vector<TensorView> blocks = lists.params;
+    for (TensorView& b : blocks) b.numel = quant_blocks(b.numel);
+    absmax_ = allocate_moments(device_, blocks, DType::f32, 2);
+    exp_avg_absmax_ = moment_views(absmax_, blocks, DType::f32, 2, 0);
+    exp_avg_sq_absmax_ = moment_views(absmax_, blocks, DType::f32, 2, 1);
+  }
 
   counter_ = Buffer(device_, sizeof(int64_t));
   lrs_ = Buffer(device_, sizeof(float) * groups_.size());
-  plan_ = AdamPlan(AdamTensors{lists.params, lists.grads, exp_avg_, exp_avg_sq_, max_exp_avg_sq_, lists.copies},
-                   hyper, lists.group_of_tensor);
+  AdamTensors tensors{lists.params, lists.grads, exp_avg_, exp_avg_sq_, max_exp_avg_sq_, lists.copies, {}, {}, {}};
+  tensors.exp_avg_absmax = exp_avg_absmax_;
+  tensors.exp_avg_sq_absmax = exp_avg_sq_absmax_;
+  plan_ = AdamPlan(tensors, hyper, lists.group_of_tensor);
   upload_lrs();
 }
 
 std::vector<StateSection> Adam::sections() const {
-  return {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}, {"max_exp_avg_sq", &max_exp_avg_sq_}};
+  std::vector<StateSection> out = {
+      {"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}, {"max_exp_avg_sq", &max_exp_avg_sq_}};
+  if (!exp_avg_absmax_.empty()) {  // 8-bit moments (format version 2)
+    out.push_back({"exp_avg_absmax", &exp_avg_absmax_});
+    out.push_back({"exp_avg_sq_absmax", &exp_avg_sq_absmax_});
+  }
+  return out;
 }
 
 void Adam::upload_lrs() {

@@ -127,6 +127,12 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
     : comm_(comm), layout_(layout), communication_stream_(options.communication_stream) {
   if (groups.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
   layout_.validate(kOp);
+  // A shard cuts tensors anywhere; 8-bit moments need their 256-element
+  // blocks whole on one rank (not yet: docs/ops.md).
+  if (options.adam.moment_dtype == DType::u8) {
+    throw_argument_error(ErrorCode::dtype_unsupported, kOp, "options.adam.moment_dtype",
+                         "is u8; expected f32 or bf16 (8-bit moments are not sharded yet)");
+  }
   if (options.update_parts < 1) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "options.update_parts",
                          "is " + std::to_string(options.update_parts) + ", expected >= 1");

@@ -118,8 +118,8 @@ StateFile StateFile::read(const std::string& path) {
   std::memcpy(&stored, data.data() + data.size() - 8, 8);
   uint32_t version;
   std::memcpy(&version, data.data() + 8, 4);
-  if (version != kVersion) {
-    fail(path, "has format version " + std::to_string(version) + ", expected " + std::to_string(kVersion));
+  if (version < 1 || version > kVersion) {  // older versions' files read as they are (docs/state-format.md)
+    fail(path, "has format version " + std::to_string(version) + ", expected 1 to " + std::to_string(kVersion));
   }
   if (state_file_checksum(data.data(), data.size() - 8) != stored) fail(path, "is corrupt (checksum mismatch)");
 

@@ -88,6 +88,8 @@ constexpr CollectiveTolerance collective_tolerance(DType dtype, int ranks, bool 
     case DType::f16: return {roundings * 0x1p-11, roundings * 0x1p-24};
     case DType::bf16: return {roundings * 0x1p-8, roundings * 0x1p-133};
     case DType::f64: return {roundings * 0x1p-53, roundings * 0x1p-1074};
+    case DType::u8:
+    case DType::i16: break;
   }
   return {0, 0};
 }
@@ -117,6 +119,8 @@ constexpr double adasum_tolerance(DType dtype, int levels) {
     case DType::f16: return 4 * levels * 0x1p-11;
     case DType::bf16: return 4 * levels * 0x1p-8;
     case DType::f64: return 8 * levels * 0x1p-53;
+    case DType::u8:
+    case DType::i16: break;
   }
   return 0;
 }

@@ -9,9 +9,16 @@
 
 namespace gradkit {
 
-enum class DType : uint8_t { f32, f16, bf16, f64 };
+// f32..f64 are the floating-point element types every op takes. u8 and i16
+// are storage types only: the encoded optimizer state (8-bit blockwise
+// moments, the 16-bit remainder of an f32 master beside a bf16 weight), which
+// only the optimizer updates accept, in the lists that hold such state.
+enum class DType : uint8_t { f32, f16, bf16, f64, u8, i16 };
 
+// The floating-point types (not the storage types): what the tests iterate over.
 inline constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16, DType::f64};
+
+constexpr bool is_storage_dtype(DType t) { return t == DType::u8 || t == DType::i16; }
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -19,6 +26,8 @@ constexpr size_t dtype_size(DType t) {
     case DType::f16: return 2;
     case DType::bf16: return 2;
     case DType::f64: return 8;
+    case DType::u8: return 1;
+    case DType::i16: return 2;
   }
   return 0;
 }
@@ -29,6 +38,8 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
     case DType::f64: return "f64";
+    case DType::u8: return "u8";
+    case DType::i16: return "i16";
   }
   return "?";
 }
@@ -48,7 +59,8 @@ struct DTypePair {
   friend constexpr bool operator==(DTypePair, DTypePair) = default;
 };
 
-// Calls fn.template operator()<T>() with the C++ type of `t`.
+// Calls fn.template operator()<T>() with the C++ type of `t`, one of the
+// floating-point types (callers have refused the storage types by then).
 // The host-side types are float, gradkit::half, gradkit::bfloat16, double;
 // backends map them to their own (the CUDA backend to __half, __nv_bfloat16).
 template <class Fn>
@@ -57,7 +69,9 @@ decltype(auto) dispatch_dtype(DType t, Fn&& fn) {
     case DType::f32: return fn.template operator()<float>();
     case DType::f16: return fn.template operator()<half>();
     case DType::bf16: return fn.template operator()<bfloat16>();
-    case DType::f64: break;
+    case DType::f64:
+    case DType::u8:
+    case DType::i16: break;
   }
   return fn.template operator()<double>();
 }

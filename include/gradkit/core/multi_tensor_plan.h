@@ -4,7 +4,8 @@
 // once here: equal list lengths, equal element counts tensor by tensor, one
 // dtype per list, one device for everything, no null data with a non-zero
 // count, no overlap between a written tensor and any other tensor (except the
-// identical tensor at the same index of a read-only list, for in-place use). It then cuts every
+// identical tensor at the same index of a read-only list, for in-place use),
+// no storage dtype (u8, i16) outside a list that declares it. It then cuts every
 // tensor into chunks of at most `chunk_elements` and, for CUDA, uploads the
 // chunk table and the pointer table to the device. A launch afterwards passes
 // one pointer to the kernel, whatever the number of tensors, and can be
@@ -27,6 +28,13 @@ struct PlanList {
   std::string_view name;                // the argument name errors report
   std::span<const TensorView> tensors;
   bool written = false;                 // does the operation write this list?
+  // A list of per-block values (the absmax of 8-bit moments): each of its
+  // tensors holds one element per `block` elements of the first list's
+  // tensor at its index (ceil(numel / block) elements), and a chunk's part
+  // of it starts at chunk.begin / block. The plan's chunk size must then be
+  // a multiple of `block`, so that no block straddles two chunks.
+  int32_t block = 1;
+  bool storage = false;                 // may the list hold a storage dtype (u8, i16)?
 };
 
 // One chunk: elements [begin, begin + length) of tensor `tensor`.
@@ -67,6 +75,7 @@ class MultiTensorPlan {
   std::span<void* const> pointers() const { return impl_ ? std::span<void* const>(impl_->pointers) : std::span<void* const>(); }
   std::span<const int64_t> numels() const { return impl_ ? std::span<const int64_t>(impl_->numels) : std::span<const int64_t>(); }
   std::span<const int32_t> groups() const { return impl_ ? std::span<const int32_t>(impl_->groups) : std::span<const int32_t>(); }
+  int32_t block(int list) const { return impl_->blocks.at(static_cast<size_t>(list)); }
 
   // The device copy (chunks, then pointers, then groups) for CUDA plans; null for CPU.
   const void* device_table() const { return impl_ ? impl_->device_table.get() : nullptr; }
@@ -98,6 +107,8 @@ class MultiTensorPlan {
     std::string op;                  // the operation named in errors
     std::vector<std::string> names;  // each list's argument name
     std::vector<bool> written;       // each list's written flag
+    std::vector<int32_t> blocks;     // each list's PlanList::block
+    std::vector<bool> storage;       // each list's PlanList::storage
     std::shared_ptr<void> device_table;  // freed with the last copy of the plan
   };
   static void upload_tables(Impl& impl);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -44,8 +45,13 @@ namespace gradkit {
 
 // The lists an update reads and writes; tensor i of each list belongs to the
 // same parameter. Supported dtypes: weights f32 with gradients f32/f16/bf16,
-// moments f32 or bf16 (both the same), optional model copy f16 or bf16;
-// or everything f64 (no copy).
+// moments f32, bf16 or u8 (both the same), optional model copy f16 or bf16;
+// weights bf16 with their remainder (i16), gradients f32/f16/bf16, moments
+// f32, bf16 or u8, no model copy; or everything f64 (no copy).
+//
+// u8 moments are 8-bit blockwise (gradkit/ops/blockwise.h): exp_avg with
+// the signed code, exp_avg_sq with the unsigned one, each with its f32
+// absmax list (quant_blocks(numel) elements per tensor); no amsgrad.
 struct AdamTensors {
   std::span<const TensorView> weights;
   std::span<const TensorView> grads;
@@ -53,6 +59,11 @@ struct AdamTensors {
   std::span<const TensorView> exp_avg_sq;      // second moment v
   std::span<const TensorView> max_exp_avg_sq;  // amsgrad's running max of v; required if any group uses amsgrad
   std::span<const TensorView> model_copy;      // optional low-precision copy of the weights, written in the same pass
+  std::span<const TensorView> exp_avg_absmax;     // u8 moments: each block's absmax of m
+  std::span<const TensorView> exp_avg_sq_absmax;  // u8 moments: each block's absmax of v
+  // bf16 weights: what rounding the f32 master to the weight took away
+  // (docs/ops.md, "the remainder master"); the master is (weight, remainder).
+  std::span<const TensorView> weight_remainder;
 };
 
 // Per-step inputs. Each may be a host value or a pointer into memory on the
@@ -91,14 +102,21 @@ class AdamPlan {
 
   const MultiTensorPlan& plan() const { return plan_; }
   std::span<const AdamHyperparameters> hyperparameters() const { return hyper_.host(); }
-  bool has_model_copy() const { return has_copy_; }
-  bool has_max_exp_avg_sq() const { return has_max_; }
+  bool has_model_copy() const { return lists_.model_copy >= 0; }
+  bool has_max_exp_avg_sq() const { return lists_.max_exp_avg_sq >= 0; }
+  bool quantized_moments() const { return lists_.absmax >= 0; }
+  bool has_weight_remainder() const { return lists_.remainder >= 0; }
+
+  // Where each optional list sits in plan() (-1: absent).
+  struct Lists {
+    int max_exp_avg_sq = -1, model_copy = -1, absmax = -1, remainder = -1;  // absmax: m's, then v's at absmax + 1
+  };
 
  private:
   MultiTensorPlan plan_;
   detail::GroupTable<AdamHyperparameters> hyper_;
-  bool has_copy_ = false;
-  bool has_max_ = false;
+  Lists lists_;
+  std::shared_ptr<void> tables_;  // the code tables, on the plan's CUDA device (8-bit moments)
 };
 
 // One call, planned each time (see docs/ops.md on unplanned calls).

@@ -23,7 +23,9 @@ struct AdamGroup {
 };
 
 struct AdamOptions {
-  DType moment_dtype = DType::f32;  // f32, or bf16 to halve the optimizer state
+  // f32; bf16 to halve the optimizer state; u8 for 8-bit blockwise moments
+  // (docs/ops.md, "8-bit moments": 2 bytes per parameter plus 8 per 256).
+  DType moment_dtype = DType::f32;
 };
 
 class Adam {
@@ -52,6 +54,11 @@ class Adam {
   const std::vector<TensorView>& exp_avg() const { return exp_avg_; }
   const std::vector<TensorView>& exp_avg_sq() const { return exp_avg_sq_; }
   const std::vector<TensorView>& max_exp_avg_sq() const { return max_exp_avg_sq_; }
+  // 8-bit moments: each tensor's per-block absmax of exp_avg and exp_avg_sq (empty otherwise).
+  const std::vector<TensorView>& exp_avg_absmax() const { return exp_avg_absmax_; }
+  const std::vector<TensorView>& exp_avg_sq_absmax() const { return exp_avg_sq_absmax_; }
+  // Bytes of optimizer-owned state (moments, absmax, counter, lrs).
+  size_t state_bytes() const { return state_.bytes() + absmax_.bytes() + counter_.bytes() + lrs_.bytes(); }
 
   // The moments, step count and hyperparameters (not the weights: they
   // belong to the model). load() checks the whole file against this
@@ -74,9 +81,10 @@ class Adam {
   AdamOptions options_;
   Device device_;
   Buffer state_;    // every moment tensor, back to back at 256-byte boundaries
+  Buffer absmax_;   // 8-bit moments: every absmax tensor, likewise
   Buffer counter_;  // int64 step count
   Buffer lrs_;      // float per group
-  std::vector<TensorView> exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
+  std::vector<TensorView> exp_avg_, exp_avg_sq_, max_exp_avg_sq_, exp_avg_absmax_, exp_avg_sq_absmax_;
   AdamPlan plan_;
 };
 

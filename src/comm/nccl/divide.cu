@@ -88,6 +88,8 @@ void divide_on_device(const MultiTensorPlan& plan, int divisor, cudaStream_t str
     case DType::f16: return launch_list<__half>(plan, divisor, stream);
     case DType::bf16: return launch_list<__nv_bfloat16>(plan, divisor, stream);
     case DType::f64: return launch_list<double>(plan, divisor, stream);
+    case DType::u8:
+    case DType::i16: return;  // refused by inspect_list
   }
 }
 
@@ -98,6 +100,8 @@ void divide_on_device(void* data, int64_t count, DType dtype, int divisor, cudaS
     case DType::f16: return launch<__half>(data, count, divisor, stream);
     case DType::bf16: return launch<__nv_bfloat16>(data, count, divisor, stream);
     case DType::f64: return launch<double>(data, count, divisor, stream);
+    case DType::u8:
+    case DType::i16: return;  // refused by inspect_list
   }
 }
 

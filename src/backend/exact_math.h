@@ -1,0 +1,45 @@
+// Arithmetic that both backends round the same way: each operation rounded
+// once, never fused into a multiply-add. The CUDA compiler fuses a * b + c
+// unless told not to (the _rn intrinsics); host code is compiled with
+// -ffp-contract=off (src/CMakeLists.txt). Kernels whose results must be the
+// same bit for bit on the CPU and on CUDA (the encoded optimizer state,
+// where one rounding apart can be one code apart) compute with these.
+#pragma once
+
+#if defined(__CUDACC__)
+#define GRADKIT_HD __host__ __device__ __forceinline__
+#else
+#define GRADKIT_HD inline
+#endif
+
+namespace gradkit::backend::exact {
+
+#if defined(__CUDA_ARCH__)
+GRADKIT_HD float mul(float a, float b) { return __fmul_rn(a, b); }
+GRADKIT_HD float add(float a, float b) { return __fadd_rn(a, b); }
+GRADKIT_HD float sub(float a, float b) { return __fsub_rn(a, b); }
+GRADKIT_HD double mul(double a, double b) { return __dmul_rn(a, b); }
+GRADKIT_HD double add(double a, double b) { return __dadd_rn(a, b); }
+GRADKIT_HD double sub(double a, double b) { return __dsub_rn(a, b); }
+#else
+GRADKIT_HD float mul(float a, float b) { return a * b; }
+GRADKIT_HD float add(float a, float b) { return a + b; }
+GRADKIT_HD float sub(float a, float b) { return a - b; }
+GRADKIT_HD double mul(double a, double b) { return a * b; }
+GRADKIT_HD double add(double a, double b) { return a + b; }
+GRADKIT_HD double sub(double a, double b) { return a - b; }
+#endif
+
+// x^n for n >= 0 by repeated squaring: the same roundings on every backend
+// (the libraries' pow functions may differ in the last bit).
+GRADKIT_HD double power(double x, long long n) {
+  double result = 1.0;
+  while (n > 0) {
+    if (n & 1) result = mul(result, x);
+    x = mul(x, x);
+    n >>= 1;
+  }
+  return result;
+}
+
+}  // namespace gradkit::backend::exact

@@ -1,0 +1,70 @@
+// An f32 master weight kept as a bf16 weight plus a 16-bit remainder, written
+// once for both backends. The weight is the master rounded to nearest, ties
+// away from zero (in the magnitude); the remainder is the master's bit
+// pattern minus the weight's (shifted up 16 bits), a signed 16-bit integer in
+// [-32768, 32767]. Together they give the master back bit for bit, for every
+// value but NaN (docs/ops.md, "the remainder master").
+//
+// Why ties away from zero, not to even: a bf16 weight w has 65536 f32 values
+// that round to it under this rule (low halves 0x8000 below to 0x7fff above),
+// exactly the 65536 remainders 16 bits hold; under ties-to-even an even
+// weight would have 65537 and an odd one 65535, and one remainder would have
+// to stand for two masters.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/exact_math.h"
+
+#if !defined(__CUDA_ARCH__)
+#include <cstring>
+#endif
+
+namespace gradkit::backend {
+
+GRADKIT_HD uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+#endif
+}
+
+GRADKIT_HD float bits_float(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+#endif
+}
+
+// The bf16 weight's bits and the remainder for `master`. Integer arithmetic
+// on the bit pattern rounds the magnitude (the sign bit never changes: the
+// magnitude rounds at most to 0x7f80 << 16, Inf); a value past bf16's
+// largest finite one rounds to Inf, as any conversion to nearest does, and
+// its remainder still holds the master. A NaN master gives a quiet NaN weight
+// (its top 16 bits with the quiet bit set) and its low 16 bits.
+GRADKIT_HD void split_master(float master, uint16_t& weight, int16_t& remainder) {
+  const uint32_t bits = float_bits(master);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    weight = static_cast<uint16_t>((bits >> 16) | 0x40u);
+    remainder = static_cast<int16_t>(bits & 0xffffu);
+    return;
+  }
+  weight = static_cast<uint16_t>((bits + 0x8000u) >> 16);
+  remainder = static_cast<int16_t>(static_cast<uint16_t>(bits - (static_cast<uint32_t>(weight) << 16)));
+}
+
+// The master from its weight and remainder: the inverse of split_master
+// (a NaN weight gives a NaN, quiet, with the remainder as its low bits).
+GRADKIT_HD float join_master(uint16_t weight, int16_t remainder) {
+  const uint32_t high = static_cast<uint32_t>(weight) << 16;
+  if ((weight & 0x7fffu) > 0x7f80u) return bits_float(high | static_cast<uint16_t>(remainder));
+  return bits_float(high + static_cast<uint32_t>(static_cast<int32_t>(remainder)));
+}
+
+}  // namespace gradkit::backend

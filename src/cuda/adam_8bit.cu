@@ -1,0 +1,170 @@
+// The Adam update with 8-bit blockwise moments, as a functor of the
+// multi-tensor driver: one pass that decodes m and v, updates w, m and v in
+// f32 (backend/adam_math.h), finds each block's new absmax and encodes m and
+// v again (backend/blockwise_math.h). A warp owns one 256-element block at a
+// time, 8 consecutive elements per lane, and reduces the block's absmax with
+// shuffles; a chunk (64K elements) holds whole blocks, so a thread block
+// never shares a quantization block with another.
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/adam.h"
+#include "backend/adam_math.h"
+#include "backend/blockwise_math.h"
+#include "backend/master_math.h"
+#include "cuda/adam_launch.cuh"
+#include "cuda/multi_tensor.cuh"
+#include "cuda/types.cuh"
+
+namespace gradkit::backend {
+namespace {
+
+using cuda::native_t;
+using cuda::NoCopy;
+using cuda::PlanArgs;
+
+constexpr int kLanes = 32;
+constexpr int kPerLane = kQuantBlock / kLanes;  // 8
+static_assert(kQuantBlock % kLanes == 0 && kPerLane >= 1 && kPerLane <= 16);
+
+// kPerLane consecutive elements from p (n of them valid), one vector load
+// when the block is whole and the address allows it.
+template <class T>
+__device__ __forceinline__ void load_lane(T (&dst)[kPerLane], const T* p, int n, bool vectorized) {
+  if (vectorized && n == kPerLane) return cuda::load<kPerLane>(dst, p, true);
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) dst[k] = k < n ? p[k] : T{};
+}
+
+template <class T>
+__device__ __forceinline__ void store_lane(T* p, const T (&src)[kPerLane], int n, bool vectorized) {
+  if (vectorized && n == kPerLane) return cuda::store<kPerLane>(p, src, true);
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    if (k < n) p[k] = src[k];
+  }
+}
+
+// W: f32, or the bits of bf16 weights (uint16_t) with kRemainder.
+template <class W, class G, class Copy, bool kRemainder>
+struct Adam8bitOp {
+  static constexpr bool kCopy = !std::is_same_v<Copy, NoCopy>;
+  AdamLaunch launch;
+
+  __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
+    const AdamStepInputs& in = launch.inputs;
+    if (in.found_inf != nullptr && *in.found_inf) return;
+
+    // The group's constants and both code tables, once per thread block.
+    __shared__ AdamCoefficients<float> shared;
+    __shared__ QuantTables tables;
+    if (threadIdx.x == 0) shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
+    {
+      const auto* from = reinterpret_cast<const float*>(launch.tables);
+      auto* to = reinterpret_cast<float*>(&tables);
+      for (int k = threadIdx.x; k < static_cast<int>(sizeof(QuantTables) / sizeof(float)); k += blockDim.x) to[k] = from[k];
+    }
+    __syncthreads();
+    const AdamCoefficients<float> c = shared;
+    const float scale = in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale;
+    const bool scaled = scale != 1.0f;
+
+    W* w = plan.tensor<W>(0, chunk);
+    const G* g = plan.tensor<G>(1, chunk);
+    uint8_t* qm = plan.tensor<uint8_t>(2, chunk);
+    uint8_t* qv = plan.tensor<uint8_t>(3, chunk);
+    float* absmax_m = plan.block_tensor<float>(launch.absmax_list, chunk, kQuantBlock);
+    float* absmax_v = plan.block_tensor<float>(launch.absmax_list + 1, chunk, kQuantBlock);
+    Copy* copy = nullptr;
+    if constexpr (kCopy) copy = plan.tensor<Copy>(launch.copy_list, chunk);
+    int16_t* rem = nullptr;
+    if constexpr (kRemainder) rem = plan.tensor<int16_t>(launch.remainder_list, chunk);
+    const bool vectorized = cuda::vector_aligned<kPerLane>(w) && cuda::vector_aligned<kPerLane>(g) &&
+                            cuda::vector_aligned<kPerLane>(qm) && cuda::vector_aligned<kPerLane>(qv) &&
+                            (!kCopy || cuda::vector_aligned<kPerLane>(copy)) &&
+                            (!kRemainder || cuda::vector_aligned<kPerLane>(rem));
+
+    const int lane = threadIdx.x % kLanes;
+    const int warps = blockDim.x / kLanes;
+    const int blocks = (chunk.length + kQuantBlock - 1) / kQuantBlock;
+    for (int b = threadIdx.x / kLanes; b < blocks; b += warps) {
+      const int at = b * kQuantBlock + lane * kPerLane;
+      const int n = min(kPerLane, max(0, chunk.length - at));
+      W wr[kPerLane];
+      G gr[kPerLane];
+      uint8_t mr[kPerLane], vr[kPerLane];
+      int16_t rr[kPerLane];
+      load_lane(wr, w + at, n, vectorized);
+      load_lane(gr, g + at, n, vectorized);
+      load_lane(mr, qm + at, n, vectorized);
+      load_lane(vr, qv + at, n, vectorized);
+      if constexpr (kRemainder) load_lane(rr, rem + at, n, vectorized);
+      const float old_m = absmax_m[b], old_v = absmax_v[b];
+
+      float m_new[kPerLane], v_new[kPerLane];
+      [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];
+      float amax_m = 0.0f, amax_v = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        float wc;
+        if constexpr (kRemainder) wc = join_master(wr[k], rr[k]);
+        else wc = cuda::to_compute<float>(wr[k]);
+        float gc = cuda::to_compute<float>(gr[k]);
+        if (scaled) gc = gc / scale;
+        float mc = dequantize(tables.table[0], mr[k], old_m), vc = dequantize(tables.table[1], vr[k], old_v);
+        float unused = 0.0f;
+        adam_element(wc, gc, mc, vc, unused, c);
+        if constexpr (kRemainder) split_master(wc, wr[k], rr[k]);
+        else wr[k] = cuda::from_compute<W>(wc);
+        if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(wc);
+        m_new[k] = mc;
+        v_new[k] = vc;
+        if (k < n) {
+          amax_m = absmax_fold(amax_m, mc);
+          amax_v = absmax_fold(amax_v, vc);
+        }
+      }
+      // The block's absmax in every lane (the fold is exact, so the order of
+      // the shuffle tree does not change it).
+#pragma unroll
+      for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+        amax_m = absmax_fold(amax_m, __shfl_xor_sync(0xffffffffu, amax_m, offset));
+        amax_v = absmax_fold(amax_v, __shfl_xor_sync(0xffffffffu, amax_v, offset));
+      }
+      const float scale_m = quant_scale(amax_m), scale_v = quant_scale(amax_v);
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        mr[k] = quantize(tables.table[0], exact::mul(m_new[k], scale_m));
+        vr[k] = quantize(tables.table[1], exact::mul(v_new[k], scale_v));
+      }
+      store_lane(w + at, wr, n, vectorized);
+      store_lane(qm + at, mr, n, vectorized);
+      store_lane(qv + at, vr, n, vectorized);
+      if constexpr (kRemainder) store_lane(rem + at, rr, n, vectorized);
+      if constexpr (kCopy) store_lane(copy + at, cr, n, vectorized);
+      if (lane == 0) {
+        absmax_m[b] = amax_m;
+        absmax_v[b] = amax_v;
+      }
+    }
+  }
+};
+
+template <class Weights, class G, class M, class Copy>
+struct Moments8bit {
+  static void launch(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream) {
+    constexpr bool kRemainder = std::is_same_v<Weights, cuda::RemainderWeights>;
+    using W = std::conditional_t<kRemainder, uint16_t, Weights>;
+    if constexpr (std::is_same_v<M, float>) {
+      cuda::launch_multi_tensor(plan, Adam8bitOp<W, native_t<G>, native_t<Copy>, kRemainder>{launch}, stream);
+    }
+  }
+};
+
+}  // namespace
+
+void adam_8bit_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream) {
+  cuda::dispatch_adam<Moments8bit>(plan, launch, stream);
+}
+
+}  // namespace gradkit::backend

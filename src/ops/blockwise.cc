@@ -1,0 +1,131 @@
+// The code tables of 8-bit moments, built from their definition, and the
+// whole-tensor encode/decode for moving state in and out of the 8-bit form.
+#include "gradkit/ops/blockwise.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backend/blockwise_math.h"
+#include "backend/quant_tables.h"
+#include "gradkit/core/error.h"
+#include "gradkit/core/memory.h"
+#include "ops/host_staging.h"
+
+namespace gradkit {
+namespace {
+
+// The dynamic map of Dettmers (2016, "8-Bit Approximations for Parallelism
+// in Deep Learning"), as the 8-bit optimizers paper uses it with 8 bits:
+// for each decimal exponent e = -6 .. 0, the midpoints of n equal steps of
+// [0.1, 1] times 10^e, where n doubles with e (1, 2, 4, ... 64 for the
+// signed map, which takes each value with both signs; 2, 4, ... 128 for the
+// unsigned map, which has the sign bit as one more fraction bit); then 0
+// and 1. Each count is 2^7 - 1 or 2^8 - 2 values plus 2: 256 either way.
+// Computed in f64, rounded to f32 once.
+std::array<float, 256> build_code(bool is_signed) {
+  std::vector<double> values;
+  double decade = 1e-6;
+  for (int e = 0; e < 7; ++e, decade *= 10) {
+    const int steps = is_signed ? (1 << e) : (2 << e);
+    for (int i = 0; i < steps; ++i) {
+      const double low = 0.1 + 0.9 * i / steps, high = 0.1 + 0.9 * (i + 1) / steps;
+      const double value = decade * ((low + high) / 2);
+      values.push_back(value);
+      if (is_signed) values.push_back(-value);
+    }
+  }
+  values.push_back(0.0);
+  values.push_back(1.0);
+  std::sort(values.begin(), values.end());
+  std::array<float, 256> code{};
+  for (size_t i = 0; i < code.size(); ++i) code[i] = static_cast<float>(values.at(i));
+  return code;
+}
+
+backend::QuantTable build_table(const std::array<float, 256>& code) {
+  backend::QuantTable t{};
+  for (int i = 0; i < 256; ++i) t.codes[i] = code[i];
+  for (int i = 0; i < 255; ++i) {
+    t.midpoints[i] = static_cast<float>((static_cast<double>(code[i]) + static_cast<double>(code[i + 1])) / 2);
+  }
+  t.midpoints[255] = std::numeric_limits<float>::infinity();
+  return t;
+}
+
+constexpr std::string_view kQuantize = "quantize_blockwise";
+constexpr std::string_view kDequantize = "dequantize_blockwise";
+
+void check_code(std::string_view op, QuantCode code) {
+  const auto c = static_cast<int32_t>(code);
+  if (c != 0 && c != 1) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "code",
+                         "is " + std::to_string(c) + ", expected signed_dynamic or unsigned_dynamic");
+  }
+}
+
+}  // namespace
+
+const std::array<float, 256>& quant_code(QuantCode code) {
+  static const std::array<float, 256> tables[2] = {build_code(true), build_code(false)};
+  check_code("quant_code", code);
+  return tables[static_cast<int>(code)];
+}
+
+namespace backend {
+
+const QuantTables& quant_tables() {
+  static const QuantTables tables = [] {
+    QuantTables t{};
+    t.table[0] = build_table(quant_code(QuantCode::signed_dynamic));
+    t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic));
+    return t;
+  }();
+  return tables;
+}
+
+void encode_block(const QuantTable& table, const float* values, int n, uint8_t* codes, float* absmax) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = absmax_fold(amax, values[i]);
+  const float scale = quant_scale(amax);
+  for (int i = 0; i < n; ++i) codes[i] = quantize(table, exact::mul(values[i], scale));
+  *absmax = amax;
+}
+
+}  // namespace backend
+
+void quantize_blockwise(QuantCode code, const TensorView& values, const TensorView& codes, const TensorView& absmax) {
+  check_code(kQuantize, code);
+  const Device device = values.device;
+  ops::check_staged(kQuantize, "values", values, DType::f32, values.numel, device);
+  ops::check_staged(kQuantize, "codes", codes, DType::u8, values.numel, device);
+  ops::check_staged(kQuantize, "absmax", absmax, DType::f32, quant_blocks(values.numel), device);
+  const std::vector<float> x = ops::to_host<float>(values);
+  std::vector<uint8_t> q(x.size());
+  std::vector<float> amax(static_cast<size_t>(absmax.numel));
+  const backend::QuantTable& table = backend::quant_tables().table[static_cast<int>(code)];
+  for (int64_t b = 0; b < absmax.numel; ++b) {
+    const int64_t begin = b * kQuantBlock;
+    const int n = static_cast<int>(std::min<int64_t>(kQuantBlock, values.numel - begin));
+    backend::encode_block(table, x.data() + begin, n, q.data() + begin, &amax[b]);
+  }
+  copy_from_host(codes.data, device, q.data(), q.size());
+  copy_from_host(absmax.data, device, amax.data(), amax.size() * sizeof(float));
+}
+
+void dequantize_blockwise(QuantCode code, const TensorView& codes, const TensorView& absmax, const TensorView& values) {
+  check_code(kDequantize, code);
+  const Device device = codes.device;
+  ops::check_staged(kDequantize, "codes", codes, DType::u8, codes.numel, device);
+  ops::check_staged(kDequantize, "absmax", absmax, DType::f32, quant_blocks(codes.numel), device);
+  ops::check_staged(kDequantize, "values", values, DType::f32, codes.numel, device);
+  const std::vector<uint8_t> q = ops::to_host<uint8_t>(codes);
+  const std::vector<float> amax = ops::to_host<float>(absmax);
+  std::vector<float> x(q.size());
+  const backend::QuantTable& table = backend::quant_tables().table[static_cast<int>(code)];
+  for (size_t i = 0; i < x.size(); ++i) x[i] = backend::dequantize(table, q[i], amax[i / kQuantBlock]);
+  copy_from_host(values.data, device, x.data(), x.size() * sizeof(float));
+}
+
+}  // namespace gradkit

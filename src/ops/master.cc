@@ -1,0 +1,40 @@
+// Whole-tensor conversions between f32 masters and (bf16 weight, remainder)
+// pairs, with the element formulas the kernels use (backend/master_math.h).
+#include "gradkit/ops/master.h"
+
+#include <string>
+#include <vector>
+
+#include "backend/master_math.h"
+#include "gradkit/core/error.h"
+#include "gradkit/core/memory.h"
+#include "ops/host_staging.h"
+
+namespace gradkit {
+
+void split_masters(const TensorView& masters, const TensorView& weights, const TensorView& remainder) {
+  constexpr std::string_view kOp = "split_masters";
+  ops::check_staged(kOp, "masters", masters, DType::f32, masters.numel, masters.device);
+  ops::check_staged(kOp, "weights", weights, DType::bf16, masters.numel, masters.device);
+  ops::check_staged(kOp, "remainder", remainder, DType::i16, masters.numel, masters.device);
+  const std::vector<float> m = ops::to_host<float>(masters);
+  std::vector<uint16_t> w(m.size());
+  std::vector<int16_t> r(m.size());
+  for (size_t i = 0; i < m.size(); ++i) backend::split_master(m[i], w[i], r[i]);
+  copy_from_host(weights.data, weights.device, w.data(), w.size() * sizeof(uint16_t));
+  copy_from_host(remainder.data, remainder.device, r.data(), r.size() * sizeof(int16_t));
+}
+
+void join_masters(const TensorView& weights, const TensorView& remainder, const TensorView& masters) {
+  constexpr std::string_view kOp = "join_masters";
+  ops::check_staged(kOp, "weights", weights, DType::bf16, weights.numel, weights.device);
+  ops::check_staged(kOp, "remainder", remainder, DType::i16, weights.numel, weights.device);
+  ops::check_staged(kOp, "masters", masters, DType::f32, weights.numel, weights.device);
+  const std::vector<uint16_t> w = ops::to_host<uint16_t>(weights);
+  const std::vector<int16_t> r = ops::to_host<int16_t>(remainder);
+  std::vector<float> m(w.size());
+  for (size_t i = 0; i < m.size(); ++i) m[i] = backend::join_master(w[i], r[i]);
+  copy_from_host(masters.data, masters.device, m.data(), m.size() * sizeof(float));
+}
+
+}  // namespace gradkit

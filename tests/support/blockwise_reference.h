@@ -1,0 +1,59 @@
+// A float64 reference of 8-bit blockwise quantization, written from the
+// paper's definition (Dettmers et al. 2022, with the dynamic map of Dettmers
+// 2016), independent of the library: the code tables in closed form, the
+// nearest code by exhaustive search, the absmax of each block.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace gradkit::test {
+
+// The dynamic map: for the decimal exponents 10^-6 .. 10^0 in turn, 2^k
+// (signed) or 2^(k+1) (unsigned) equal fraction steps of [0.1, 1] for the
+// k-th exponent, each step's centre; the signed map takes each with both
+// signs; then 0 and 1. Ascending.
+inline std::vector<double> reference_code(bool is_signed) {
+  std::vector<double> code = {0.0, 1.0};
+  for (int k = 0; k <= 6; ++k) {
+    const int steps = is_signed ? 1 << k : 2 << k;
+    for (int j = 0; j < steps; ++j) {
+      const double centre = std::pow(10.0, k - 6) * (0.1 + 0.9 * (j + 0.5) / steps);
+      code.push_back(centre);
+      if (is_signed) code.push_back(-centre);
+    }
+  }
+  std::sort(code.begin(), code.end());
+  return code;
+}
+
+// The index of the code nearest to x; the distance to it and to the second
+// nearest (to tell a near-tie, where f32 rounding may pick either).
+struct Nearest {
+  int index;
+  double distance, runner_up;
+};
+
+inline Nearest nearest_code(const std::vector<double>& code, double x) {
+  Nearest n{0, INFINITY, INFINITY};
+  for (int i = 0; i < static_cast<int>(code.size()); ++i) {
+    const double d = std::abs(code[i] - x);
+    if (d < n.distance) {
+      n.runner_up = n.distance;
+      n = {i, d, n.runner_up};
+    } else if (d < n.runner_up) {
+      n.runner_up = d;
+    }
+  }
+  return n;
+}
+
+inline double block_absmax(const std::vector<double>& x, size_t begin, size_t end) {
+  double m = 0;
+  for (size_t i = begin; i < end; ++i) m = std::max(m, std::abs(x[i]));
+  return m;
+}
+
+}  // namespace gradkit::test
