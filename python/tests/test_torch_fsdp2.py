@@ -67,5 +67,5 @@ def test_the_docs_fsdp2_example_runs_as_written(tmp_path):
         pytest.skip("the example puts each rank on its own GPU")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env())
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    losses = [float(v) for v in re.findall(r"rank \d: fsdp2 loss (\S+)", done.stdout)]
+    losses = [float(v) for v in re.findall(r"rank \d: fsdp2 loss (\d+\.\d{4})", done.stdout)]
     assert len(losses) == 2 and all(v < 0.1 for v in losses), done.stdout
