@@ -48,6 +48,23 @@ GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, d
   return c;
 }
 
+// The formula's per-launch choices (weight decay rule, amsgrad, maximize).
+// AdamRuntimeMode reads them from the coefficients, per element (the CUDA
+// kernels, where a uniform branch costs nothing); AdamFixedMode makes them
+// compile-time constants, so that the CPU element loop has no branch on them
+// and vectorizes. Both run the one formula below.
+struct AdamRuntimeMode {
+  int32_t decay;
+  bool amsgrad, maximize;
+};
+
+template <WeightDecay D, bool Amsgrad, bool Maximize>
+struct AdamFixedMode {
+  static constexpr int32_t decay = static_cast<int32_t>(D);
+  static constexpr bool amsgrad = Amsgrad;
+  static constexpr bool maximize = Maximize;
+};
+
 // One element: w, m, v (and vmax for amsgrad) updated in place from the
 // unscaled gradient g (already divided by the gradient scale). The order of
 // operations follows the library each mode comes from (torch.optim for l2
@@ -56,25 +73,30 @@ GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, d
 // (g - m)) or as Transformers' m * beta1 + (1 - beta1) * g, and the update
 // as addcdiv (w - step_size * (m / denom)). Every operation is rounded on
 // its own (exact_math.h), so both backends give the same bits.
-template <class C>
-GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c) {
+template <class C, class Mode>
+GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c, const Mode& mode) {
   using exact::add;
   using exact::mul;
   using exact::sub;
-  const bool hugging_face = c.decay == static_cast<int32_t>(WeightDecay::hugging_face);
-  if (c.maximize) g = -g;
-  if (c.decay == static_cast<int32_t>(WeightDecay::l2)) g = add(g, mul(c.weight_decay, w));
-  if (c.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
+  const bool hugging_face = mode.decay == static_cast<int32_t>(WeightDecay::hugging_face);
+  if (mode.maximize) g = -g;
+  if (mode.decay == static_cast<int32_t>(WeightDecay::l2)) g = add(g, mul(c.weight_decay, w));
+  if (mode.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
   m = hugging_face ? add(mul(m, c.beta1), mul(c.one_minus_beta1, g)) : add(m, mul(c.one_minus_beta1, sub(g, m)));
   v = add(mul(v, c.beta2), mul(mul(c.one_minus_beta2, g), g));
   C second = v;
-  if (c.amsgrad) {
+  if (mode.amsgrad) {
     vmax = vmax > v ? vmax : v;
     second = vmax;
   }
   const C denom = hugging_face ? add(std::sqrt(second), c.eps) : add(std::sqrt(second) / c.bias2_sqrt, c.eps);
   w = sub(w, mul(c.step_size, m / denom));
   if (hugging_face) w = sub(w, mul(c.decay_after, w));
+}
+
+template <class C>
+GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c) {
+  adam_element(w, g, m, v, vmax, c, AdamRuntimeMode{c.decay, c.amsgrad, c.maximize});
 }
 
 }  // namespace gradkit::backend

@@ -1,6 +1,7 @@
 // gradkit bench: one row per (operation, workload) with time, bytes moved,
-// GB/s and percent of the copy bandwidth measured in the same run, and
-// PyTorch's equivalent beside it when PyTorch is importable.
+// GB/s and percent of the triad bandwidth (STREAM's a = b + s c, by every
+// core) measured in the same run, and PyTorch's equivalent beside it when
+// PyTorch is importable.
 #include "bench.h"
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "bench_device.h"
 #include "gradkit/core/error.h"
 #include "gradkit/ops/adam.h"
+#include "gradkit/ops/blockwise.h"
 #include "gradkit/ops/gradient.h"
 #include "gradkit/ops/lamb.h"
 #include "gradkit/optim/mixed_precision.h"
@@ -40,7 +42,13 @@ TensorList carve(BenchDevice& dev, const Workload& w, DType dtype, uint64_t seed
     total += (static_cast<size_t>(n) * element + 255) / 256 * 256;
   }
   auto* base = static_cast<unsigned char*>(dev.allocate(total));
-  dev.fill_random(base, static_cast<int64_t>(total / element), dtype, seed, positive);
+  if (dtype == DType::u8 || dtype == DType::i16) {
+    // Storage dtypes (8-bit codes, remainders): random bits will do, and
+    // fill_random knows only the floating-point ones.
+    dev.fill_random(base, static_cast<int64_t>(total / 4), DType::f32, seed);
+  } else {
+    dev.fill_random(base, static_cast<int64_t>(total / element), dtype, seed, positive);
+  }
   TensorList list;
   for (size_t i = 0; i < w.sizes.size(); ++i) list.push_back({base + offsets[i], w.sizes[i], dtype, dev.device()});
   return list;
@@ -65,6 +73,44 @@ std::function<void()> prepare_adam(BenchDevice& dev, const Workload& w, DType gr
     lists->push_back(carve(dev, w, copy, 5));
     tensors.model_copy = (*lists)[4];
   }
+  AdamHyperparameters h;
+  h.weight_decay = 0.01f;
+  auto plan = std::make_shared<AdamPlan>(tensors, std::span(&h, 1));
+  auto step = std::make_shared<int64_t>(0);
+  return [&dev, lists, plan, step] { plan->step({.step = ++*step}, dev.stream()); };
+}
+
+// 8-bit blockwise moments (gradkit/ops/blockwise.h), f32 weights and
+// gradients: read w 4, g 4, m 1, v 1; write w 4, m 1, v 1 (and each block's
+// two absmax values, 16 bytes per 256 elements).
+std::function<void()> prepare_adam_8bit(BenchDevice& dev, const Workload& w) {
+  Workload blocks{w.name, {}};
+  for (int64_t n : w.sizes) blocks.sizes.push_back(quant_blocks(n));
+  auto lists = std::make_shared<std::vector<TensorList>>();
+  lists->push_back(carve(dev, w, DType::f32, 1));
+  lists->push_back(carve(dev, w, DType::f32, 2));
+  lists->push_back(carve(dev, w, DType::u8, 3));
+  lists->push_back(carve(dev, w, DType::u8, 4));
+  lists->push_back(carve(dev, blocks, DType::f32, 5, /*positive=*/true));
+  lists->push_back(carve(dev, blocks, DType::f32, 6, /*positive=*/true));
+  AdamTensors tensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}, (*lists)[4], (*lists)[5], {}};
+  AdamHyperparameters h;
+  h.weight_decay = 0.01f;
+  auto plan = std::make_shared<AdamPlan>(tensors, std::span(&h, 1));
+  auto step = std::make_shared<int64_t>(0);
+  return [&dev, lists, plan, step] { plan->step({.step = ++*step}, dev.stream()); };
+}
+
+// bf16 weights whose f32 master is completed by a 16-bit remainder, bf16
+// gradients, f32 moments: read w 2, r 2, g 2, m 4, v 4; write w 2, r 2, m 4, v 4.
+std::function<void()> prepare_adam_remainder(BenchDevice& dev, const Workload& w) {
+  auto lists = std::make_shared<std::vector<TensorList>>();
+  lists->push_back(carve(dev, w, DType::bf16, 1));
+  lists->push_back(carve(dev, w, DType::bf16, 2));
+  lists->push_back(carve(dev, w, DType::f32, 3));
+  lists->push_back(carve(dev, w, DType::f32, 4, /*positive=*/true));
+  lists->push_back(carve(dev, w, DType::i16, 5));
+  AdamTensors tensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}, {}, {}, (*lists)[4]};
   AdamHyperparameters h;
   h.weight_decay = 0.01f;
   auto plan = std::make_shared<AdamPlan>(tensors, std::span(&h, 1));
@@ -117,6 +163,8 @@ const std::vector<BenchOp>& bench_ops() {
       // m 4, v 4; write w 4, m 4, v 4, copy 2.
       {"adam-mixed", 28,
        [](BenchDevice& dev, const Workload& w) { return prepare_adam(dev, w, DType::bf16, DType::bf16); }},
+      {"adam-8bit", 16 + 16.0 / kQuantBlock, prepare_adam_8bit},
+      {"adam-bf16", 28, prepare_adam_remainder},
       // f32 LAMB, two passes: read w, g, m, v and write m, v; then read w, m, v and write w.
       {"lamb", 40, prepare_lamb},
       // Mixed precision: read f16 grads in the check (2), then Adam on f32
@@ -160,9 +208,10 @@ Workload make_workload(const std::string& name, int64_t scale) {
   Workload w;
   if (name == "big") w = single_tensor(int64_t{256} << 20);
   else if (name == "bert") w = bert_large();
+  else if (name == "gpt2") w = gpt2_small();
   else if (name == "small") w = small_tensors(10000);
   else throw Error(ErrorCode::invalid_argument, "--workloads: has '" + name +
-                                                    "', expected big, bert or small");
+                                                    "', expected big, gpt2, bert or small");
   return scale > 1 ? scaled(w, scale) : w;
 }
 
@@ -194,7 +243,9 @@ bool run_torch(const Settings& s, std::vector<Row>& rows, const std::map<std::st
     std::istringstream fields(text);
     size_t index;
     double ms;
-    if (fields >> word && word == "case" && fields >> index >> ms && index < rows.size()) {
+    if (text.rfind("note ", 0) == 0) {
+      std::printf("PyTorch: %s\n", text.c_str() + 5);  // which implementation each case ran
+    } else if (fields >> word && word == "case" && fields >> index >> ms && index < rows.size()) {
       rows[index].torch_ms = ms;
       any = true;
     } else if (text.find("failed") != std::string::npos) {
@@ -208,30 +259,32 @@ bool run_torch(const Settings& s, std::vector<Row>& rows, const std::map<std::st
   return any;
 }
 
-void print_rows(const std::vector<Row>& rows, double copy_gbs, bool with_torch, const std::string& csv) {
+void print_rows(const std::vector<Row>& rows, double copy_gbs, double triad_gbs, bool with_torch,
+                const std::string& csv) {
   std::printf("\n%-11s %-12s %7s %11s %9s %9s %8s %7s", "op", "workload", "tensors", "elements", "MB moved",
-              "ms", "GB/s", "%copy");
-  if (with_torch) std::printf(" %9s %8s %7s %8s", "torch ms", "GB/s", "%copy", "speedup");
+              "ms", "GB/s", "%triad");
+  if (with_torch) std::printf(" %9s %8s %7s %8s", "torch ms", "GB/s", "%triad", "speedup");
   std::printf("\n");
   std::ofstream out;
   if (!csv.empty()) {
     out.open(csv);
-    out << "op,workload,tensors,elements,bytes,ms,gbs,pct_copy,torch_ms,torch_gbs,torch_pct_copy\n";
+    out << "op,workload,tensors,elements,bytes,ms,gbs,pct_copy,pct_triad,torch_ms,torch_gbs,torch_pct_copy,"
+           "torch_pct_triad\n";
   }
   for (const Row& r : rows) {
     const double gbs = r.bytes / (r.ms * 1e6);
     std::printf("%-11s %-12s %7zu %11lld %9.1f %9.4f %8.1f %6.1f%%", r.op.c_str(), r.workload.c_str(), r.tensors,
-                static_cast<long long>(r.elements), r.bytes / 1e6, r.ms, gbs, 100 * gbs / copy_gbs);
+                static_cast<long long>(r.elements), r.bytes / 1e6, r.ms, gbs, 100 * gbs / triad_gbs);
     double tgbs = 0;
     if (with_torch && r.torch_ms > 0) {
       tgbs = r.bytes / (r.torch_ms * 1e6);
-      std::printf(" %9.4f %8.1f %6.1f%% %7.2fx", r.torch_ms, tgbs, 100 * tgbs / copy_gbs, r.torch_ms / r.ms);
+      std::printf(" %9.4f %8.1f %6.1f%% %7.2fx", r.torch_ms, tgbs, 100 * tgbs / triad_gbs, r.torch_ms / r.ms);
     }
     std::printf("\n");
     if (out) {
       out << r.op << ',' << r.workload << ',' << r.tensors << ',' << r.elements << ',' << r.bytes << ',' << r.ms
-          << ',' << gbs << ',' << 100 * gbs / copy_gbs << ',' << r.torch_ms << ',' << tgbs << ','
-          << 100 * tgbs / copy_gbs << '\n';
+          << ',' << gbs << ',' << 100 * gbs / copy_gbs << ',' << 100 * gbs / triad_gbs << ',' << r.torch_ms << ','
+          << tgbs << ',' << 100 * tgbs / copy_gbs << ',' << 100 * tgbs / triad_gbs << '\n';
     }
   }
 }
@@ -255,14 +308,14 @@ double host_us_per_launch(BenchDevice& dev, const BenchOp& op, int count) {
 }  // namespace
 
 int run_bench(const std::vector<std::string>& args) {
-  std::string device = "cpu", ops = "zero,accumulate,adam,adam-mixed,lamb,fp16-adam", workload_names = "big,bert,small",
+  std::string device = "cpu", ops = "zero,accumulate,adam,adam-mixed,adam-8bit,adam-bf16,lamb,fp16-adam", workload_names = "big,bert,small",
               scale = "auto", reps = "auto";
   Settings s;
   s.torch = "auto";
   s.script = GRADKIT_TORCH_BENCH_SCRIPT;
   std::vector<std::string> op_names;
   for (const BenchOp& op : bench_ops()) op_names.push_back(op.name);
-  Command command("gradkit bench", "Time gradkit's operations against the copy bandwidth (and PyTorch).");
+  Command command("gradkit bench", "Time gradkit's operations against the triad bandwidth (and PyTorch).");
   CLI::App& app = command.app();
   app.add_option("--device", device, "cpu or cuda[:N]")
       ->check(CLI::Validator(
@@ -275,12 +328,15 @@ int run_bench(const std::vector<std::string>& args) {
             }
           },
           ""));
-  app.add_option("--ops", ops, "comma-separated: zero, accumulate, adam, adam-mixed, lamb, fp16-adam")
+  std::string op_list;
+  for (const std::string& name : op_names) op_list += (op_list.empty() ? "" : ", ") + name;
+  app.add_option("--ops", ops, "comma-separated: " + op_list)
       ->check(list_of(one_of(op_names)));
   app.add_option("--workloads", workload_names,
-                 "comma-separated: big (256M elements), bert (BERT-large, 389 tensors), small (10,000 tensors of "
+                 "comma-separated: big (256M elements), gpt2 (GPT-2 small, 148 tensors), bert (BERT-large, 389 "
+                 "tensors), small (10,000 tensors of "
                  "1K-64K)")
-      ->check(list_of(one_of({"big", "bert", "small"})));
+      ->check(list_of(one_of({"big", "gpt2", "bert", "small"})));
   app.add_option("--scale", scale, "divide every tensor size by this (auto: 1 on CUDA, 8 on the CPU)")
       ->type_name("INT|auto")
       ->check(integer(1, 1 << 20, /*allow_auto=*/true));
@@ -306,9 +362,12 @@ int run_bench(const std::vector<std::string>& args) {
       s.device.is_cuda() ? make_cuda_bench_device(s.device.index) : make_cpu_bench_device();
   const size_t copy_bytes = s.device.is_cuda() ? (size_t{1} << 30) : (size_t{256} << 20);
   const double copy_gbs = dev->copy_bandwidth_gbs(copy_bytes, s.device.is_cuda() ? 20 : 3);
-  std::printf("gradkit bench on %s; copy bandwidth %.1f GB/s (read + write, %zu MiB buffers); median of %d; "
+  const double triad_gbs = dev->triad_bandwidth_gbs(copy_bytes, s.device.is_cuda() ? 20 : 5);
+  std::printf("gradkit bench on %s; copy bandwidth %.1f GB/s (read + write, %zu MiB buffers, one thread on the "
+              "CPU); triad %.1f GB/s (a = b + s c, every core, three %zu MiB arrays, STREAM's count); median of %d; "
               "tensor sizes divided by %lld\n",
-              dev->description().c_str(), copy_gbs, copy_bytes >> 20, s.reps, static_cast<long long>(s.scale));
+              dev->description().c_str(), copy_gbs, copy_bytes >> 20, triad_gbs, copy_bytes >> 20, s.reps,
+              static_cast<long long>(s.scale));
 
   std::vector<Row> rows;
   std::map<std::string, Workload> workloads;
@@ -330,7 +389,7 @@ int run_bench(const std::vector<std::string>& args) {
 
   bool with_torch = false;
   if (s.torch != "off") with_torch = run_torch(s, rows, workloads);
-  print_rows(rows, copy_gbs, with_torch, s.csv);
+  print_rows(rows, copy_gbs, triad_gbs, with_torch, s.csv);
   if (!with_torch) std::printf("(PyTorch not run: %s)\n", s.torch == "off" ? "--torch off" : "not importable");
 
   if (s.device.is_cuda()) {

@@ -1,5 +1,6 @@
 // What the benchmark needs of a device: memory, random fill, a median timer
-// and the measured copy bandwidth that every row is compared with.
+// and the measured bandwidths (copy, and the STREAM-like triad that every
+// row is compared with).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,11 @@ class BenchDevice {
   // Copy bandwidth in GB/s counting bytes read plus bytes written, measured
   // now over `bytes`-sized buffers.
   virtual double copy_bandwidth_gbs(size_t bytes, int reps) = 0;
+  // STREAM's triad a[i] = b[i] + s * c[i] over three f32 arrays of `bytes`
+  // each, by every core (every SM), in GB/s counting STREAM's way: two
+  // arrays read and one written per element (3 * bytes per run; the
+  // write-allocate read of a is not counted).
+  virtual double triad_bandwidth_gbs(size_t bytes, int reps) = 0;
   virtual Stream stream() const = 0;
   virtual void synchronize() = 0;
 };

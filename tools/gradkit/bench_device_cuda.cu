@@ -27,6 +27,12 @@ __device__ float uniform_from(uint64_t x) {
   return static_cast<float>(static_cast<double>(x >> 11) * 0x1p-52 - 1.0);
 }
 
+__global__ void triad_kernel(float* a, const float* b, const float* c, float scalar, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    a[i] = b[i] + scalar * c[i];
+  }
+}
+
 template <class T>
 __global__ void fill_kernel(T* p, int64_t n, uint64_t seed, bool positive) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
@@ -110,6 +116,27 @@ class CudaBenchDevice final : public BenchDevice {
     release(a);
     release(b);
     return 2.0 * static_cast<double>(bytes) / (ms * 1e6);
+  }
+
+  double triad_bandwidth_gbs(size_t bytes, int reps) override {
+    const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
+    auto* a = static_cast<float*>(allocate(bytes));
+    auto* b = static_cast<float*>(allocate(bytes));
+    auto* c = static_cast<float*>(allocate(bytes));
+    fill_random(b, n, DType::f32, 8, false);
+    fill_random(c, n, DType::f32, 9, false);
+    int sms = 0;
+    BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index_));
+    const double ms = median_ms(
+        [&] {
+          triad_kernel<<<sms * 8, 256, 0, stream_>>>(a, b, c, 3.0f, n);
+          BENCH_CUDA(cudaGetLastError());
+        },
+        3, reps);
+    release(a);
+    release(b);
+    release(c);
+    return 3.0 * static_cast<double>(n) * sizeof(float) / (ms * 1e6);
   }
 
   Stream stream() const override { return Stream{stream_}; }
