@@ -36,3 +36,15 @@ FSDP2_UNSHARDED = (1e-5, 1e-6)
 # AmpStep's norm over sharded gradients against clip_grad_norm_'s (gradkit
 # sums the squares in f64, torch in f32 per shard).
 FSDP2_NORM = (1e-5, 1e-7)
+# 8-bit moments (gradkit.torch moments="int8"): one step's new moments against
+# the float64 reference's, requantized, differ by at most this many codes
+# (the reference rounds once, gradkit's float32 arithmetic may land a value
+# on the other side of a decision point).
+INT8_CODE_DISTANCE = 1
+# the same step's weights against the float64 reference fed the decoded
+# moments: float32 rounding only (the weight update reads the moments before
+# they are requantized).
+INT8_STEP_WEIGHTS = (2e-6, 1e-7)
+# a model trained with 8-bit moments or remainder masters against float32
+# AdamW: the mean loss of the last TRAINING_WINDOW steps within this (relative).
+LOW_BIT_FINAL_LOSS = 0.01
