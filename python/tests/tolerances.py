@@ -46,5 +46,9 @@ INT8_CODE_DISTANCE = 1
 # they are requantized).
 INT8_STEP_WEIGHTS = (2e-6, 1e-7)
 # a model trained with 8-bit moments or remainder masters against float32
-# AdamW: the mean loss of the last TRAINING_WINDOW steps within this (relative).
-LOW_BIT_FINAL_LOSS = 0.01
+# torch.optim.AdamW: the mean loss of the last TRAINING_WINDOW steps within
+# this (relative). Not 1%: 300-step runs drift apart by rounding alone (two
+# float32 runs are held to TRAINING_SMOOTHED, 3%), and the CNN's 8-bit runs
+# on the CPU with four seeds ended -1.5% to +1.9% from torch's float32 run;
+# the test prints each figure beside gradkit float32's own drift.
+LOW_BIT_FINAL_LOSS = 0.03
