@@ -296,7 +296,7 @@ def test_training_ends_near_float32_adamw(device, kind, mode):
     final = ours[-min(TRAINING_WINDOW, STEPS):].mean()
     print(f"{mode[0]} {kind} on {device}, {STEPS} steps: final loss {final:.4f}, {100 * (final / want - 1):+.2f}% "
           f"from torch.optim.AdamW's {want:.4f} (gradkit float32: {100 * (gradkit_float32 / want - 1):+.2f}%)")
-    assert abs(final - want) <= LOW_BIT_FINAL_LOSS * want
+    assert final <= want * (1 + LOW_BIT_FINAL_LOSS)
     assert ours[-5:].mean() < ours[:5].mean()
 
 

@@ -46,9 +46,9 @@ INT8_CODE_DISTANCE = 1
 # they are requantized).
 INT8_STEP_WEIGHTS = (2e-6, 1e-7)
 # a model trained with 8-bit moments or remainder masters against float32
-# torch.optim.AdamW: the mean loss of the last TRAINING_WINDOW steps within
-# this (relative). Not 1%: 300-step runs drift apart by rounding alone (two
-# float32 runs are held to TRAINING_SMOOTHED, 3%), and the CNN's 8-bit runs
-# on the CPU with four seeds ended -1.5% to +1.9% from torch's float32 run;
-# the test prints each figure beside gradkit float32's own drift.
-LOW_BIT_FINAL_LOSS = 0.03
+# torch.optim.AdamW: the mean loss of the last TRAINING_WINDOW steps at most
+# this much above it (relative). One-sided: ending lower is no failure, and
+# runs do (measured on an H200 over 300 steps, the CNN's 8-bit runs ended
+# 2.0-3.3% below torch's float32 run, gradkit's own float32 run 0.1-1.2%
+# below; no low-bit run ended more than 0.14% above).
+LOW_BIT_FINAL_LOSS = 0.01
