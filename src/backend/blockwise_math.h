@@ -35,11 +35,10 @@ struct QuantTable {
   uint8_t start[2 * kQuantBuckets];
 };
 
-// The bucket of |x|'s bit pattern (|x| <= 1).
-GRADKIT_HD int quant_bucket(uint32_t magnitude_bits) {
-  if (magnitude_bits < kQuantLowestBits) return 0;
-  const uint32_t bucket = (magnitude_bits - kQuantLowestBits) >> (23 - kQuantMantissaBits);
-  return bucket < kQuantBuckets ? static_cast<int>(bucket) : kQuantBuckets - 1;
+// The bucket of a magnitude's bit pattern (at most 1.0f's).
+GRADKIT_HD int quant_bucket(uint32_t magnitude) {
+  const uint32_t above = magnitude > kQuantLowestBits ? magnitude - kQuantLowestBits : 0u;
+  return static_cast<int>(above >> (23 - kQuantMantissaBits));
 }
 
 // Both tables, exp_avg's (signed) then exp_avg_sq's (unsigned).
@@ -47,14 +46,18 @@ struct QuantTables {
   QuantTable table[2];
 };
 
-// A block's absolute maximum, folded one value at a time: a NaN anywhere
-// makes it NaN (a plain max would drop it), so a non-finite moment is not
-// hidden by its block's encoding. The result does not depend on the order.
+// A block's absolute maximum, folded one value at a time on the bit
+// patterns with the sign cleared, whose integer order is the order of the
+// magnitudes, with every NaN above +Inf: a NaN anywhere makes the absmax a
+// NaN (a float max would drop it), so a non-finite moment is not hidden by
+// its block's encoding. Integer max does not depend on the order, so any
+// reduction tree gives the same bits. Two integer operations per value.
+GRADKIT_HD uint32_t magnitude_bits(float x) { return float_bits(x) & 0x7fffffffu; }
+GRADKIT_HD uint32_t absmax_bits_fold(uint32_t absmax_bits, uint32_t magnitude) {
+  return magnitude > absmax_bits ? magnitude : absmax_bits;
+}
 GRADKIT_HD float absmax_fold(float absmax, float x) {
-  const float magnitude = x < 0 ? -x : x;
-  if (absmax != absmax) return absmax;
-  if (magnitude != magnitude) return magnitude;
-  return magnitude > absmax ? magnitude : absmax;
+  return bits_float(absmax_bits_fold(magnitude_bits(absmax), magnitude_bits(x)));
 }
 
 // The multiplier that maps a block onto [-1, 1]: 1 / absmax, or 0 for an
@@ -77,17 +80,20 @@ GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) {
 
 // quantize_search's code, from the bucket's start and kQuantSpan comparisons
 // (a comparison past the bucket's last decision point is false, so the count
-// stops there). NaN and |x| > 1 (a rounding of m * (1 / absmax) may pass 1)
-// take the binary search.
+// stops there), without a branch. |x| > 1 (a rounding of m * (1 / absmax)
+// may pass 1) takes 1.0's bucket: its positive start is 255 (every decision
+// point lies below 1), its negative start 0, which is the search's count for
+// x > 1 and x < -1. NaN gives 0, as the search does.
 GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) {
-  const uint32_t magnitude = float_bits(x) & 0x7fffffffu;  // -0 is 0
-  if (magnitude > 0x3f800000u) return quantize_search(t, x);  // |x| > 1 or NaN
-  int q = t.start[quant_bucket(magnitude) + (x < 0 ? kQuantBuckets : 0)];
+  const uint32_t bits = float_bits(x);
+  uint32_t magnitude = bits & 0x7fffffffu;  // -0 is 0
+  magnitude = magnitude < 0x3f800000u ? magnitude : 0x3f800000u;
+  int q = t.start[quant_bucket(magnitude) + static_cast<int>(bits >> 31) * kQuantBuckets];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int k = 0; k < kQuantSpan; ++k) q += x > t.midpoints[q] ? 1 : 0;
-  return static_cast<uint8_t>(q);
+  return static_cast<uint8_t>(x == x ? q : 0);
 }
 
 GRADKIT_HD float dequantize(const QuantTable& t, uint8_t q, float absmax) { return exact::mul(t.codes[q], absmax); }
