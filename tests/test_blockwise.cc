@@ -60,7 +60,7 @@ Encoded encode(Device device, QuantCode code, const std::vector<double>& x) {
 // opens each block so that the absmax is 1 and x is encoded as it is.
 TEST(QuantCode, EncodingCountsTheDecisionPointsBelowEachValue) {
   std::vector<double> x;
-  for (uint32_t bits = 0; bits <= 0x3F800000u; bits += 1u << 17) {  // every bucket edge (2^17: 6 fraction bits)
+  for (uint32_t bits = 0; bits <= 0x3F800000u; bits += 1u << 15) {  // every edge of buckets up to 8 fraction bits
     for (int64_t d = -2; d <= 2; ++d) {
       const int64_t b = static_cast<int64_t>(bits) + d;
       if (b < 0 || b > 0x3F800000) continue;

@@ -18,11 +18,11 @@ namespace gradkit::backend {
 // below its lowest value. Within a bucket at most kQuantSpan decision points
 // lie (checked when the tables are built), so kQuantSpan comparisons finish
 // the count that the binary search (quantize_search) would give: the same
-// code for every x, in 3 or 4 table reads instead of 8.
-inline constexpr int kQuantMantissaBits = 6;
+// code for every x, in 2 table reads instead of 8.
+inline constexpr int kQuantMantissaBits = 7;
 inline constexpr int kQuantExponents = 25;
 inline constexpr int kQuantBuckets = kQuantExponents << kQuantMantissaBits;  // per sign
-inline constexpr int kQuantSpan = 3;
+inline constexpr int kQuantSpan = 1;
 inline constexpr uint32_t kQuantLowestBits = static_cast<uint32_t>(127 - (kQuantExponents - 1)) << 23;  // 2^-24
 
 // One code table as the kernels read it: the 256 codes, ascending, the 255
