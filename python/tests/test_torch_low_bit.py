@@ -63,7 +63,7 @@ def decoded(state, name):
 
 def test_one_int8_step_matches_the_float64_reference(device):
     params = make_params(device)
-    opt = gt.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, moments="int8")
+    opt = gt.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, moments="int8", min_8bit_size=0)
     run(params, opt, 5, device)  # moments that are not zero
     t = 6
     before = [(p.detach().cpu().double().numpy().ravel(), decoded(opt.state[p], "exp_avg"),
@@ -106,8 +106,8 @@ def test_remainder_master_equals_the_float32_master_bit_for_bit(device, moments)
     assert "master_param" not in state_b and state_b["weight_remainder"].dtype == torch.int16
 
 
-@pytest.mark.parametrize("form", [{"moments": "int8"}, {"moments": "bfloat16"},
-                                  {"moments": "int8", "master": "remainder"}], ids=str)
+@pytest.mark.parametrize("form", [{"moments": "int8", "min_8bit_size": 0}, {"moments": "bfloat16"},
+                                  {"moments": "int8", "master": "remainder", "min_8bit_size": 0}], ids=str)
 def test_resume_from_state_dict_equals_the_straight_run(device, form):
     dtype = torch.bfloat16 if form.get("master") == "remainder" else torch.float32
     straight = make_params(device, dtype)
@@ -133,7 +133,7 @@ def test_torch_optim_state_loads_quantized_and_exports_back(device):
     ref_opt = torch.optim.AdamW(ref, lr=LR, weight_decay=WD)
     run(ref, ref_opt, 10, device)
     ours = [torch.nn.Parameter(p.detach().clone()) for p in ref]
-    opt = gt.AdamW(ours, lr=LR, weight_decay=WD, moments="int8")
+    opt = gt.AdamW(ours, lr=LR, weight_decay=WD, moments="int8", min_8bit_size=0)
     opt.load_state_dict(ref_opt.state_dict())
     for p, r in zip(ours, ref):
         for name in ("exp_avg", "exp_avg_sq"):
@@ -168,7 +168,7 @@ def test_float32_master_state_loads_into_the_remainder_form(device):
 
 def test_an_inf_gradient_skips_the_amp_step_and_writes_nothing(device):
     params = make_params(device, torch.bfloat16)
-    opt = gt.AdamW(params, lr=LR, moments="int8", master="remainder")
+    opt = gt.AdamW(params, lr=LR, moments="int8", min_8bit_size=0, master="remainder")
     amp = gt.AmpStep(opt, max_norm=1.0, init_scale=1.0)
     run(params, opt, 3, device)
     before = [p.detach().clone() for p in params] + [t.clone() for s in opt.state.values()
@@ -190,7 +190,7 @@ def test_flat_gradients_step_the_int8_state_as_each_grad_does(device):
     torch.manual_seed(0)
     a = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 5)).to(device)
     b = copy.deepcopy(a)
-    opt_a, opt_b = gt.AdamW(a.parameters(), moments="int8"), gt.AdamW(b.parameters(), moments="int8")
+    opt_a, opt_b = (gt.AdamW(m.parameters(), moments="int8", min_8bit_size=0) for m in (a, b))
     gt.flat_gradients(a, opt_a)
     g = torch.Generator().manual_seed(3)
     for _ in range(10):
@@ -205,9 +205,9 @@ def test_flat_gradients_step_the_int8_state_as_each_grad_does(device):
 
 def test_state_bytes_per_parameter(device):
     counts = {}
-    for name, dtype, form in (("f32", torch.float32, {}), ("int8", torch.float32, {"moments": "int8"}),
-                              ("bf16", torch.bfloat16, {}),
-                              ("bf16 int8 remainder", torch.bfloat16, {"moments": "int8", "master": "remainder"})):
+    int8 = {"moments": "int8", "min_8bit_size": 0}
+    for name, dtype, form in (("f32", torch.float32, {}), ("int8", torch.float32, int8), ("bf16", torch.bfloat16, {}),
+                              ("bf16 int8 remainder", torch.bfloat16, {**int8, "master": "remainder"})):
         params = make_params(device, dtype)
         opt = gt.AdamW(params, **form)
         run(params, opt, 1, device)
@@ -230,7 +230,7 @@ def test_bad_arguments_are_refused_naming_them():
         gt.AdamW(make_params("cpu", torch.float16), master="remainder")
     with pytest.raises(TypeError, match="float64 parameters take"):
         gt.AdamW(make_params("cpu", torch.float64), moments="int8")
-    opt = gt.AdamW(f32, moments="int8")
+    opt = gt.AdamW(f32, moments="int8", min_8bit_size=0)
     run(f32, opt, 1, "cpu")
     saved = opt.state_dict()
     del saved["state"][0]["exp_avg_absmax"]
@@ -240,12 +240,31 @@ def test_bad_arguments_are_refused_naming_them():
     assert all(torch.equal(before[k], v) for k, v in opt.state[f32[0]].items())
 
 
+def test_small_parameters_keep_float32_moments(device):
+    g = torch.Generator().manual_seed(5)
+    big, small = (torch.nn.Parameter(torch.randn(n, generator=g).to(device)) for n in (5000, 4095))
+    opt = gt.AdamW([big, small], lr=LR, moments="int8")  # min_8bit_size=4096, as bitsandbytes
+    twin_small = torch.nn.Parameter(small.detach().clone())
+    twin = gt.AdamW([twin_small], lr=LR)
+    for s in range(5):
+        big.grad, small.grad = torch.randn(5000, generator=g).to(device), torch.randn(4095, generator=g).to(device)
+        twin_small.grad = small.grad.clone()
+        opt.step()
+        twin.step()
+    assert opt.state[big]["exp_avg"].dtype == torch.uint8 and "exp_avg_absmax" in opt.state[big]
+    assert opt.state[small]["exp_avg"].dtype == torch.float32 and "exp_avg_absmax" not in opt.state[small]
+    assert torch.equal(small.detach(), twin_small.detach())  # the float32 path, bit for bit
+    assert opt.state_bytes() == 2 * 5000 + 8 * gradkit.quant_blocks(5000) + 8 * 4095
+    with pytest.raises(ValueError, match="min_8bit_size is -1"):
+        gt.AdamW([big], moments="int8", min_8bit_size=-1)
+
+
 def test_a_deep_copy_keeps_the_state_form():
     params = make_params("cpu", torch.bfloat16)
-    opt = gt.AdamW(params, moments="int8", master="remainder")
+    opt = gt.AdamW(params, moments="int8", min_8bit_size=0, master="remainder")
     run(params, opt, 2, "cpu")
     twin = copy.deepcopy(opt)
-    assert twin._form.moments == "int8" and twin._form.master == "remainder"
+    assert (twin._form.moments, twin._form.master, twin._form.min_8bit_size) == ("int8", "remainder", 0)
 
 
 STEPS = 300 if os.environ.get("GRADKIT_LONG_TESTS") else 30
@@ -301,7 +320,8 @@ def test_training_ends_near_float32_adamw(device, kind, mode):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("form", [{"moments": "int8"}, {"moments": "int8", "master": "remainder"}], ids=str)
+@pytest.mark.parametrize("form", [{"moments": "int8", "min_8bit_size": 0},
+                                  {"moments": "int8", "master": "remainder"}], ids=str)
 def test_cuda_steps_equal_cpu_steps_bit_for_bit_in_training(form):
     """The CNN trained on the CPU; a CUDA copy of its parameters stepped with the same
     gradients (copied over) stays bitwise equal to it, step after step."""

@@ -5,7 +5,10 @@ Moments ("exp_avg", "exp_avg_sq", amsgrad's "max_exp_avg_sq"):
 - "bfloat16": bfloat16, half the bytes;
 - "int8": 8-bit blockwise (docs/ops.md, "8-bit moments"): uint8 codes shaped like
   the parameter and a float32 absmax per block of gradkit.QUANT_BLOCK elements,
-  "<name>_absmax". No amsgrad.
+  "<name>_absmax". No amsgrad. Parameters of fewer than `min_8bit_size` elements
+  (biases, norms: a negligible share of the memory) keep float32 moments, as
+  bitsandbytes does: a small tensor's few blocks put unrelated values under one
+  absmax, and a second moment rounded to zero turns its update into m / eps.
 
 Masters of float16/bfloat16 parameters:
 - "float32": "master_param", float32, the parameter its rounded copy;
@@ -37,24 +40,27 @@ def absmax_name(name):
 class StateForm:
     """How an optimizer stores its moments and masters (see the module's text)."""
 
-    __slots__ = ("moments", "master")
+    __slots__ = ("moments", "master", "min_8bit_size")
 
-    def __init__(self, moments="float32", master="float32"):
+    def __init__(self, moments="float32", master="float32", min_8bit_size=4096):
         if moments not in MOMENT_FORMS:
             raise ValueError(f"moments is {moments!r}, expected one of {', '.join(map(repr, MOMENT_FORMS))}")
         if master not in MASTER_FORMS:
             raise ValueError(f"master is {master!r}, expected one of {', '.join(map(repr, MASTER_FORMS))}")
+        if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
+            raise ValueError(f"min_8bit_size is {min_8bit_size!r}, expected an integer >= 0")
         self.moments = moments
         self.master = master
+        self.min_8bit_size = min_8bit_size
 
     def __getstate__(self):
-        return (self.moments, self.master)
+        return (self.moments, self.master, self.min_8bit_size)
 
     def __setstate__(self, state):
-        self.moments, self.master = state
+        self.moments, self.master, self.min_8bit_size = state
 
     def __repr__(self):
-        return f"StateForm(moments={self.moments!r}, master={self.master!r})"
+        return f"StateForm(moments={self.moments!r}, master={self.master!r}, min_8bit_size={self.min_8bit_size})"
 
     # -- what the parameters allow ----------------------------------------------
 
@@ -76,8 +82,12 @@ class StateForm:
                     raise TypeError(f"params[{i}] is a DTensor; moments='int8' and master='remainder' take plain "
                                     "tensors for now (FSDP2 shards would cut the quantization blocks)")
 
+    def quantized(self, p):
+        """Whether p's moments are 8-bit."""
+        return self.moments == "int8" and p.numel() >= self.min_8bit_size
+
     def moment_dtype(self, p):
-        if self.moments == "int8":
+        if self.quantized(p):
             return torch.uint8
         if self.moments == "bfloat16":
             return torch.bfloat16
@@ -95,7 +105,7 @@ class StateForm:
         """Zero moments and p's master (from p) in this form."""
         for name in names:
             state[name] = torch.zeros_like(p, dtype=self.moment_dtype(p), memory_format=torch.contiguous_format)
-            if self.moments == "int8":
+            if self.quantized(p):
                 state[absmax_name(name)] = torch.zeros(gradkit.quant_blocks(p.numel()), dtype=torch.float32,
                                                        device=p.device)
         key = self.master_key(p)
@@ -109,12 +119,12 @@ class StateForm:
         """Brings a loaded state (any form, or torch.optim's) into this form, in place. May
         write p: a float32 master loaded into the remainder form sets p to its rounding."""
         for name in names:
-            if self.moments == "int8" and _is_8bit(state, name):
+            if self.quantized(p) and _is_8bit(state, name):
                 state[name] = _on(state[name], p, torch.uint8)
                 state[absmax_name(name)] = _on(state[absmax_name(name)], p, torch.float32)
                 continue
             values = _float_moment(state, name)
-            if self.moments == "int8":
+            if self.quantized(p):
                 codes = torch.empty_like(p, dtype=torch.uint8, memory_format=torch.contiguous_format)
                 absmax = torch.empty(gradkit.quant_blocks(p.numel()), dtype=torch.float32, device=p.device)
                 gradkit.quantize_blockwise(_CODES[name], _on(values, p, torch.float32), codes, absmax)

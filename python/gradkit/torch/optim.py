@@ -460,8 +460,9 @@ class Adam(_PlannedOptimizer):
     one-pass kernel. Same arguments; `foreach`, `fused` and `capturable` are accepted
     and ignored (gradkit's step is always one launch per cohort). Two of gradkit's own:
     moments="float32" (torch's), "bfloat16" or "int8" (8-bit blockwise, about 2.06
-    bytes of state per parameter), and for bfloat16 parameters master="float32" (4
-    bytes per parameter) or "remainder" (2 bytes, the same master bit for bit);
+    bytes of state per parameter; parameters of fewer than min_8bit_size elements
+    keep float32 moments), and for bfloat16 parameters master="float32" (4 bytes per
+    parameter) or "remainder" (2 bytes, the same master bit for bit);
     gradkit.torch._state_forms says what each stores."""
 
     _decay = gradkit.WeightDecay.l2
@@ -469,11 +470,11 @@ class Adam(_PlannedOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
                  maximize=False, foreach=None, fused=None, capturable=False, differentiable=False,
-                 moments="float32", master="float32"):
+                 moments="float32", master="float32", min_8bit_size=4096):
         _check_betas(betas, eps, weight_decay, lr)
         if differentiable:
             raise ValueError("differentiable=True is not supported: gradkit's step is not part of the autograd graph")
-        self._form = StateForm(moments, master)
+        self._form = StateForm(moments, master, min_8bit_size)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize)
         super().__init__(params, defaults)
@@ -506,8 +507,12 @@ class Adam(_PlannedOptimizer):
                                 max_exp_avg_sq=vmax, model_copy=copy, weight_remainder=remainder,
                                 hold_grads=False, **self._absmax_lists(indices))
 
+    def _cohort_key(self, index):
+        """8-bit and float32 moments (min_8bit_size) never share a plan."""
+        return self._form.quantized(self._layout.params[index])
+
     def _absmax_lists(self, indices):
-        if self._form.moments != "int8":
+        if not self._form.quantized(self._layout.params[indices[0]]):
             return {}
         return {"exp_avg_absmax": self._state_list(indices, "exp_avg_absmax"),
                 "exp_avg_sq_absmax": self._state_list(indices, "exp_avg_sq_absmax")}
@@ -527,10 +532,10 @@ class AdamW(Adam):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, fused=None, capturable=False, differentiable=False,
-                 moments="float32", master="float32"):
+                 moments="float32", master="float32", min_8bit_size=4096):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, foreach=foreach,
                          fused=fused, capturable=capturable, differentiable=differentiable, moments=moments,
-                         master=master)
+                         master=master, min_8bit_size=min_8bit_size)
 
 
 class Lamb(_PlannedOptimizer):
