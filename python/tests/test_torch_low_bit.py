@@ -342,3 +342,18 @@ def test_cuda_steps_equal_cpu_steps_bit_for_bit_in_training(form):
         twin_opt.step()
         for i, (p, t) in enumerate(zip(model.parameters(), twins)):
             assert torch.equal(p.detach(), t.detach().cpu()), f"params[{i}] differs after step {step}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bitsandbytes' 8-bit step needs CUDA")
+@pytest.mark.parametrize("kind", ["gpt", "cnn"])
+def test_bitsandbytes_adamw8bit_beside_ours(kind):
+    """The same training with bitsandbytes' AdamW8bit, where it is importable (scripts/gpu-carry
+    unpacks it into .data/pylibs): printed beside gradkit's 8-bit run, both held to the bound."""
+    bnb = pytest.importorskip("bitsandbytes")
+    want, _ = float32_finals(kind, "cuda")
+    window = min(TRAINING_WINDOW, STEPS)
+    ours = train(kind, "cuda", torch.float32, gt.AdamW, moments="int8")[-window:].mean()
+    theirs = train(kind, "cuda", torch.float32, bnb.optim.AdamW8bit)[-window:].mean()
+    print(f"{kind}, {STEPS} steps: gradkit int8 {100 * (ours / want - 1):+.2f}%, bitsandbytes "
+          f"{bnb.__version__} AdamW8bit {100 * (theirs / want - 1):+.2f}% from torch.optim.AdamW's {want:.4f}")
+    assert ours <= want * (1 + LOW_BIT_FINAL_LOSS)
