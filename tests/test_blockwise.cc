@@ -2,7 +2,9 @@
 // float64 reference of tests/support/blockwise_reference.h.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -48,6 +50,53 @@ Encoded encode(Device device, QuantCode code, const std::vector<double>& x) {
             TestTensor(device, DType::f32, std::vector<double>(quant_blocks(static_cast<int64_t>(x.size())), 0.0))};
   quantize_blockwise(code, values.view(), e.codes.view(), e.absmax.view());
   return e;
+}
+
+// The encoder's bucketed search (a start per range of f32 bit patterns, then
+// a few comparisons) against the definition: the number of decision points
+// (f64 midpoints of neighbouring codes, rounded to f32) below x, counted
+// here with std::lower_bound. Every bucket edge and its neighbours, both
+// signs, and a million values spread over every exponent in [-1, 1]. A 1.0
+// opens each block so that the absmax is 1 and x is encoded as it is.
+TEST(QuantCode, EncodingCountsTheDecisionPointsBelowEachValue) {
+  std::vector<double> x;
+  for (uint32_t bits = 0; bits <= 0x3F800000u; bits += 1u << 15) {  // every edge of buckets up to 8 fraction bits
+    for (int64_t d = -2; d <= 2; ++d) {
+      const int64_t b = static_cast<int64_t>(bits) + d;
+      if (b < 0 || b > 0x3F800000) continue;
+      const auto u = static_cast<uint32_t>(b);
+      float f;
+      std::memcpy(&f, &u, sizeof f);
+      x.push_back(f);
+      x.push_back(-f);
+    }
+  }
+  std::mt19937_64 rng(11);
+  std::uniform_int_distribution<uint32_t> any_bits(0, 0x3F800000u);
+  for (int i = 0; i < 1000000; ++i) {
+    const uint32_t u = any_bits(rng);
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    x.push_back(i % 2 ? -f : f);
+  }
+  for (QuantCode code : kCodes) {
+    const std::vector<double> table = reference_code(code == QuantCode::signed_dynamic);
+    std::vector<float> midpoints(255);
+    for (size_t i = 0; i < 255; ++i) midpoints[i] = static_cast<float>((table[i] + table[i + 1]) / 2);
+    std::vector<double> blocks;
+    std::vector<double> want;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (blocks.size() % kQuantBlock == 0) blocks.push_back(1.0), want.push_back(255);
+      const auto v = static_cast<float>(code == QuantCode::unsigned_dynamic ? std::abs(x[i]) : x[i]);
+      blocks.push_back(v);
+      want.push_back(static_cast<double>(std::lower_bound(midpoints.begin(), midpoints.end(), v) - midpoints.begin()));
+    }
+    const Encoded e = encode(Device::cpu(), code, blocks);
+    const std::vector<double> got = e.codes.read();
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << "x = " << blocks[i] << " (" << (code == QuantCode::signed_dynamic ? "signed" : "unsigned") << ")";
+    }
+  }
 }
 
 using Blockwise = OnEachDevice;

@@ -49,6 +49,10 @@ __device__ __forceinline__ void store_lane(T* p, const T (&src)[kPerLane], int n
 template <class W, class G, class Copy, bool kRemainder>
 struct Adam8bitOp {
   static constexpr bool kCopy = !std::is_same_v<Copy, NoCopy>;
+  // Two blocks per multiprocessor (registers <= 64): one block's 16 warps,
+  // each owning one quantization block at a time, leave the memory system
+  // idle between their loads (Nsight Compute: 25% occupancy, DRAM 20% busy).
+  static constexpr int kMinBlocks = 2;
   AdamLaunch launch;
 
   __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
@@ -103,7 +107,7 @@ struct Adam8bitOp {
 
       float m_new[kPerLane], v_new[kPerLane];
       [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];
-      float amax_m = 0.0f, amax_v = 0.0f;
+      uint32_t amax_m = 0, amax_v = 0;  // bit patterns (absmax_bits_fold)
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
         float wc;
@@ -119,19 +123,19 @@ struct Adam8bitOp {
         if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(wc);
         m_new[k] = mc;
         v_new[k] = vc;
-        if (k < n) {
-          amax_m = absmax_fold(amax_m, mc);
-          amax_v = absmax_fold(amax_v, vc);
-        }
+        // Past the block's end (a short last block) a lane folds 0: no branch.
+        amax_m = absmax_bits_fold(amax_m, k < n ? magnitude_bits(mc) : 0u);
+        amax_v = absmax_bits_fold(amax_v, k < n ? magnitude_bits(vc) : 0u);
       }
-      // The block's absmax in every lane (the fold is exact, so the order of
-      // the shuffle tree does not change it).
+      // The block's absmax in every lane (an integer max: the order of the
+      // shuffle tree does not change it).
 #pragma unroll
       for (int offset = kLanes / 2; offset > 0; offset /= 2) {
-        amax_m = absmax_fold(amax_m, __shfl_xor_sync(0xffffffffu, amax_m, offset));
-        amax_v = absmax_fold(amax_v, __shfl_xor_sync(0xffffffffu, amax_v, offset));
+        amax_m = absmax_bits_fold(amax_m, __shfl_xor_sync(0xffffffffu, amax_m, offset));
+        amax_v = absmax_bits_fold(amax_v, __shfl_xor_sync(0xffffffffu, amax_v, offset));
       }
-      const float scale_m = quant_scale(amax_m), scale_v = quant_scale(amax_v);
+      const float block_m = bits_float(amax_m), block_v = bits_float(amax_v);
+      const float scale_m = quant_scale(block_m), scale_v = quant_scale(block_v);
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
         mr[k] = quantize(tables.table[0], exact::mul(m_new[k], scale_m));
@@ -143,8 +147,8 @@ struct Adam8bitOp {
       if constexpr (kRemainder) store_lane(rem + at, rr, n, vectorized);
       if constexpr (kCopy) store_lane(copy + at, cr, n, vectorized);
       if (lane == 0) {
-        absmax_m[b] = amax_m;
-        absmax_v[b] = amax_v;
+        absmax_m[b] = block_m;
+        absmax_v[b] = block_v;
       }
     }
   }
