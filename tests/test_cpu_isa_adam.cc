@@ -96,7 +96,8 @@ struct State {
 
 // The scalar reference of one tensor: the element formula with its choices
 // read per element (AdamRuntimeMode), one element at a time; 8-bit moments
-// block by block with absmax_fold and quantize element by element.
+// block by block with absmax_fold and the binary search (quantize_search,
+// the definition), element by element.
 template <class C, class G, class M, class Copy>
 void reference(State& s, int64_t n, const Case& k, const AdamHyperparameters& h, int64_t step, float scale) {
   const AdamCoefficients<C> c = backend::adam_coefficients<C>(h, h.lr, step);
@@ -147,7 +148,7 @@ void reference(State& s, int64_t n, const Case& k, const AdamHyperparameters& h,
       const float inv = backend::quant_scale(amax);
       for (size_t j = 0; j < x.size(); ++j) {
         put(t == 0 ? s.m : s.v, base + static_cast<int64_t>(j),
-            backend::quantize(tables.table[t], backend::exact::mul(x[j], inv)));
+            backend::quantize_search(tables.table[t], backend::exact::mul(x[j], inv)));
       }
       put(t == 0 ? s.am : s.av, base / kQuantBlock, amax);
     }
