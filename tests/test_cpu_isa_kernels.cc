@@ -142,7 +142,7 @@ TEST_P(CpuIsaKernels, GradientCheckEqualsTheScalarReference) {
         bool want_found = false;
         float want_divisor = 0, want_global = 0;
         backend::write_check_outputs({&want_found, &want_divisor, &want_global}, all, any, type, scale, 1.0f);
-        const std::string label = std::string(GetParam()) + " " + dtype_name(gt) +
+        const std::string label = std::string(GetParam()) + " " + std::string(dtype_name(gt)) +
                                   (type == NormType::l2 ? " l2" : " inf") + (specials ? " with Inf/NaN" : "");
         EXPECT_EQ(found.read(), want_found) << label;
         EXPECT_EQ(bits(global), bits(want_global)) << label;
@@ -257,8 +257,8 @@ TEST_P(CpuIsaKernels, LambEqualsTheScalarReference) {
         });
       });
     }
-    const std::string label = std::string(GetParam()) + " w " + dtype_name(k.w) + " g " + dtype_name(k.g) + " m " +
-                              dtype_name(k.m) + (k.copy != DType::f32 ? std::string(" copy ") + dtype_name(k.copy) : "") +
+    const std::string label = std::string(GetParam()) + " w " + std::string(dtype_name(k.w)) + " g " + std::string(dtype_name(k.g)) + " m " +
+                              std::string(dtype_name(k.m)) + (k.copy != DType::f32 ? std::string(" copy ") + std::string(dtype_name(k.copy)) : "") +
                               (k.update ? " update" : "");
     for (size_t t = 0; t < kSizes.size(); ++t) {
       const std::string where = label + " tensor of " + std::to_string(kSizes[t]);

@@ -79,7 +79,7 @@ GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficie
   using exact::mul;
   using exact::sub;
   const bool hugging_face = mode.decay == static_cast<int32_t>(WeightDecay::hugging_face);
-  if (mode.maximize) g = -g;
+  if (mode.maximize) g = exact::neg(g);
   if (mode.decay == static_cast<int32_t>(WeightDecay::l2)) g = add(g, mul(c.weight_decay, w));
   if (mode.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
   m = hugging_face ? add(mul(m, c.beta1), mul(c.one_minus_beta1, g)) : add(m, mul(c.one_minus_beta1, sub(g, m)));

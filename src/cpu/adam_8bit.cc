@@ -19,7 +19,7 @@ struct Span8bit {
   using W = typename Weights::Stored;
   static void run(int64_t n, W* __restrict w, int16_t* __restrict r, const G* __restrict g, uint8_t* __restrict qm,
                   uint8_t* __restrict qv, float* __restrict absmax_m, float* __restrict absmax_v,
-                  Copy* __restrict copy, const QuantTables* tables, AdamCoefficients<float> c, float scale) {
+                  Copy* __restrict copy, const QuantTables* tables, AdamCoefficients<float> c, float scale, bool scaled) {
     const QuantTable& code_m = tables->table[0];
     const QuantTable& code_v = tables->table[1];
     alignas(64) float m_new[kQuantBlock], v_new[kQuantBlock];
@@ -31,7 +31,7 @@ struct Span8bit {
         const int64_t i = base + k;
         float wc = Weights::load(w, r, i);
         float mc = dequantize(code_m, qm[i], am), vc = dequantize(code_v, qv[i], av), unused = 0;
-        adam_element(wc, unscaled(g[i], scale), mc, vc, unused, c, Mode{});
+        adam_element(wc, unscaled(g[i], scale, scaled), mc, vc, unused, c, Mode{});
         Weights::store(w, r, i, wc);
         store_copy(copy, i, wc);
         m_new[k] = mc;
@@ -58,7 +58,7 @@ void run(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
             static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<uint8_t>(2), chunk.tensor<uint8_t>(3),
             chunk.block_tensor<float>(launch.absmax_list, kQuantBlock),
             chunk.block_tensor<float>(launch.absmax_list + 1, kQuantBlock), copy_of<Copy>(chunk, launch),
-            launch.tables, c, values.scale);
+            launch.tables, c, values.scale, values.scaled);
       }
     });
   });

@@ -47,9 +47,11 @@ inline void store_copy(Copy* copy, int64_t i, C x) {
 template <class C>
 struct StepValues {
   C scale;
+  bool scaled;  // scale != 1
   int64_t step;
   explicit StepValues(const AdamStepInputs& in)
       : scale(static_cast<C>(in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale)),
+        scaled(scale != C(1)),
         step(in.step_device != nullptr ? *in.step_device : in.step) {}
 
   AdamCoefficients<C> coefficients(const MultiTensorPlan& plan, const AdamLaunch& launch, const PlanChunk& chunk) const {
@@ -60,14 +62,15 @@ struct StepValues {
   }
 };
 
-// The gradient divided by the scale. Always divided, also by a scale of 1:
-// g / 1 is g bit for bit (a NaN stays a NaN that every later operation
-// turns into the same quiet NaN), and one division more per element costs
-// nothing in a loop bound by memory, where a branch would cost a second
-// instance of every kernel.
+// The gradient divided by the scale, unless the scale is 1, as the CUDA
+// kernel does. Not "always divide": g / 1 is g, but the compiler may then
+// fold maximize's negation into the division (g / -1), which gives a NaN
+// gradient the other sign. The choice is a select on a loop-invariant value
+// (GCC unswitches the loop or blends), not a branch per element.
 template <class C, class G>
-inline C unscaled(G g, C scale) {
-  return cpu::to_compute<C>(g) / scale;
+inline C unscaled(G g, C scale, bool scaled) {
+  const C x = cpu::to_compute<C>(g);
+  return scaled ? x / scale : x;
 }
 
 // Calls f.template operator()<Mode>() with the group's choices as an
