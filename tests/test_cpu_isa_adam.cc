@@ -24,6 +24,7 @@
 #include "gradkit/ops/blockwise.h"
 #include "gradkit/ops/master.h"
 #include "support/cpu_isa.h"
+#include "support/element_bytes.h"
 #include "support/expect_error.h"
 #include "support/test_tensor.h"
 
@@ -76,18 +77,6 @@ std::vector<AdamHyperparameters> modes(bool quantized) {
     }
   }
   return out;
-}
-
-// Element i of a tensor's bytes as T.
-template <class T>
-T get(const std::vector<uint8_t>& bytes, int64_t i) {
-  T x;
-  std::memcpy(&x, bytes.data() + i * sizeof(T), sizeof(T));
-  return x;
-}
-template <class T>
-void put(std::vector<uint8_t>& bytes, int64_t i, T x) {
-  std::memcpy(bytes.data() + i * sizeof(T), &x, sizeof(T));
 }
 
 // "" if equal, else the first element that differs, with both bit patterns.

@@ -21,6 +21,7 @@
 #include "gradkit/ops/gradient.h"
 #include "gradkit/ops/lamb.h"
 #include "support/cpu_isa.h"
+#include "support/element_bytes.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {
@@ -29,16 +30,6 @@ namespace {
 const std::vector<int64_t> kSizes = {0, 1, 7, 4097, MultiTensorPlan::kDefaultChunkElements + 300};
 constexpr int64_t kChunk = MultiTensorPlan::kDefaultChunkElements;
 
-template <class T>
-T get(const std::vector<uint8_t>& bytes, int64_t i) {
-  T x;
-  std::memcpy(&x, bytes.data() + i * sizeof(T), sizeof(T));
-  return x;
-}
-template <class T>
-void put(std::vector<uint8_t>& bytes, int64_t i, T x) {
-  std::memcpy(bytes.data() + i * sizeof(T), &x, sizeof(T));
-}
 template <class T>
 std::vector<uint8_t> bits(T x) {
   std::vector<uint8_t> out(sizeof(T));

@@ -8,10 +8,29 @@
 
 #include "backend/quant_tables.h"
 #include "cpu/adam_kernel.h"
+#include "cpu/quant_avx512.h"
 
 namespace gradkit::backend {
 namespace cpu_adam {
 namespace {
+
+// A block's decode and encode: with AVX-512's gathers in the AVX-512 copy
+// (quant_avx512.h), else as loops that GCC vectorizes as it can.
+inline void decode(const QuantTable& t, const uint8_t* q, float absmax, int n, float* out, bool gathers) {
+#if GRADKIT_CPU_MULTI_ISA
+  if (gathers) return cpu::decode_avx512(t, q, absmax, n, out);
+#endif
+  (void)gathers;
+  for (int k = 0; k < n; ++k) out[k] = dequantize(t, q[k], absmax);
+}
+
+inline void encode(const QuantTable& t, const float* values, int n, uint8_t* codes, float* absmax, bool gathers) {
+#if GRADKIT_CPU_MULTI_ISA
+  if (gathers) return cpu::encode_avx512(t, values, n, codes, absmax);
+#endif
+  (void)gathers;
+  encode_block(t, values, n, codes, absmax);
+}
 
 // One chunk (whole blocks: the plan's chunks are multiples of kQuantBlock).
 template <class Weights, class G, class Copy, class Mode>
@@ -19,26 +38,28 @@ struct Span8bit {
   using W = typename Weights::Stored;
   static void run(int64_t n, W* __restrict w, int16_t* __restrict r, const G* __restrict g, uint8_t* __restrict qm,
                   uint8_t* __restrict qv, float* __restrict absmax_m, float* __restrict absmax_v,
-                  Copy* __restrict copy, const QuantTables* tables, AdamCoefficients<float> c, float scale, bool scaled) {
+                  Copy* __restrict copy, const QuantTables* tables, AdamCoefficients<float> c, float scale, bool scaled,
+                  bool gathers) {
     const QuantTable& code_m = tables->table[0];
     const QuantTable& code_v = tables->table[1];
-    alignas(64) float m_new[kQuantBlock], v_new[kQuantBlock];
+    alignas(64) float m_old[kQuantBlock], v_old[kQuantBlock], m_new[kQuantBlock], v_new[kQuantBlock];
     for (int64_t b = 0; b * kQuantBlock < n; ++b) {
       const int64_t base = b * kQuantBlock;
       const int count = static_cast<int>(std::min<int64_t>(kQuantBlock, n - base));
-      const float am = absmax_m[b], av = absmax_v[b];
+      decode(code_m, qm + base, absmax_m[b], count, m_old, gathers);
+      decode(code_v, qv + base, absmax_v[b], count, v_old, gathers);
       for (int k = 0; k < count; ++k) {
         const int64_t i = base + k;
         float wc = Weights::load(w, r, i);
-        float mc = dequantize(code_m, qm[i], am), vc = dequantize(code_v, qv[i], av), unused = 0;
+        float mc = m_old[k], vc = v_old[k], unused = 0;
         adam_element(wc, unscaled(g[i], scale, scaled), mc, vc, unused, c, Mode{});
         Weights::store(w, r, i, wc);
         store_copy(copy, i, wc);
         m_new[k] = mc;
         v_new[k] = vc;
       }
-      encode_block(code_m, m_new, count, qm + base, absmax_m + b);
-      encode_block(code_v, v_new, count, qv + base, absmax_v + b);
+      encode(code_m, m_new, count, qm + base, absmax_m + b, gathers);
+      encode(code_v, v_new, count, qv + base, absmax_v + b, gathers);
     }
   }
 };
@@ -58,7 +79,7 @@ void run(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
             static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<uint8_t>(2), chunk.tensor<uint8_t>(3),
             chunk.block_tensor<float>(launch.absmax_list, kQuantBlock),
             chunk.block_tensor<float>(launch.absmax_list + 1, kQuantBlock), copy_of<Copy>(chunk, launch),
-            launch.tables, c, values.scale, values.scaled);
+            launch.tables, c, values.scale, values.scaled, isa == cpu::Isa::avx512);
       }
     });
   });
