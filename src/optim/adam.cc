@@ -41,13 +41,7 @@ Adam::Adam(std::vector<AdamGroup> groups, AdamOptions options)
   state_ = allocate_moments(device_, lists.params, moment, moments);
   std::vector<std::vector<TensorView>*> views = {&exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_};
   for (int k = 0; k < moments; ++k) *views[k] = moment_views(state_, lists.params, moment, moments, k);
-  if (moment == DType::u8) {
-    std::vector<TensorView> blocks = lists.params;
-    for (TensorView& b : blocks) b.numel = quant_blocks(b.numel);
-    absmax_ = allocate_moments(device_, blocks, DType::f32, 2);
-    exp_avg_absmax_ = moment_views(absmax_, blocks, DType::f32, 2, 0);
-    exp_avg_sq_absmax_ = moment_views(absmax_, blocks, DType::f32, 2, 1);
-  }
+  if (moment == DType::u8) absmax_ = allocate_absmax(device_, lists.params, exp_avg_absmax_, exp_avg_sq_absmax_);
 
   counter_ = Buffer(device_, sizeof(int64_t));
   lrs_ = Buffer(device_, sizeof(float) * groups_.size());
