@@ -172,7 +172,7 @@ TEST_P(Adam8bit, OneStepMatchesTheReferenceWithinOneCode) {
           const double want_absmax = block_absmax(want, b * kQuantBlock, end);
           ASSERT_NEAR(absmax[b], want_absmax, 8 * 0x1p-24 * want_absmax) << what << " block " << b;
           for (size_t k = b * kQuantBlock; k < end; ++k) {
-            const int expected = nearest_code(table, want[k] / want_absmax).index;
+            const int expected = nearest_code(table, want[k] / want_absmax, !first).index;
             ASSERT_LE(std::abs(static_cast<int>(codes[k]) - expected), 1)
                 << what << (first ? " exp_avg" : " exp_avg_sq") << " element " << k;
           }
@@ -216,6 +216,34 @@ TEST_P(Adam8bit, ManyStepsFollowTheF32MomentPath) {
     moved += (b[k] - w0[k]) * (b[k] - w0[k]);
   }
   EXPECT_LT(std::sqrt(diff / moved), 0.05);
+}
+
+// A small gradient in a block beside a large one: with a steady gradient
+// Adam steps each weight by about lr. Were the small element's v (1e-8 of
+// the block's absmax) encoded as 0, its history would be lost each step
+// while its m kept it, and its steps would grow to several lr (a run of
+// gradkit train diverged so); the unsigned map's positive floor keeps it.
+TEST_P(Adam8bit, ASmallGradientBesideALargeOneStepsNoFurtherThanLr) {
+  const int64_t n = kQuantBlock;
+  std::vector<double> grad(n, 1e-4);
+  grad[0] = 1.0;
+  TestTensor w(device(), DType::f32, std::vector<double>(n, 0.5)), g(device(), DType::f32, grad);
+  TestTensor qm(device(), DType::u8, std::vector<double>(n, 0)), qv(device(), DType::u8, std::vector<double>(n, 0));
+  TestTensor am(device(), DType::f32, {0.0}), av(device(), DType::f32, {0.0});
+  const TensorView W[] = {w.view()}, G[] = {g.view()}, QM[] = {qm.view()}, QV[] = {qv.view()}, AM[] = {am.view()},
+                   AV[] = {av.view()};
+  AdamHyperparameters h;
+  h.lr = 1e-3f;
+  const AdamPlan plan({W, G, QM, QV, {}, {}, AM, AV, {}}, std::span(&h, 1));
+  std::vector<double> before = w.read();
+  for (int step = 1; step <= 40; ++step) {
+    plan.step({.step = step});
+    const std::vector<double> after = w.read();
+    for (int64_t k = 0; k < n; ++k) ASSERT_LE(std::abs(after[k] - before[k]), 1.5 * h.lr) << "step " << step << " element " << k;
+    before = after;
+  }
+  const std::vector<double> codes = qv.read();
+  for (int64_t k = 1; k < n; ++k) ASSERT_GE(codes[k], 1) << "a positive v keeps a positive code";
 }
 
 TEST_P(Adam8bit, FoundInfSkipsTheWholeStep) {

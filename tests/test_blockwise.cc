@@ -74,7 +74,7 @@ TEST_P(Blockwise, QuantizeTakesTheNearestCodeOfEachBlock) {
         const size_t b = static_cast<size_t>(i / kQuantBlock);
         const double want_absmax = block_absmax(x, b * kQuantBlock, std::min<size_t>(x.size(), (b + 1) * kQuantBlock));
         ASSERT_EQ(absmax[b], want_absmax) << "block " << b;
-        const Nearest want = nearest_code(table, x[i] / want_absmax);
+        const Nearest want = nearest_code(table, x[i] / want_absmax, code == QuantCode::unsigned_dynamic);
         const int got = static_cast<int>(q[i]);
         if (got != want.index) {
           // Only a near-tie may go the other way: the two distances agree to f32 rounding.
@@ -108,6 +108,17 @@ TEST_P(Blockwise, AValueOnAMidpointTakesTheLowerCode) {
     EXPECT_EQ(q[2], i + 1);
     EXPECT_EQ(q[3], i);
   }
+}
+
+// The unsigned map (exp_avg_sq): a positive value far below its block's
+// absmax takes the smallest positive code, never 0; an exact 0 takes 0. The
+// signed map has no such floor (a first moment rounded to 0 only shortens a step).
+TEST_P(Blockwise, APositiveSecondMomentNeverEncodesAsZero) {
+  const std::vector<double> x = {1.0, 1e-12, 0.0, 1e-30, 3e-8};
+  const std::vector<double> q = encode(device(), QuantCode::unsigned_dynamic, x).codes.read();
+  EXPECT_EQ(q, (std::vector<double>{255, 1, 0, 1, 1}));
+  const std::vector<double> s = encode(device(), QuantCode::signed_dynamic, x).codes.read();
+  EXPECT_EQ(s[1], 127) << "the signed map's zero code";
 }
 
 // Zeros encode as the code 0 with absmax 0; a NaN makes its block's absmax

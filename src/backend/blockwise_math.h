@@ -16,6 +16,10 @@ namespace gradkit::backend {
 struct QuantTable {
   float codes[256];
   float midpoints[256];  // 255 used; the last is +Inf, never read
+  // The lowest code a positive value may take: 1 for the unsigned map (a
+  // positive exp_avg_sq never encodes as 0: docs/ops.md), 0 (no floor) for
+  // the signed one.
+  int32_t positive_floor;
 };
 
 // Both tables, exp_avg's (signed) then exp_avg_sq's (unsigned).
@@ -40,13 +44,15 @@ GRADKIT_HD float quant_scale(float absmax) { return absmax == 0.0f ? 0.0f : 1.0f
 
 // The index of the code nearest to x (x already scaled into [-1, 1]): the
 // number of decision points below x, found by a branch-free binary search.
-// A value exactly on a decision point takes the lower code. NaN gives 0.
+// A value exactly on a decision point takes the lower code; a positive value
+// takes at least the table's positive_floor. NaN gives 0.
 GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) {
   int q = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int step = 128; step > 0; step >>= 1) q += x > t.midpoints[q + step - 1] ? step : 0;
+  q = x > 0.0f && q < t.positive_floor ? t.positive_floor : q;
   return static_cast<uint8_t>(q);
 }
 

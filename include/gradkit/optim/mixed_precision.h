@@ -60,6 +60,7 @@ class MixedPrecision {
 
   Optimizer& optimizer() { return *optimizer_; }
   LossScaler& scaler() { return scaler_; }
+  const LossScaler& scaler() const { return scaler_; }
   // The f32 masters (empty with remainder masters), or the remainders (empty with f32 masters).
   const std::vector<TensorView>& masters() const { return masters_; }
   const std::vector<TensorView>& weight_remainders() const { return remainders_; }
