@@ -21,6 +21,7 @@
 #include "gradkit/optim/lamb.h"
 #include "support/blockwise_reference.h"
 #include "support/device_param.h"
+#include "support/eight_bit.h"
 #include "support/expect_error.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"
@@ -60,23 +61,6 @@ std::vector<Config> configs() {
 
 const std::vector<int64_t> kSizes = {1, 255, 256 + 7, 65536 + 300, 1000};
 
-std::vector<TensorView> views(const std::vector<TestTensor>& ts) {
-  std::vector<TensorView> out;
-  for (const auto& t : ts) out.push_back(t.view());
-  return out;
-}
-
-// Moments spanning decades, as LAMB's do: m signed, v m^2-like.
-std::vector<double> moment_values(std::mt19937_64& rng, int64_t n, bool is_signed) {
-  std::vector<double> x = random_values(rng, n, 1e-2);
-  std::uniform_int_distribution<int> decade(-3, 0);
-  for (double& v : x) {
-    v *= std::pow(10.0, decade(rng));
-    if (!is_signed) v = v * v;
-  }
-  return round_to(DType::f32, x);
-}
-
 struct Tensors {
   std::vector<TestTensor> w, g, m, v, am, av, copy, update;
   std::vector<TensorView> wv, gv, mv, vv, amv, avv, cv, uv;
@@ -92,7 +76,7 @@ struct Tensors {
       av.emplace_back(device, DType::f32, std::vector<double>(quant_blocks(n), 0.0));
       if (c.copy != DType::f32) copy.emplace_back(device, c.copy, std::vector<double>(n, 0.0));
       if (c.update) update.emplace_back(device, DType::f32, std::vector<double>(n, 0.0));
-      const TestTensor m0(device, DType::f32, moment_values(rng, n, true)), v0(device, DType::f32, moment_values(rng, n, false));
+      const TestTensor m0(device, DType::f32, moment_values(rng, n, true, -3)), v0(device, DType::f32, moment_values(rng, n, false, -3));
       quantize_blockwise(QuantCode::signed_dynamic, m0.view(), m.back().view(), am.back().view());
       quantize_blockwise(QuantCode::unsigned_dynamic, v0.view(), v.back().view(), av.back().view());
     }
@@ -175,19 +159,8 @@ TEST_P(Lamb8bit, OneStepMatchesTheReferenceWithinOneCode) {
       }
       std::vector<double> stored[2];
       for (bool first : {true, false}) {
-        const std::vector<double>& want = first ? m : v;
         const std::vector<double> codes = (first ? t.m : t.v)[i].read(), absmax = (first ? t.am : t.av)[i].read();
-        const std::vector<double> table = reference_code(first);
-        for (size_t b = 0; b < absmax.size(); ++b) {
-          const size_t end = std::min(n, (b + 1) * kQuantBlock);
-          const double want_absmax = block_absmax(want, b * kQuantBlock, end);
-          ASSERT_NEAR(absmax[b], want_absmax, 8 * 0x1p-24 * want_absmax) << what << " block " << b;
-          for (size_t k = b * kQuantBlock; k < end; ++k) {
-            const int expected = nearest_code(table, want[k] / want_absmax, !first).index;
-            ASSERT_LE(std::abs(static_cast<int>(codes[k]) - expected), 1)
-                << what << (first ? " exp_avg" : " exp_avg_sq") << " element " << k;
-          }
-        }
+        expect_encoded(first ? m : v, codes, absmax, first, what);
         stored[first ? 0 : 1] = reference_decode(codes, absmax, first);
       }
       double w2 = 0, d2 = 0;
@@ -398,95 +371,22 @@ TEST_P(Lamb8bit, RejectsBadArgumentsNamingThem) {
 
 GRADKIT_INSTANTIATE_ON_EACH_DEVICE(Lamb8bit);
 
-// The owning Lamb with 8-bit moments: about 2 bytes of state per parameter;
-// a run saved and resumed is the straight run bit for bit.
-struct Model {
-  std::vector<TestTensor> w, g;
-  Model(Device device, uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    for (int64_t n : {3000, 64, 70001, 10}) {
-      w.emplace_back(device, DType::f32, random_values(rng, n));
-      g.emplace_back(device, DType::bf16, random_values(rng, n));
-    }
-  }
-  std::vector<LambGroup> groups() const {
-    LambGroup group;
-    group.hyperparameters.lambda = 0.01f;
-    for (size_t i = 0; i < w.size(); ++i) {
-      group.params.push_back(w[i].view());
-      group.grads.push_back(g[i].view());
-    }
-    return {group};
-  }
-  void new_gradients(std::mt19937_64& rng) {
-    for (auto& t : g) {
-      const TestTensor fresh(t.view().device, DType::bf16, random_values(rng, t.numel()));
-      copy_from_host(t.view().data, t.view().device, fresh.bytes().data(), fresh.bytes().size());
-    }
-  }
-  std::vector<std::vector<uint8_t>> bits() const {
-    std::vector<std::vector<uint8_t>> out;
-    for (const auto& t : w) out.push_back(t.bytes());
-    return out;
-  }
-};
-
-std::vector<std::vector<uint8_t>> lamb_state(const Lamb& lamb) {
-  std::vector<std::vector<uint8_t>> out;
-  for (const auto* list : {&lamb.exp_avg(), &lamb.exp_avg_sq(), &lamb.exp_avg_absmax(), &lamb.exp_avg_sq_absmax()}) {
-    for (const TensorView& t : *list) {
-      std::vector<uint8_t> bytes(t.bytes());
-      copy_to_host(bytes.data(), t.data, t.bytes(), t.device);
-      out.push_back(bytes);
-    }
-  }
-  return out;
+// The owning Lamb with 8-bit moments (support/eight_bit.h).
+LambGroup owning_group() {
+  LambGroup group;
+  group.hyperparameters.lambda = 0.01f;
+  return group;
 }
 
 using Lamb8bitOptimizer = OnEachDevice;
 
 TEST_P(Lamb8bitOptimizer, ResumeFromACheckpointEqualsTheStraightRun) {
-  Model straight(device(), 5), resumed(device(), 5);
-  const LambOptions options{.eta = 0.01f, .moment_dtype = DType::u8};
-  Lamb lamb(straight.groups(), options);
-  int64_t numel = 0;
-  for (const auto& t : straight.w) numel += t.numel();
-  EXPECT_LE(static_cast<double>(lamb.state_bytes()) / numel, 2.1) << "bytes of state per parameter";
-  EXPECT_EQ(lamb.exp_avg()[2].dtype, DType::u8);
-  EXPECT_EQ(lamb.exp_avg_absmax()[2].numel, quant_blocks(70001));
-  std::mt19937_64 rng(6);
-  for (int s = 0; s < 3; ++s) {
-    straight.new_gradients(rng);
-    lamb.step();
-  }
-  const std::string path = ::testing::TempDir() + "gradkit_lamb8bit_" + std::to_string(::getpid());
-  lamb.save(path);
-  for (size_t i = 0; i < straight.w.size(); ++i) {
-    copy_from_host(resumed.w[i].view().data, device(), straight.w[i].bytes().data(), straight.w[i].bytes().size());
-  }
-  std::mt19937_64 rng_resumed = rng;
-  for (int s = 0; s < 4; ++s) {
-    straight.new_gradients(rng);
-    lamb.step();
-  }
-  Lamb second(resumed.groups(), options);
-  second.load(path);
-  EXPECT_EQ(second.step_count(), 3);
-  for (int s = 0; s < 4; ++s) {
-    resumed.new_gradients(rng_resumed);
-    second.step();
-  }
-  EXPECT_EQ(resumed.bits(), straight.bits());
-  EXPECT_EQ(lamb_state(second), lamb_state(lamb));
-
-  Lamb f32(resumed.groups());  // an f32-moment Lamb refuses the 8-bit file
-  EXPECT_THROW(f32.load(path), Error);
-  std::remove(path.c_str());
+  expect_resumed_run_equals_straight_run<Lamb>(device(), owning_group(), {.eta = 0.01f, .moment_dtype = DType::u8});
 }
 
 TEST_P(Lamb8bitOptimizer, RejectsAMomentDtypeItCannotStore) {
-  Model model(device(), 9);
-  expect_error([&] { Lamb(model.groups(), {.moment_dtype = DType::i16}); }, ErrorCode::dtype_unsupported,
+  OwningModel model(device(), 9);
+  expect_error([&] { Lamb(model.groups(owning_group()), {.moment_dtype = DType::i16}); }, ErrorCode::dtype_unsupported,
                {"options.moment_dtype", "f32, bf16 or u8"});
 }
 

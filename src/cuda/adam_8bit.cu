@@ -64,11 +64,7 @@ struct Adam8bitOp {
                             (!kRemainder || cuda::vector_aligned<kPerLane>(rem));
 
     const int lane = threadIdx.x % kLanes;
-    const int warps = blockDim.x / kLanes;
-    const int blocks = (chunk.length + kQuantBlock - 1) / kQuantBlock;
-    for (int b = threadIdx.x / kLanes; b < blocks; b += warps) {
-      const int at = b * kQuantBlock + lane * kPerLane;
-      const int n = min(kPerLane, max(0, chunk.length - at));
+    cuda::for_each_warp_block(chunk.length, [&](int b, int at, int n) {
       W wr[kPerLane];
       G gr[kPerLane];
       uint8_t mr[kPerLane], vr[kPerLane];
@@ -125,7 +121,7 @@ struct Adam8bitOp {
         absmax_m[b] = amax_m;
         absmax_v[b] = amax_v;
       }
-    }
+    });
   }
 };
 

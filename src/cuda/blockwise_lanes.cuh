@@ -33,6 +33,21 @@ __device__ __forceinline__ void store_lane(T* p, const T (&src)[kPerLane], int n
   }
 }
 
+// Calls body(b, at, n) for each quantization block b of a chunk of `length`
+// elements that this thread's warp owns (warp w: blocks w, w + warps, ...):
+// `at` is the lane's first element, `n` how many of its kPerLane elements
+// lie in the chunk (0 to kPerLane). Every lane of the warp calls body for the
+// same blocks, so body may use the warp's shuffles.
+template <class Body>
+__device__ __forceinline__ void for_each_warp_block(int length, Body&& body) {
+  const int lane = threadIdx.x % kLanes, warps = blockDim.x / kLanes;
+  const int blocks = (length + kQuantBlock - 1) / kQuantBlock;
+  for (int b = threadIdx.x / kLanes; b < blocks; b += warps) {
+    const int at = b * kQuantBlock + lane * kPerLane;
+    body(b, at, min(kPerLane, max(0, length - at)));
+  }
+}
+
 // Copies both tables into `to` (shared memory) with the block's threads;
 // the caller synchronizes before reading them.
 __device__ __forceinline__ void copy_tables(backend::QuantTables& to, const backend::QuantTables* from) {

@@ -52,11 +52,7 @@ struct Norms8bitOp {
                             cuda::vector_aligned<kPerLane>(qm) && cuda::vector_aligned<kPerLane>(qv);
 
     const int lane = threadIdx.x % kLanes;
-    const int warps = blockDim.x / kLanes;
-    const int blocks = (chunk.length + kQuantBlock - 1) / kQuantBlock;
-    for (int b = threadIdx.x / kLanes; b < blocks; b += warps) {
-      const int at = b * kQuantBlock + lane * kPerLane;
-      const int n = min(kPerLane, max(0, chunk.length - at));
+    cuda::for_each_warp_block(chunk.length, [&](int b, int at, int n) {
       float wr[kPerLane];
       G gr[kPerLane];
       uint8_t mr[kPerLane], vr[kPerLane];
@@ -113,11 +109,11 @@ struct Norms8bitOp {
         block_w2[b] = w2;
         block_d2[b] = all_finite ? d2 : 0.0;
       }
-    }
+    });
     __syncthreads();
     if (threadIdx.x == 0) {
       double w2 = 0, d2 = 0;
-      for (int b = 0; b < blocks; ++b) {
+      for (int b = 0; b * kQuantBlock < chunk.length; ++b) {
         w2 += block_w2[b];
         d2 += block_d2[b];
       }
