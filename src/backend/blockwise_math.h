@@ -33,6 +33,10 @@ struct QuantTable {
   float codes[256];
   float midpoints[256];  // 255 used; the last is +Inf, never passed
   uint8_t start[2 * kQuantBuckets];
+  // The lowest code a positive value may take: 1 for the unsigned map (a
+  // positive exp_avg_sq never encodes as 0: docs/ops.md), 0 (no floor) for
+  // the signed one.
+  int32_t positive_floor;
 };
 
 // The bucket of a magnitude's bit pattern (at most 1.0f's).
@@ -68,7 +72,7 @@ GRADKIT_HD float quant_scale(float absmax) { return absmax == 0.0f ? 0.0f : 1.0f
 // The index of the code nearest to x (x already scaled into [-1, 1]): the
 // number of decision points below x, found by a branch-free binary search.
 // A value exactly on a decision point takes the lower code. NaN gives 0.
-// The definition; the kernels use quantize(), which gives the same code.
+// The count alone; quantize() gives the same count and then the floor.
 GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) {
   int q = 0;
 #if defined(__CUDA_ARCH__)
@@ -78,12 +82,13 @@ GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) {
   return static_cast<uint8_t>(q);
 }
 
-// quantize_search's code, from the bucket's start and kQuantSpan comparisons
-// (a comparison past the bucket's last decision point is false, so the count
-// stops there), without a branch. |x| > 1 (a rounding of m * (1 / absmax)
-// may pass 1) takes 1.0's bucket: its positive start is 255 (every decision
-// point lies below 1), its negative start 0, which is the search's count for
-// x > 1 and x < -1. NaN gives 0, as the search does.
+// The code of x: quantize_search's count, from the bucket's start and
+// kQuantSpan comparisons (a comparison past the bucket's last decision point
+// is false, so the count stops there), without a branch; then a positive x
+// takes at least the table's positive_floor. |x| > 1 (a rounding of
+// m * (1 / absmax) may pass 1) takes 1.0's bucket: its positive start is 255
+// (every decision point lies below 1), its negative start 0, which is the
+// search's count for x > 1 and x < -1. NaN gives 0, as the search does.
 GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) {
   const uint32_t bits = float_bits(x);
   uint32_t magnitude = bits & 0x7fffffffu;  // -0 is 0
@@ -93,6 +98,7 @@ GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) {
 #pragma unroll
 #endif
   for (int k = 0; k < kQuantSpan; ++k) q += x > t.midpoints[q] ? 1 : 0;
+  q = x > 0.0f && q < t.positive_floor ? t.positive_floor : q;
   return static_cast<uint8_t>(x == x ? q : 0);
 }
 

@@ -13,6 +13,7 @@
 #include "backend/blockwise_math.h"
 #include "backend/master_math.h"
 #include "cuda/adam_launch.cuh"
+#include "cuda/blockwise_lanes.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
@@ -22,28 +23,10 @@ namespace {
 using cuda::native_t;
 using cuda::NoCopy;
 using cuda::PlanArgs;
-
-constexpr int kLanes = 32;
-constexpr int kPerLane = kQuantBlock / kLanes;  // 8
-static_assert(kQuantBlock % kLanes == 0 && kPerLane >= 1 && kPerLane <= 16);
-
-// kPerLane consecutive elements from p (n of them valid), one vector load
-// when the block is whole and the address allows it.
-template <class T>
-__device__ __forceinline__ void load_lane(T (&dst)[kPerLane], const T* p, int n, bool vectorized) {
-  if (vectorized && n == kPerLane) return cuda::load<kPerLane>(dst, p, true);
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) dst[k] = k < n ? p[k] : T{};
-}
-
-template <class T>
-__device__ __forceinline__ void store_lane(T* p, const T (&src)[kPerLane], int n, bool vectorized) {
-  if (vectorized && n == kPerLane) return cuda::store<kPerLane>(p, src, true);
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    if (k < n) p[k] = src[k];
-  }
-}
+using cuda::kLanes;
+using cuda::kPerLane;
+using cuda::load_lane;
+using cuda::store_lane;
 
 // W: f32, or the bits of bf16 weights (uint16_t) with kRemainder.
 template <class W, class G, class Copy, bool kRemainder>
@@ -63,11 +46,7 @@ struct Adam8bitOp {
     __shared__ AdamCoefficients<float> shared;
     __shared__ QuantTables tables;
     if (threadIdx.x == 0) shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
-    {
-      const auto* from = reinterpret_cast<const float*>(launch.tables);
-      auto* to = reinterpret_cast<float*>(&tables);
-      for (int k = threadIdx.x; k < static_cast<int>(sizeof(QuantTables) / sizeof(float)); k += blockDim.x) to[k] = from[k];
-    }
+    cuda::copy_tables(tables, launch.tables);
     __syncthreads();
     const AdamCoefficients<float> c = shared;
     const float scale = in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale;
@@ -89,11 +68,7 @@ struct Adam8bitOp {
                             (!kRemainder || cuda::vector_aligned<kPerLane>(rem));
 
     const int lane = threadIdx.x % kLanes;
-    const int warps = blockDim.x / kLanes;
-    const int blocks = (chunk.length + kQuantBlock - 1) / kQuantBlock;
-    for (int b = threadIdx.x / kLanes; b < blocks; b += warps) {
-      const int at = b * kQuantBlock + lane * kPerLane;
-      const int n = min(kPerLane, max(0, chunk.length - at));
+    cuda::for_each_warp_block(chunk.length, [&](int b, int at, int n) {
       W wr[kPerLane];
       G gr[kPerLane];
       uint8_t mr[kPerLane], vr[kPerLane];
@@ -150,7 +125,7 @@ struct Adam8bitOp {
         absmax_m[b] = block_m;
         absmax_v[b] = block_v;
       }
-    }
+    });
   }
 };
 

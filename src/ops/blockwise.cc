@@ -70,8 +70,10 @@ void fill_bucket_starts(backend::QuantTable& t) {
   }
 }
 
-backend::QuantTable build_table(const std::array<float, 256>& code) {
+// `positive_floor`: see backend::QuantTable.
+backend::QuantTable build_table(const std::array<float, 256>& code, int32_t positive_floor) {
   backend::QuantTable t{};
+  t.positive_floor = positive_floor;
   for (int i = 0; i < 256; ++i) t.codes[i] = code[i];
   for (int i = 0; i < 255; ++i) {
     t.midpoints[i] = static_cast<float>((static_cast<double>(code[i]) + static_cast<double>(code[i + 1])) / 2);
@@ -105,8 +107,8 @@ namespace backend {
 const QuantTables& quant_tables() {
   static const QuantTables tables = [] {
     QuantTables t{};
-    t.table[0] = build_table(quant_code(QuantCode::signed_dynamic));
-    t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic));
+    t.table[0] = build_table(quant_code(QuantCode::signed_dynamic), 0);
+    t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic), 1);
     return t;
   }();
   return tables;

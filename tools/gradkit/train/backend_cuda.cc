@@ -57,16 +57,7 @@ class CudaBackend final : public TrainBackend {
                                             std::span<const TensorView> grads, const ShardContext* shard) override {
     MixedPrecisionOptions mp;  // dynamic loss scaling with PyTorch's defaults
     if (shard != nullptr) return make_sharded_optimizer(o, params, grads, *shard, mp.scaler, &loss_scale_);
-    if (o.optimizer == "adam") {
-      auto opt = std::make_unique<OptimizerOf<MixedPrecisionAdam>>(
-          std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, mp);
-      loss_scale_ = opt->get().loss_scale_device();
-      return opt;
-    }
-    auto opt = std::make_unique<OptimizerOf<MixedPrecisionLamb>>(
-        std::vector<LambGroup>{one_group<LambGroup>(o, params, grads)}, mp, LambOptions{.eta = o.lr});
-    loss_scale_ = opt->get().loss_scale_device();
-    return opt;
+    return make_mixed_optimizer(o, params, grads, mp, &loss_scale_);
   }
 
  private:
