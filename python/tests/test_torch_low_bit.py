@@ -357,3 +357,22 @@ def test_bitsandbytes_adamw8bit_beside_ours(kind):
     print(f"{kind}, {STEPS} steps: gradkit int8 {100 * (ours / want - 1):+.2f}%, bitsandbytes "
           f"{bnb.__version__} AdamW8bit {100 * (theirs / want - 1):+.2f}% from torch.optim.AdamW's {want:.4f}")
     assert ours <= want * (1 + LOW_BIT_FINAL_LOSS)
+
+
+def test_lamb_with_int8_moments_follows_float32_lamb_and_resumes_bit_for_bit(device):
+    a, b = make_params(device), make_params(device)
+    opt_a = gt.Lamb(a, lr=LR, weight_decay=WD, moments="int8", min_8bit_size=0)
+    opt_b = gt.Lamb(b, lr=LR, weight_decay=WD)
+    run(a, opt_a, 10, device)
+    run(b, opt_b, 10, device)
+    assert opt_a.state[a[0]]["exp_avg"].dtype == torch.uint8
+    for p, q in zip(a, b):  # 10 steps of lr 1e-2: the 8-bit moments move the weights by about as much
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=LR)
+    saved = copy.deepcopy(opt_a.state_dict())
+    resumed = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    opt_r = gt.Lamb(resumed, lr=LR, weight_decay=WD, moments="int8", min_8bit_size=0)
+    opt_r.load_state_dict(saved)
+    run(a, opt_a, 5, device, start=10)
+    run(resumed, opt_r, 5, device, start=10)
+    for p, q in zip(a, resumed):
+        assert torch.equal(p.detach(), q.detach())
