@@ -10,5 +10,6 @@ void bind_core(nanobind::module_& m);   // dtypes, devices, errors, synchronize
 void bind_ops(nanobind::module_& m);    // zero/accumulate, Adam/LAMB plans, gradient check
 void bind_optim(nanobind::module_& m);  // Adam, Lamb, LossScaler, MixedPrecision
 void bind_comm(nanobind::module_& m);   // communicators, GradientArena, Adasum
+void bind_offload(nanobind::module_& m);  // OffloadedAdam
 
 }  // namespace gradkit::python

@@ -121,27 +121,36 @@ void OffloadedAdam::synchronize() {
 }
 
 int64_t OffloadedAdam::step_count() {
-  synchronize();
+  worker_->wait();  // the host state is the worker's until then; the GPU need not be idle
   return adam_->step_count();
 }
 
+void OffloadedAdam::set_step_count(int64_t steps) {
+  if (steps < 0 || steps == std::numeric_limits<int64_t>::max()) {
+    throw_argument_error(ErrorCode::invalid_argument, kOffloadedOp, "steps",
+                         "is " + std::to_string(steps) + ", expected 0 to 2^63 - 2");
+  }
+  worker_->wait();
+  *adam_->step_count_device() = steps;  // the host Adam's counter is host memory
+}
+
 float OffloadedAdam::lr(int group) {
-  synchronize();
+  worker_->wait();  // the host state is the worker's until then; the GPU need not be idle
   return adam_->lr(group);
 }
 
 void OffloadedAdam::set_lr(int group, float lr) {
-  synchronize();
+  worker_->wait();  // the host state is the worker's until then; the GPU need not be idle
   adam_->set_lr(group, lr);
 }
 
 bool OffloadedAdam::last_step_skipped() {
-  synchronize();
+  worker_->wait();  // the host state is the worker's until then; the GPU need not be idle
   return check_ && static_cast<const OffloadScalars*>(scalars_host_.data())->found_inf;
 }
 
 float OffloadedAdam::last_grad_norm() {
-  synchronize();
+  worker_->wait();  // the host state is the worker's until then; the GPU need not be idle
   return check_ ? static_cast<const OffloadScalars*>(scalars_host_.data())->global_norm
                 : std::numeric_limits<float>::quiet_NaN();
 }

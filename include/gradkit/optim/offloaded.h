@@ -89,8 +89,13 @@ class OffloadedAdam {
   // host work.
   void synchronize();
 
-  // Synchronous reads and writes (each waits for the step in flight).
+  // Reads and writes of the host state: each waits on the host for the
+  // step's CPU work (not for the GPU's copies), so a caller can read them
+  // between steps without stalling the device.
   int64_t step_count();
+  // Steps completed, for a framework that loads state of its own layout
+  // (0 to 2^63 - 2: the next step must be able to count).
+  void set_step_count(int64_t steps);
   float lr(int group);
   void set_lr(int group, float lr);
   bool last_step_skipped();
@@ -100,7 +105,8 @@ class OffloadedAdam {
   LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
   const float* loss_scale_device() const { return scaler_ ? scaler_->scale_device() : nullptr; }
 
-  // The host state (valid between steps: call synchronize() first).
+  // The host state (valid between steps, once the step's CPU work is done:
+  // after finish() returns).
   const std::vector<TensorView>& masters() const { return masters_; }
   const Adam& host_adam() const { return *adam_; }
   // Bytes held in host memory (masters, moments, staging) and on the GPU
