@@ -18,10 +18,21 @@ std::string_view kind(bool low_precision) { return low_precision ? "mixed_precis
 }  // namespace
 
 void OffloadedAdam::save(const std::string& path) {
-  synchronize();
   StateFile file;
   const std::string_view k = kind(low_precision_);
   file.add("kind", std::vector<uint8_t>(k.begin(), k.end()));
+  save_to(file);
+  file.write(path);
+}
+
+void OffloadedAdam::load(const std::string& path) {
+  const StateFile file = read_state(path, kind(low_precision_));
+  check_state(path, file);
+  apply_state(file);
+}
+
+void OffloadedAdam::save_to(StateFile& file) {
+  synchronize();
   adam_->save_to(file);
   if (low_precision_) {
     const StateSection masters[] = {{"masters", &masters_}};
@@ -36,25 +47,27 @@ void OffloadedAdam::save(const std::string& path) {
     none.put(LossScalerState{1.0f, 0, 1});
     file.add("scaler", none.take());
   }
-  file.write(path);
 }
 
-void OffloadedAdam::load(const std::string& path) {
-  synchronize();
-  const StateFile file = read_state(path, kind(low_precision_));
-  const StateSection masters[] = {{"masters", &masters_}};
-  // Everything checked before anything is written.
+void OffloadedAdam::check_state(const std::string& path, const StateFile& file) const {
   adam_->check_state(path, file);
-  if (low_precision_) check_sections(path, file, masters);
-  std::optional<LossScalerState> scaler_state;
-  if (scaler_ && file.has("scaler")) scaler_state = read_scaler_section(path, file, *scaler_);
-  const std::vector<AdamHyperparameters> hyper = read_groups(path, file.get("groups"), groups_);
+  if (low_precision_) {
+    const StateSection masters[] = {{"masters", &masters_}};
+    check_sections(path, file, masters);
+  }
+  if (scaler_ && file.has("scaler")) read_scaler_section(path, file, *scaler_);
+  (void)read_groups(path, file.get("groups"), groups_);
+}
 
+void OffloadedAdam::apply_state(const StateFile& file) {
+  synchronize();
+  const std::vector<AdamHyperparameters> hyper = read_groups("", file.get("groups"), groups_);
   adam_->apply_state(file);
   for (Bucket& b : buckets_) b.plan.set_hyperparameters(hyper);
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];
-  if (scaler_state) scaler_->set_state(*scaler_state);
+  if (scaler_ && file.has("scaler")) scaler_->set_state(read_scaler_section("", file, *scaler_));
   if (low_precision_) {
+    const StateSection masters[] = {{"masters", &masters_}};
     apply_sections(file, masters);
     cast_into(staged_copies_, masters_);
     copy_weights_to_device();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gradkit/comm/communicator.h"
+#include "gradkit/core/device.h"
 #include "gradkit/core/error.h"
 #include "gradkit/optim/state_file.h"
 #include "cli.h"
@@ -347,6 +348,44 @@ TEST(Training, ChecksItsOptionsFirst) {
   o = small_run();
   o.resume = temp("no_such.ckpt");
   expect_error([&] { check_train_options(o, false); }, ErrorCode::io_error, {"--resume: cannot read"});
+}
+
+// --offload where it cannot run: refused before any work, naming the option.
+TEST(Training, RefusesOffloadWhereItCannotRun) {
+  TrainOptions o = small_run();
+  o.offload = true;
+  expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument, {"--offload: needs --device cuda"});
+  o.device = "cuda";
+  o.optimizer = "lamb";
+  expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
+               {"--offload: needs --optimizer adam", "LAMB is not offloaded"});
+  o.optimizer = "adam";
+  o.shard = 1;
+  expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
+               {"--offload: cannot be combined with --shard"});
+}
+
+// On a GPU: the offloaded step is the GPU step bit for bit, so an offloaded
+// run writes the GPU run's checkpoint byte for byte; and it resumes from a
+// checkpoint of the GPU run (the formats are one).
+TEST(Training, OffloadedRunWritesTheGpuRunsCheckpoint) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TrainOptions gpu = small_run(), offloaded = small_run(), first = small_run(), resumed = small_run();
+  for (TrainOptions* o : {&gpu, &offloaded, &first, &resumed}) o->device = "cuda";
+  offloaded.offload = resumed.offload = true;
+  gpu.save = temp("gpu.ckpt");
+  offloaded.save = temp("offloaded.ckpt");
+  first.stop_after = 1;
+  first.save = temp("gpu_first.ckpt");
+  resumed.resume = first.save;
+  resumed.save = temp("offloaded_resumed.ckpt");
+  run_training(gpu);
+  run_training(offloaded);
+  EXPECT_EQ(bytes(offloaded.save), bytes(gpu.save));
+  run_training(first);
+  run_training(resumed);
+  EXPECT_EQ(bytes(resumed.save), bytes(gpu.save));
 }
 
 // check_writable makes a file to know, and leaves none behind.

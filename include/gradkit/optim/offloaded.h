@@ -38,6 +38,8 @@
 
 namespace gradkit {
 
+class StateFile;
+
 namespace detail {
 class OffloadLanes;
 class HostWorker;
@@ -103,6 +105,7 @@ class OffloadedAdam {
 
   bool checks_gradients() const { return check_.has_value(); }
   LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
+  const LossScaler* scaler() const { return scaler_ ? &*scaler_ : nullptr; }
   const float* loss_scale_device() const { return scaler_ ? scaler_->scale_device() : nullptr; }
 
   // The host state (valid between steps, once the step's CPU work is done:
@@ -124,6 +127,12 @@ class OffloadedAdam {
   // weights (load the model first).
   void save(const std::string& path);
   void load(const std::string& path);
+  // The same state as sections of a larger file (a training checkpoint's):
+  // save_to adds them; check_state throws io_error unless they fit;
+  // apply_state (after check_state) writes them, as load() does.
+  void save_to(StateFile& file);
+  void check_state(const std::string& path, const StateFile& file) const;
+  void apply_state(const StateFile& file);
   // For f32 weights: copies the model's weights into the masters, for a
   // caller who changed them outside the optimizer.
   void refresh_masters();
