@@ -119,7 +119,7 @@ TEST(OffloadedAdamArguments, BadGroupsAndOptionsAreRefused) {
 TEST(OffloadedAdamArguments, WithoutAGpuTheOptimizerIsRefused) {
   if (cuda_available()) GTEST_SKIP() << "a CUDA device is visible";
   FakeModel m;
-  expect_refused({m.group()}, {}, ErrorCode::backend_unavailable, {"OffloadedAdam", "cuda"});
+  expect_refused({m.group()}, {}, ErrorCode::backend_unavailable, {"OffloadedAdam", "CUDA"});
   EXPECT_TRUE(m.untouched());
 }
 
@@ -272,6 +272,17 @@ void offloaded_step(OffloadedAdam& off) {
   off.finish();
 }
 
+// Steps first..last of `a` offloaded and of `b` by `other_step`, on the same gradients.
+template <class Step>
+void step_both(Model& a, OffloadedAdam& off, Model& b, Step&& other_step, int first, int last) {
+  for (int s = first; s <= last; ++s) {
+    a.write_gradients(s);
+    b.write_gradients(s);
+    offloaded_step(off);
+    other_step();
+  }
+}
+
 class OffloadedAdamGpu : public ::testing::TestWithParam<Config> {
  protected:
   void SetUp() override {
@@ -371,12 +382,7 @@ TEST(OffloadedAdamState, FilesMoveBetweenTheOffloadedAndTheGpuOptimizer) {
     off.save(path);
     for (size_t i = 0; i < a.w.size(); ++i) fill(b.w[i].view(), a.w[i].read());
     gpu.adam->load(path);
-    for (int s = 5; s <= 8; ++s) {
-      a.write_gradients(s);
-      b.write_gradients(s);
-      offloaded_step(off);
-      gpu.step();
-    }
+    step_both(a, off, b, [&] { gpu.step(); }, 5, 8);
     EXPECT_EQ(bits(a.weights()), bits(b.weights()));
     gpu.adam->save(path);
     OffloadedAdam back(a.groups(a.weights()), offload_options(c));
@@ -401,12 +407,7 @@ TEST(OffloadedAdamState, FilesMoveBetweenTheOffloadedAndTheGpuOptimizer) {
     off.save(path);
     mixed.load(path);  // writes b's weights from the masters
     EXPECT_EQ(bits(a.weights()), bits(b.weights()));
-    for (int s = 7; s <= 12; ++s) {
-      a.write_gradients(s);
-      b.write_gradients(s);
-      offloaded_step(off);
-      mixed.step();
-    }
+    step_both(a, off, b, [&] { mixed.step(); }, 7, 12);
     EXPECT_EQ(bits(a.weights()), bits(b.weights()));
     EXPECT_EQ(off.scaler()->state().scale, mixed.loss_scale());
     mixed.save(path);

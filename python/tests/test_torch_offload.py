@@ -104,7 +104,7 @@ def test_scaler_clipping_and_overflows_equal_ampstep():
         skipped += off.last_step_skipped
         for p, q in zip(a, b):
             assert torch.equal(p, q), step
-        assert float(off.loss_scale) == float(amp._scale), step
+        assert float(off.loss_scale) == amp.get_scale(), step
     assert skipped == 2
 
 

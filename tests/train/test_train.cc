@@ -163,6 +163,12 @@ bool have_dataset() {
   return std::ifstream(std::string(kDefaultDataDir) + "/train-images-idx3-ubyte.gz").good();
 }
 
+// A file's bytes, for checkpoints that must be equal byte for byte.
+std::string bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
 TrainOptions small_run() {
   TrainOptions o;
   o.data_dir = kDefaultDataDir;
@@ -231,10 +237,6 @@ TEST(Training, ResumeContinuesExactly) {
 // layout puts every tensor where the arena does); a sharded run resumes.
 TEST(Training, ShardedRunWritesTheUnshardedCheckpoint) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
-  auto bytes = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), {});
-  };
   for (const char* optimizer : {"adam", "lamb"}) {
     TrainOptions plain = small_run();
     plain.optimizer = optimizer;
