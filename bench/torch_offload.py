@@ -17,7 +17,7 @@ each optimizer holds (torch.cuda.memory_allocated after a step with the
 gradients freed, less before the optimizer was made: its state), with the host
 memory gradkit's offloaded optimizer holds. Targets (issue 25): (b) at most
 1.25x (a), and faster than (c).
-usage: bench/torch_offload.py [--steps N] [--rounds N] [--bucket-mb MB] [--markdown FILE]
+usage: bench/torch_offload.py [--steps N] [--rounds N] [--bucket-mb MB] [--host-threads N] [--markdown FILE]
 """
 import argparse
 import glob
@@ -80,10 +80,11 @@ def torchao_offload():
         return None
 
 
-def make_cases(bucket_mb):
+def make_cases(bucket_mb, host_threads):
     cases = {
         "gradkit AdamW (GPU)": lambda p: gt.AdamW(p, lr=1e-4, weight_decay=0.1),
-        "gradkit OffloadedAdamW": lambda p: gt.OffloadedAdamW(p, lr=1e-4, weight_decay=0.1, bucket_mb=bucket_mb),
+        "gradkit OffloadedAdamW": lambda p: gt.OffloadedAdamW(p, lr=1e-4, weight_decay=0.1, bucket_mb=bucket_mb,
+                                                               host_threads=host_threads),
     }
     ao = torchao_offload()
     if ao is not None:
@@ -140,6 +141,7 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--host-threads", type=int, default=0, help="the CPU step's threads (0: all cores but two)")
     parser.add_argument("--markdown")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -148,7 +150,7 @@ def main():
           f"({LAYERS} layers, width {WIDTH}), bf16 autocast, batch {BATCH} x {TOKENS}; hooks: "
           f"{hasattr(torch.Tensor, 'register_post_accumulate_grad_hook')}")
     cases = {}
-    for name, make in make_cases(args.bucket_mb).items():
+    for name, make in make_cases(args.bucket_mb, args.host_threads).items():
         try:
             cases[name] = Case(make)
         except Exception as e:  # report and go on: the other cases still mean something

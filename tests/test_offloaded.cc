@@ -109,6 +109,9 @@ TEST(OffloadedAdamArguments, BadGroupsAndOptionsAreRefused) {
   o.buckets = {0, 2};
   expect_refused({m.group()}, o, ErrorCode::invalid_argument, {"options.buckets", "no tensor for bucket 1"});
   o = {};
+  o.host_threads = -1;
+  expect_refused({m.group()}, o, ErrorCode::invalid_argument, {"options.host_threads", "expected >= 0"});
+  o = {};
   o.bucket_bytes = 0;
   expect_refused({m.group()}, o, ErrorCode::invalid_argument, {"options.bucket_bytes", "expected > 0"});
   EXPECT_TRUE(m.untouched());

@@ -25,7 +25,8 @@ void bind_offload(nb::module_& m) {
   c.def(
        "__init__",
        [](PyOffloaded* self, const nb::list& groups, DType moment_dtype, std::optional<std::vector<int32_t>> buckets,
-          size_t bucket_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm, NormType norm) {
+          size_t bucket_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm, NormType norm,
+          int host_threads) {
          new (self) PyOffloaded();
          auto g = to_groups<AdamGroup, AdamHyperparameters>(groups, self->keep);
          OffloadedAdamOptions options;
@@ -35,13 +36,14 @@ void bind_offload(nb::module_& m) {
          options.scaler = scaler;
          options.max_norm = max_norm;
          options.norm = norm;
+         options.host_threads = host_threads;
          self->object = std::make_unique<OffloadedAdam>(std::move(g), std::move(options));
          // The gradients given here are only looked at for their shapes
          // when bucket_ready() is always given the bucket's gradients.
        },
        nb::arg("groups"), nb::arg("moment_dtype") = DType::f32, nb::arg("buckets") = nb::none(),
        nb::arg("bucket_bytes") = OffloadedAdamOptions{}.bucket_bytes, nb::arg("scaler") = nb::none(),
-       nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2)
+       nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2, nb::arg("host_threads") = 0)
       .def_prop_ro("num_buckets", [](const PyOffloaded& o) { return o.object->num_buckets(); })
       .def_prop_ro("bucket_of_tensor",
                    [](const PyOffloaded& o) {

@@ -1,6 +1,11 @@
 #include "optim/host_worker.h"
 
+#include <algorithm>
 #include <utility>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace gradkit::detail {
 
@@ -27,6 +32,14 @@ void HostWorker::wait() {
   std::unique_lock lock(mutex_);
   idle_.wait(lock, [this] { return tasks_.empty() && !busy_; });
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void set_host_threads(int threads) {
+#ifdef _OPENMP
+  omp_set_num_threads(threads > 0 ? threads : std::max(1, omp_get_num_procs() - 2));
+#else
+  (void)threads;
+#endif
 }
 
 void HostWorker::run() {

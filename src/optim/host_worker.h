@@ -37,4 +37,9 @@ class HostWorker {
   std::thread thread_;  // last: started once the rest is ready
 };
 
+// The number of OpenMP threads the calling thread's parallel loops use:
+// `threads`, or 0 for every core but two (at least one). A no-op without
+// OpenMP.
+void set_host_threads(int threads);
+
 }  // namespace gradkit::detail

@@ -78,6 +78,10 @@ void check_arguments(const std::vector<AdamGroup>& groups, const ParameterLists&
     throw_argument_error(ErrorCode::invalid_argument, op, "options.max_norm",
                          "is " + std::to_string(options.max_norm) + ", expected a finite value >= 0 (0: no clipping)");
   }
+  if (options.host_threads < 0) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "options.host_threads",
+                         "is " + std::to_string(options.host_threads) + ", expected >= 0 (0: every core but two)");
+  }
   if (options.buckets.empty() && options.bucket_bytes == 0) {
     throw_argument_error(ErrorCode::invalid_argument, op, "options.bucket_bytes", "is 0, expected > 0");
   }
@@ -205,6 +209,7 @@ OffloadedAdam::OffloadedAdam(std::vector<AdamGroup> groups, OffloadedAdamOptions
   }
   handed_.assign(buckets_.size(), false);
   worker_ = std::make_unique<detail::HostWorker>();
+  worker_->post([threads = options_.host_threads] { detail::set_host_threads(threads); });
 }
 
 OffloadedAdam::~OffloadedAdam() {

@@ -58,6 +58,9 @@ struct OffloadedAdamOptions {
   std::optional<LossScalerOptions> scaler;
   float max_norm = 0.0f;  // > 0: clip the global norm of the unscaled gradients
   NormType norm = NormType::l2;
+  // Threads of the CPU step (OpenMP). 0: every core but two, which are left
+  // to the framework's threads that launch backward's kernels meanwhile.
+  int host_threads = 0;
 };
 
 class OffloadedAdam {

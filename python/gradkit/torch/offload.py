@@ -45,7 +45,7 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
     _decay = None  # gradkit.WeightDecay, set by the subclass
 
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize, *, bucket_mb=32.0, buckets=None,
-                 loss_scaler=None, max_norm=0.0, overlap=True):
+                 loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults)
         self._params = [p for g in self.param_groups for p in g["params"]]
@@ -67,7 +67,8 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
         groups = [{"params": [p.detach() for p in g["params"]], "grads": [p.detach() for p in g["params"]],
                    "hyperparameters": self._hyperparameters(g)} for g in self.param_groups]
         self._native = gradkit.OffloadedAdam(groups, buckets=buckets, bucket_bytes=int(bucket_mb * 2 ** 20),
-                                             scaler=loss_scaler, max_norm=float(max_norm))
+                                             scaler=loss_scaler, max_norm=float(max_norm),
+                                             host_threads=int(host_threads))
         self._bucket_of = self._native.bucket_of_tensor
         self._bucket_tensors = [self._native.bucket_tensors(b) for b in range(self._native.num_buckets)]
         self._lrs = [g["lr"] for g in self.param_groups]
@@ -245,7 +246,8 @@ class OffloadedAdamW(_OffloadedAdamBase):
     step on the CPU. Keyword-only: bucket_mb (gradient bytes per bucket, buckets cut from the
     last parameter to the first), buckets (each parameter's bucket instead), loss_scaler
     (gradkit.LossScalerOptions: the loss scale is .loss_scale), max_norm (clip the global norm),
-    overlap (hand buckets from backward's hooks; torch >= 2.1)."""
+    overlap (hand buckets from backward's hooks; torch >= 2.1), host_threads (threads of the CPU
+    step; 0: every core but two)."""
 
     _decay = gradkit.WeightDecay.decoupled
 
