@@ -30,6 +30,10 @@ Buffer allocate_moments(Device device, const std::vector<TensorView>& params, DT
   return Buffer(device, region_bytes(params, dtype) * static_cast<size_t>(count));
 }
 
+Buffer allocate_pinned_moments(const std::vector<TensorView>& params, DType dtype, int count) {
+  return Buffer::pinned(region_bytes(params, dtype) * static_cast<size_t>(count));
+}
+
 std::vector<TensorView> moment_views(const Buffer& buffer, const std::vector<TensorView>& params, DType dtype,
                                      int count, int k) {
   std::vector<TensorView> views;

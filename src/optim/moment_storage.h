@@ -58,6 +58,9 @@ ParameterLists flatten_groups(std::string_view op, const std::vector<Group>& gro
 // `count` moment tensors per param, each shaped like its param, with dtype
 // `dtype`, zero-filled, back to back at 256-byte boundaries in one buffer.
 Buffer allocate_moments(Device device, const std::vector<TensorView>& params, DType dtype, int count);
+// The same layout in pinned host memory (Buffer::pinned), for tensors that
+// are copied to and from a GPU asynchronously.
+Buffer allocate_pinned_moments(const std::vector<TensorView>& params, DType dtype, int count);
 // The views of moment k (0 <= k < count) into that buffer.
 std::vector<TensorView> moment_views(const Buffer& buffer, const std::vector<TensorView>& params, DType dtype,
                                      int count, int k);

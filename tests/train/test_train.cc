@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "gradkit/comm/communicator.h"
+#include "gradkit/core/device.h"
 #include "gradkit/core/error.h"
 #include "gradkit/optim/state_file.h"
 #include "cli.h"
@@ -158,13 +160,24 @@ std::vector<float> checkpoint_floats(const std::string& path, const std::string&
   return w;
 }
 
-bool have_dataset() {
-  return std::ifstream(std::string(kDefaultDataDir) + "/train-images-idx3-ubyte.gz").good();
+// The dataset's folder: $GRADKIT_FASHION_MNIST (a GPU machine gets it
+// carried in .data/fashion-mnist), or Debian's.
+std::string data_dir() {
+  const char* dir = std::getenv("GRADKIT_FASHION_MNIST");
+  return dir != nullptr ? dir : kDefaultDataDir;
+}
+
+bool have_dataset() { return std::ifstream(data_dir() + "/train-images-idx3-ubyte.gz").good(); }
+
+// A file's bytes, for checkpoints that must be equal byte for byte.
+std::string bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
 TrainOptions small_run() {
   TrainOptions o;
-  o.data_dir = kDefaultDataDir;
+  o.data_dir = data_dir();
   o.epochs = 2;
   o.limit = 2048;
   o.log = "";
@@ -230,10 +243,6 @@ TEST(Training, ResumeContinuesExactly) {
 // layout puts every tensor where the arena does); a sharded run resumes.
 TEST(Training, ShardedRunWritesTheUnshardedCheckpoint) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
-  auto bytes = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), {});
-  };
   for (const char* optimizer : {"adam", "lamb"}) {
     TrainOptions plain = small_run();
     plain.optimizer = optimizer;
@@ -435,6 +444,44 @@ TEST(Training, ChecksItsOptionsFirst) {
   o = small_run();
   o.resume = temp("no_such.ckpt");
   expect_error([&] { check_train_options(o, false); }, ErrorCode::io_error, {"--resume: cannot read"});
+}
+
+// --offload where it cannot run: refused before any work, naming the option.
+TEST(Training, RefusesOffloadWhereItCannotRun) {
+  TrainOptions o = small_run();
+  o.offload = true;
+  expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument, {"--offload: needs --device cuda"});
+  o.device = "cuda";
+  o.optimizer = "lamb";
+  expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
+               {"--offload: needs --optimizer adam", "LAMB is not offloaded"});
+  o.optimizer = "adam";
+  o.shard = 1;
+  expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
+               {"--offload: cannot be combined with --shard"});
+}
+
+// On a GPU: the offloaded step is the GPU step bit for bit, so an offloaded
+// run writes the GPU run's checkpoint byte for byte; and it resumes from a
+// checkpoint of the GPU run (the formats are one).
+TEST(Training, OffloadedRunWritesTheGpuRunsCheckpoint) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TrainOptions gpu = small_run(), offloaded = small_run(), first = small_run(), resumed = small_run();
+  for (TrainOptions* o : {&gpu, &offloaded, &first, &resumed}) o->device = "cuda";
+  offloaded.offload = resumed.offload = true;
+  gpu.save = temp("gpu.ckpt");
+  offloaded.save = temp("offloaded.ckpt");
+  first.stop_after = 1;
+  first.save = temp("gpu_first.ckpt");
+  resumed.resume = first.save;
+  resumed.save = temp("offloaded_resumed.ckpt");
+  run_training(gpu);
+  run_training(offloaded);
+  EXPECT_EQ(bytes(offloaded.save), bytes(gpu.save));
+  run_training(first);
+  run_training(resumed);
+  EXPECT_EQ(bytes(resumed.save), bytes(gpu.save));
 }
 
 // check_writable makes a file to know, and leaves none behind.

@@ -9,6 +9,7 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/mixed_precision.h"
+#include "gradkit/optim/offloaded.h"
 #include "gradkit/optim/sharded.h"
 #include "train/backend.h"
 
@@ -19,12 +20,17 @@ class OptimizerOf final : public Optimizer {
  public:
   template <class... Args>
   explicit OptimizerOf(Args&&... args) : optimizer_(std::forward<Args>(args)...) {}
-  void step() override { optimizer_.step(); }
+  void step() override {
+    if constexpr (std::is_same_v<T, OffloadedAdam>) optimizer_.finish();  // every bucket at once: no hooks here
+    else optimizer_.step();
+  }
   void mark_ready(size_t tensor) override {
     if constexpr (std::is_same_v<T, ShardedAdam> || std::is_same_v<T, ShardedLamb>) optimizer_.mark_ready(tensor);
   }
   void set_lr(float lr) override {
-    if constexpr (std::is_same_v<T, Adam> || std::is_same_v<T, ShardedAdam>) optimizer_.set_lr(0, lr);
+    if constexpr (std::is_same_v<T, Adam> || std::is_same_v<T, ShardedAdam> || std::is_same_v<T, OffloadedAdam>) {
+      optimizer_.set_lr(0, lr);
+    }
     else if constexpr (std::is_same_v<T, Lamb> || std::is_same_v<T, ShardedLamb>) optimizer_.set_eta(lr);
     else if constexpr (std::is_same_v<T, MixedPrecisionAdam>) optimizer_.optimizer().set_lr(0, lr);
     else optimizer_.optimizer().set_eta(lr);
@@ -36,6 +42,8 @@ class OptimizerOf final : public Optimizer {
     if constexpr (std::is_same_v<T, MixedPrecisionAdam> || std::is_same_v<T, MixedPrecisionLamb>) {
       if (optimizer_.scaler().options().mode == LossScaling::none) return "";  // bf16 weights: no loss scale
       return "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.loss_scale()));
+    } else if constexpr (std::is_same_v<T, OffloadedAdam>) {
+      return "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.scaler()->state().scale)) + ", offloaded";
     } else if constexpr (std::is_same_v<T, ShardedAdam> || std::is_same_v<T, ShardedLamb>) {
       return optimizer_.masters().empty() ? "" : "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.loss_scale()));
     } else {

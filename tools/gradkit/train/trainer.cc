@@ -198,6 +198,17 @@ void check_train_options(const TrainOptions& o, bool writes) {
   if (o.shard > 0 && o.reduce != "allreduce") {
     throw Error(ErrorCode::invalid_argument, "--shard: needs --reduce allreduce (the sharded step reduce-scatters)");
   }
+  if (o.offload && o.device != "cuda") {
+    throw Error(ErrorCode::invalid_argument, "--offload: needs --device cuda (the model stays on the GPU, the "
+                                             "optimizer state goes to the host); a CPU run keeps it there already");
+  }
+  if (o.offload && o.optimizer != "adam") {
+    throw Error(ErrorCode::invalid_argument, "--offload: needs --optimizer adam (LAMB is not offloaded)");
+  }
+  if (o.offload && o.shard > 0) {
+    throw Error(ErrorCode::invalid_argument, "--offload: cannot be combined with --shard (each rank offloads "
+                                             "the whole state)");
+  }
   if (!o.plot.empty() && o.log.empty()) {
     throw Error(ErrorCode::invalid_argument, "--plot: needs --log (the curves are drawn from the log)");
   }
