@@ -54,7 +54,7 @@ class Gpt2Small(nn.Module):
         for b in self.blocks:
             x = b(x)
         logits = self.head(self.ln(x))
-        return F.cross_entropy(logits.float().view(-1, VOCAB), targets.view(-1))
+        return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
 
 
 def torchao_offload():
