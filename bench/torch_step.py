@@ -19,7 +19,12 @@ bytes / time, and % copy compares with a device-to-device copy measured in
 the same run. With --profile FILE, the small GPT's steps are also run under
 torch.profiler and each implementation's busiest operations (device and host
 time, calls) written to FILE: where a whole step's time goes.
-usage: bench/torch_step.py [--reps N] [--lists gpt2,bert,small] [--markdown FILE] [--profile FILE]
+With --low-bit LISTS (default gpt2): AdamW.step() with 8-bit moments and
+remainder masters on float32 and bfloat16 parameters, beside torch's fused
+float32 AdamW and, where importable, bitsandbytes' AdamW8bit and torchao's
+AdamW8bit and bf16 stochastic-rounding AdamW (put scripts/gpu-carry's
+.data/pylibs on PYTHONPATH), with the state each holds per parameter.
+usage: bench/torch_step.py [--reps N] [--lists gpt2,bert,small] [--low-bit gpt2] [--markdown FILE] [--profile FILE]
 """
 import argparse
 import math
@@ -160,6 +165,90 @@ def bench_list(key, reps, rounds, report):
     torch.cuda.empty_cache()
 
 
+def optional_optimizers():
+    """bitsandbytes' and torchao's low-bit AdamW classes where importable ({} otherwise)."""
+    found = {}
+    try:
+        import bitsandbytes as bnb
+        found["bitsandbytes AdamW8bit"] = (bnb.__version__, bnb.optim.AdamW8bit)
+    except Exception as e:  # not installed, or no binary for this CUDA
+        print(f"    bitsandbytes not measured: {type(e).__name__}: {str(e)[:120]}", flush=True)
+    try:
+        import torchao
+        from torchao.optim import AdamW8bit, _AdamW
+        found["torchao AdamW8bit"] = (torchao.__version__, AdamW8bit)
+        found["torchao _AdamW bf16 SR"] = (torchao.__version__, lambda p, **kw: _AdamW(p, bf16_stochastic_round=True,
+                                                                                            **kw))
+    except Exception as e:
+        print(f"    torchao not measured: {type(e).__name__}: {str(e)[:120]}", flush=True)
+    return found
+
+
+def state_bytes_per_param(opt, params):
+    """Device memory the optimizer's first step allocated (its state), per parameter."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    opt.step()
+    torch.cuda.synchronize()
+    return (torch.cuda.memory_allocated() - before) / sum(p.numel() for p in params)
+
+
+def bench_low_bit(key, reps, rounds, report):
+    """AdamW.step() with 8-bit moments and remainder masters against torch's fused float32
+    AdamW, bitsandbytes and torchao, on float32 and bfloat16 parameters (issue 24's table)."""
+    name, shapes_fn = LISTS[key]
+    shapes = shapes_fn()
+    kw = dict(lr=1e-4, weight_decay=0.01)
+    others = optional_optimizers()
+    # (what, implementation, optimizer maker, bytes per element it must move at least, parameter dtype)
+    rows = [("AdamW f32", "torch fused", lambda p: torch.optim.AdamW(p, fused=True, **kw), 28, torch.float32),
+            ("AdamW f32", "gradkit", lambda p: gt.AdamW(p, **kw), 28, torch.float32),
+            ("AdamW f32", "gradkit int8 moments", lambda p: gt.AdamW(p, moments="int8", **kw), 16, torch.float32),
+            ("AdamW bf16", "gradkit f32 master", lambda p: gt.AdamW(p, **kw), 28, torch.bfloat16),
+            ("AdamW bf16", "gradkit remainder", lambda p: gt.AdamW(p, master="remainder", **kw), 26, torch.bfloat16),
+            ("AdamW bf16", "gradkit remainder int8",
+             lambda p: gt.AdamW(p, master="remainder", moments="int8", **kw), 14, torch.bfloat16)]
+    for impl, (version, cls) in others.items():
+        if "bf16 SR" in impl:
+            rows.append(("AdamW bf16", f"{impl} {version}", lambda p, c=cls: c(p, **kw), 14, torch.bfloat16))
+            continue
+        rows.append(("AdamW f32", f"{impl} {version}", lambda p, c=cls: c(p, **kw), 16, torch.float32))
+        rows.append(("AdamW bf16", f"{impl} {version}", lambda p, c=cls: c(p, **kw), 10, torch.bfloat16))
+    params = {torch.float32: make_params(shapes), torch.bfloat16: make_params(shapes, seed=2)}
+    for p in params[torch.bfloat16]:
+        p.data, p.grad = p.data.bfloat16(), p.grad.bfloat16()
+    numel = sum(p.numel() for p in params[torch.float32])
+    print(f"\n{name}, low-bit state: {len(shapes)} tensors, {numel / 1e6:.1f}M parameters", flush=True)
+    cases, state = {}, {}
+    for what, impl, make, _, dtype in rows:
+        label = f"{what}: {impl}"
+        try:
+            opt = make(params[dtype])
+            state[label] = state_bytes_per_param(opt, params[dtype])
+        except Exception as e:  # a library that cannot step these parameters
+            print(f"    {label} not measured: {type(e).__name__}: {str(e)[:160]}", flush=True)
+            continue
+        slow = "torchao" in impl  # about 0.1 s a step as called: fewer repetitions
+        cases[label] = (opt.step, max(3, reps // 10) if slow else reps)
+    times = {}
+    for _ in range(rounds):
+        for label, (fn, n) in cases.items():
+            ms, host = device_ms(fn, n), host_us(fn, n)
+            old = times.get(label, (math.inf, math.inf))
+            times[label] = (min(old[0], ms), min(old[1], host))
+    base = times.get("AdamW f32: torch fused", (None,))[0]
+    for what, impl, _, bytes_per_element, _ in rows:
+        label = f"{what}: {impl}"
+        if label in times:
+            report.add(name, what, impl, times[label][0], times[label][1], bytes_per_element * numel,
+                       base if label != "AdamW f32: torch fused" else None)
+    print("    optimizer state held (device memory its first step allocated), bytes per parameter:", flush=True)
+    for label, b in state.items():
+        print(f"      {label}: {b:.2f}", flush=True)
+    del params, cases
+    torch.cuda.empty_cache()
+
+
 def profile_steps(steps, path, count=10):
     """Writes, per implementation, torch.profiler's table of `count` steps: the
     operations with the most device time, then the most host time."""
@@ -224,6 +313,9 @@ def main():
     parser.add_argument("--lists", default="gpt2,bert,small")
     parser.add_argument("--markdown", help="also write the table here")
     parser.add_argument("--profile", help="write torch.profiler tables of the small GPT's steps here")
+    parser.add_argument("--low-bit", default="gpt2",
+                        help="lists to step with low-bit state (8-bit moments, remainder masters) beside "
+                             "bitsandbytes and torchao where importable ('' for none)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("torch_step.py needs a CUDA device", file=sys.stderr)
@@ -235,7 +327,10 @@ def main():
     report = Report(copy)
     for key in filter(None, args.lists.split(",")):
         bench_list(key, args.reps, args.rounds, report)
-    bench_training(args.reps, args.rounds, report, args.profile)
+    for key in filter(None, args.low_bit.split(",")):
+        bench_low_bit(key, args.reps, args.rounds, report)
+    if args.lists:  # --lists "": the low-bit table alone
+        bench_training(args.reps, args.rounds, report, args.profile)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "

@@ -43,38 +43,47 @@ Flag input_flag(const std::optional<bool>& host, nb::handle device, const char* 
 }
 
 struct PyAdamPlan {
-  ViewList weights, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, model_copy;
+  ViewList weights, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, model_copy, exp_avg_absmax, exp_avg_sq_absmax,
+      weight_remainder;
   AdamPlan plan;
   PyAdamPlan(const Arrays& w, const Arrays& g, const Arrays& m, const Arrays& v,
              const std::vector<AdamHyperparameters>& hyper, const std::vector<int32_t>& groups, const Arrays& vmax,
-             const Arrays& copy, bool hold_grads)
+             const Arrays& copy, const Arrays& m_absmax, const Arrays& v_absmax, const Arrays& remainder,
+             bool hold_grads)
       : weights(to_views(w, "weights")),
         grads(to_views(g, "grads")),
         exp_avg(to_views(m, "exp_avg")),
         exp_avg_sq(to_views(v, "exp_avg_sq")),
         max_exp_avg_sq(to_views(vmax, "max_exp_avg_sq")),
         model_copy(to_views(copy, "model_copy")),
-        plan({weights.views, grads.views, exp_avg.views, exp_avg_sq.views, max_exp_avg_sq.views, model_copy.views},
+        exp_avg_absmax(to_views(m_absmax, "exp_avg_absmax")),
+        exp_avg_sq_absmax(to_views(v_absmax, "exp_avg_sq_absmax")),
+        weight_remainder(to_views(remainder, "weight_remainder")),
+        plan({weights.views, grads.views, exp_avg.views, exp_avg_sq.views, max_exp_avg_sq.views, model_copy.views,
+              exp_avg_absmax.views, exp_avg_sq_absmax.views, weight_remainder.views},
              hyper, groups) {
     if (!hold_grads) grads.arrays.clear();
   }
 };
 
 struct PyLambPlan {
-  ViewList weights, grads, exp_avg, exp_avg_sq, model_copy, update;
+  ViewList weights, grads, exp_avg, exp_avg_sq, model_copy, update, exp_avg_absmax, exp_avg_sq_absmax;
   LambPlan plan;
   Buffer tensor_index;  // 0 .. n-1 on the plan's device, for a step in two passes (made at the first)
   PyLambPlan(const Arrays& w, const Arrays& g, const Arrays& m, const Arrays& v,
              const std::vector<LambHyperparameters>& hyper, const std::vector<int32_t>& groups, const Arrays& copy,
-             const Arrays& upd, bool hold_grads)
+             const Arrays& upd, const Arrays& m_absmax, const Arrays& v_absmax, bool hold_grads)
       : weights(to_views(w, "weights")),
         grads(to_views(g, "grads")),
         exp_avg(to_views(m, "exp_avg")),
         exp_avg_sq(to_views(v, "exp_avg_sq")),
         model_copy(to_views(copy, "model_copy")),
         update(to_views(upd, "update")),
-        plan({weights.views, grads.views, exp_avg.views, exp_avg_sq.views, model_copy.views, update.views}, hyper,
-             groups) {
+        exp_avg_absmax(to_views(m_absmax, "exp_avg_absmax")),
+        exp_avg_sq_absmax(to_views(v_absmax, "exp_avg_sq_absmax")),
+        plan({weights.views, grads.views, exp_avg.views, exp_avg_sq.views, model_copy.views, update.views,
+              exp_avg_absmax.views, exp_avg_sq_absmax.views},
+             hyper, groups) {
     if (!hold_grads) grads.arrays.clear();
   }
 };
@@ -211,10 +220,15 @@ void bind_ops(nb::module_& m) {
                          "Adam/AdamW over tensor lists planned once (docs/ops.md, adam_step). Tensor i of each "
                          "list belongs to one parameter; groups[i] picks its hyperparameters.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const Arrays&, const std::vector<AdamHyperparameters>&,
-                    const std::vector<int32_t>&, const Arrays&, const Arrays&, bool>(),
+                    const std::vector<int32_t>&, const Arrays&, const Arrays&, const Arrays&, const Arrays&,
+                    const Arrays&, bool>(),
            nb::arg("weights"), nb::arg("grads"), nb::arg("exp_avg"), nb::arg("exp_avg_sq"),
            nb::arg("hyperparameters"), nb::arg("groups") = std::vector<int32_t>{},
-           nb::arg("max_exp_avg_sq") = Arrays{}, nb::arg("model_copy") = Arrays{}, nb::arg("hold_grads") = true)
+           nb::arg("max_exp_avg_sq") = Arrays{}, nb::arg("model_copy") = Arrays{},
+           nb::arg("exp_avg_absmax") = Arrays{}, nb::arg("exp_avg_sq_absmax") = Arrays{},
+           nb::arg("weight_remainder") = Arrays{}, nb::arg("hold_grads") = true,
+           "uint8 moments are 8-bit blockwise, each with its float32 absmax list (quant_blocks(numel) per "
+           "tensor); bfloat16 weights with weight_remainder (int16) hold their float32 master exactly.")
       .def(
           "step",
           [](const PyAdamPlan& p, int64_t step, nb::handle step_device, nb::handle lr_device,
@@ -245,7 +259,9 @@ void bind_ops(nb::module_& m) {
       .def_prop_ro("hyperparameters", [](const PyAdamPlan& p) {
         return std::vector<AdamHyperparameters>(p.plan.hyperparameters().begin(), p.plan.hyperparameters().end());
       })
-      .def_prop_ro("num_tensors", [](const PyAdamPlan& p) { return p.plan.plan().num_tensors(); });
+      .def_prop_ro("num_tensors", [](const PyAdamPlan& p) { return p.plan.plan().num_tensors(); })
+      .def_prop_ro("quantized_moments", [](const PyAdamPlan& p) { return p.plan.quantized_moments(); })
+      .def_prop_ro("has_weight_remainder", [](const PyAdamPlan& p) { return p.plan.has_weight_remainder(); });
 
   nb::class_<LambHyperparameters>(m, "LambHyperparameters")
       .def(
@@ -269,10 +285,12 @@ void bind_ops(nb::module_& m) {
 
   nb::class_<PyLambPlan>(m, "LambPlan", "LAMB (ONNX Runtime's semantics) over tensor lists planned once.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const Arrays&, const std::vector<LambHyperparameters>&,
-                    const std::vector<int32_t>&, const Arrays&, const Arrays&, bool>(),
+                    const std::vector<int32_t>&, const Arrays&, const Arrays&, const Arrays&, const Arrays&, bool>(),
            nb::arg("weights"), nb::arg("grads"), nb::arg("exp_avg"), nb::arg("exp_avg_sq"),
            nb::arg("hyperparameters"), nb::arg("groups") = std::vector<int32_t>{}, nb::arg("model_copy") = Arrays{},
-           nb::arg("update") = Arrays{}, nb::arg("hold_grads") = true)
+           nb::arg("update") = Arrays{}, nb::arg("exp_avg_absmax") = Arrays{}, nb::arg("exp_avg_sq_absmax") = Arrays{},
+           nb::arg("hold_grads") = true,
+           "uint8 moments are 8-bit blockwise, each with its float32 absmax list (quant_blocks(numel) per tensor).")
       .def(
           "step",
           [](PyLambPlan& p, float eta, nb::handle eta_device, float loss_scale,

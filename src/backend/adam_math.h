@@ -48,6 +48,23 @@ GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, d
   return c;
 }
 
+// The per-launch flags of the update, from two sources. AdamFlags fixes them
+// at compile time, so that the element function below has no branch and a
+// loop over it vectorizes (the CPU backend instantiates one loop per flag
+// combination, picked once per chunk: src/cpu/adam_strip.h); RuntimeAdamFlags
+// reads them from the coefficients, a branch that is uniform across a launch
+// (the CUDA kernels, where that costs nothing). Both run the same formula.
+template <WeightDecay Decay, bool Amsgrad, bool Maximize>
+struct AdamFlags {
+  static constexpr int32_t decay = static_cast<int32_t>(Decay);
+  static constexpr bool amsgrad = Amsgrad, maximize = Maximize;
+};
+
+struct RuntimeAdamFlags {
+  int32_t decay;
+  bool amsgrad, maximize;
+};
+
 // One element: w, m, v (and vmax for amsgrad) updated in place from the
 // unscaled gradient g (already divided by the gradient scale). The order of
 // operations follows the library each mode comes from (torch.optim for l2
@@ -56,25 +73,31 @@ GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, d
 // (g - m)) or as Transformers' m * beta1 + (1 - beta1) * g, and the update
 // as addcdiv (w - step_size * (m / denom)). Every operation is rounded on
 // its own (exact_math.h), so both backends give the same bits.
-template <class C>
-GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c) {
+template <class C, class Flags>
+GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c, Flags f) {
   using exact::add;
   using exact::mul;
   using exact::sub;
-  const bool hugging_face = c.decay == static_cast<int32_t>(WeightDecay::hugging_face);
-  if (c.maximize) g = -g;
-  if (c.decay == static_cast<int32_t>(WeightDecay::l2)) g = add(g, mul(c.weight_decay, w));
-  if (c.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
+  const bool hugging_face = f.decay == static_cast<int32_t>(WeightDecay::hugging_face);
+  if (f.maximize) g = -g;
+  if (f.decay == static_cast<int32_t>(WeightDecay::l2)) g = add(g, mul(c.weight_decay, w));
+  if (f.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
   m = hugging_face ? add(mul(m, c.beta1), mul(c.one_minus_beta1, g)) : add(m, mul(c.one_minus_beta1, sub(g, m)));
   v = add(mul(v, c.beta2), mul(mul(c.one_minus_beta2, g), g));
   C second = v;
-  if (c.amsgrad) {
+  if (f.amsgrad) {
     vmax = vmax > v ? vmax : v;
     second = vmax;
   }
   const C denom = hugging_face ? add(std::sqrt(second), c.eps) : add(std::sqrt(second) / c.bias2_sqrt, c.eps);
   w = sub(w, mul(c.step_size, m / denom));
   if (hugging_face) w = sub(w, mul(c.decay_after, w));
+}
+
+// The same with the flags read from the coefficients.
+template <class C>
+GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c) {
+  adam_element(w, g, m, v, vmax, c, RuntimeAdamFlags{c.decay, c.amsgrad, c.maximize});
 }
 
 }  // namespace gradkit::backend

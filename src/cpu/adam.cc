@@ -1,5 +1,6 @@
 // The Adam update on the CPU: the same per-element formula as the CUDA
-// kernel (backend/adam_math.h), over the plan's chunks; with 8-bit moments,
+// kernel (backend/adam_math.h), over the plan's chunks in vector loops
+// (cpu/adam_strip.h, docs/cpu-kernels.md); with 8-bit moments,
 // block by block, decoded and encoded as the CUDA kernel does
 // (backend/blockwise_math.h).
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "backend/adam_math.h"
 #include "backend/master_math.h"
 #include "backend/quant_tables.h"
+#include "cpu/adam_strip.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
@@ -19,6 +21,8 @@ struct NoCopy {};
 
 // How the weights are stored: as they are (f32, f64), or as bf16 weights
 // whose f32 master is completed by the remainder list (master_math.h).
+// load/store move one element (the 8-bit loop); load_strip/store_strip a
+// strip in the compute type (the vector loop, cpu/vector_loop.h).
 template <class W>
 struct PlainWeights {
   using C = cpu::compute_t<W>;
@@ -26,7 +30,19 @@ struct PlainWeights {
   PlainWeights(const cpu::ChunkView& chunk, const AdamLaunch&) : w(chunk.tensor<W>(0)) {}
   C load(int64_t i) const { return cpu::to_compute<C>(w[i]); }
   void store(int64_t i, C x) const { w[i] = cpu::from_compute<W>(x); }
+  C* load_strip(int64_t base, int n, C* buffer) const { return cpu::load_strip(w + base, buffer, n); }
+  void store_strip(int64_t base, int n, const C* values) const { cpu::store_strip(values, w + base, n); }
 };
+
+// The remainder master joined and split a strip at a time, in vector loops.
+GRADKIT_CPU_CLONES void join_strip(const uint16_t* __restrict w, const int16_t* __restrict r, float* __restrict out,
+                                   int n) {
+  for (int k = 0; k < n; ++k) out[k] = join_master(w[k], r[k]);
+}
+
+GRADKIT_CPU_CLONES void split_strip(const float* __restrict in, uint16_t* __restrict w, int16_t* __restrict r, int n) {
+  for (int k = 0; k < n; ++k) split_master(in[k], w[k], r[k]);
+}
 
 struct RemainderWeights {
   using C = float;
@@ -36,6 +52,11 @@ struct RemainderWeights {
       : w(chunk.tensor<uint16_t>(0)), r(chunk.tensor<int16_t>(launch.remainder_list)) {}
   float load(int64_t i) const { return join_master(w[i], r[i]); }
   void store(int64_t i, float x) const { split_master(x, w[i], r[i]); }
+  float* load_strip(int64_t base, int n, float* buffer) const {
+    join_strip(w + base, r + base, buffer, n);
+    return buffer;
+  }
+  void store_strip(int64_t base, int n, const float* values) const { split_strip(values, w + base, r + base, n); }
 };
 
 // The step's per-launch values and one chunk's group constants.
@@ -58,28 +79,41 @@ struct StepValues {
   C grad(C g) const { return scaled ? g / scale : g; }
 };
 
+// Strips of kStrip elements: each tensor that is not in the compute type is
+// converted into a buffer of the thread's own (L1-sized), the update runs
+// over the strip in one vector loop picked for the chunk's flags, and the
+// results are converted back. Tensors already in the compute type (f32
+// weights and moments) are updated in place, with no copy.
+constexpr int kStrip = 512;
+
 template <class Weights, class G, class M, class Copy>
 void run(const MultiTensorPlan& plan, const AdamLaunch& launch) {
   using C = typename Weights::C;
   const StepValues<C> values(launch.inputs);
   cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
     const AdamCoefficients<C> c = values.coefficients(plan, launch, chunk.chunk);
+    const cpu::AdamStripFunction<C> update = cpu::adam_strip_function(c, values.scaled);
     const Weights w(chunk, launch);
     const G* g = chunk.tensor<G>(1);
     M* m = chunk.tensor<M>(2);
     M* v = chunk.tensor<M>(3);
     M* vmax = c.amsgrad ? chunk.tensor<M>(launch.max_list) : nullptr;
-    for (int i = 0; i < chunk.chunk.length; ++i) {
-      C wc = w.load(i);
-      const C gc = values.grad(cpu::to_compute<C>(g[i]));
-      C mc = cpu::to_compute<C>(m[i]), vc = cpu::to_compute<C>(v[i]);
-      C vmaxc = vmax != nullptr ? cpu::to_compute<C>(vmax[i]) : C(0);
-      adam_element(wc, gc, mc, vc, vmaxc, c);
-      w.store(i, wc);
-      m[i] = cpu::from_compute<M>(mc);
-      v[i] = cpu::from_compute<M>(vc);
-      if (vmax != nullptr) vmax[i] = cpu::from_compute<M>(vmaxc);
-      if constexpr (!std::is_same_v<Copy, NoCopy>) chunk.tensor<Copy>(launch.copy_list)[i] = cpu::from_compute<Copy>(wc);
+    Copy* copy = nullptr;
+    if constexpr (!std::is_same_v<Copy, NoCopy>) copy = chunk.tensor<Copy>(launch.copy_list);
+    alignas(64) C wb[kStrip], gb[kStrip], mb[kStrip], vb[kStrip], xb[kStrip];
+    for (int64_t base = 0; base < chunk.chunk.length; base += kStrip) {
+      const int n = static_cast<int>(std::min<int64_t>(kStrip, chunk.chunk.length - base));
+      C* ws = w.load_strip(base, n, wb);
+      const C* gs = cpu::load_strip(g + base, gb, n);
+      C* ms = cpu::load_strip(m + base, mb, n);
+      C* vs = cpu::load_strip(v + base, vb, n);
+      C* xs = vmax != nullptr ? cpu::load_strip(vmax + base, xb, n) : nullptr;
+      update(ws, gs, ms, vs, xs, n, c, values.scale);
+      w.store_strip(base, n, ws);
+      cpu::store_strip(ms, m + base, n);
+      cpu::store_strip(vs, v + base, n);
+      if (vmax != nullptr) cpu::store_strip(xs, vmax + base, n);
+      if constexpr (!std::is_same_v<Copy, NoCopy>) cpu::convert_strip(ws, copy + base, n);
     }
   });
 }

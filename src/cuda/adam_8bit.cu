@@ -13,6 +13,7 @@
 #include "backend/blockwise_math.h"
 #include "backend/master_math.h"
 #include "cuda/adam_launch.cuh"
+#include "cuda/blockwise_lanes.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
@@ -22,33 +23,19 @@ namespace {
 using cuda::native_t;
 using cuda::NoCopy;
 using cuda::PlanArgs;
-
-constexpr int kLanes = 32;
-constexpr int kPerLane = kQuantBlock / kLanes;  // 8
-static_assert(kQuantBlock % kLanes == 0 && kPerLane >= 1 && kPerLane <= 16);
-
-// kPerLane consecutive elements from p (n of them valid), one vector load
-// when the block is whole and the address allows it.
-template <class T>
-__device__ __forceinline__ void load_lane(T (&dst)[kPerLane], const T* p, int n, bool vectorized) {
-  if (vectorized && n == kPerLane) return cuda::load<kPerLane>(dst, p, true);
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) dst[k] = k < n ? p[k] : T{};
-}
-
-template <class T>
-__device__ __forceinline__ void store_lane(T* p, const T (&src)[kPerLane], int n, bool vectorized) {
-  if (vectorized && n == kPerLane) return cuda::store<kPerLane>(p, src, true);
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    if (k < n) p[k] = src[k];
-  }
-}
+using cuda::kLanes;
+using cuda::kPerLane;
+using cuda::load_lane;
+using cuda::store_lane;
 
 // W: f32, or the bits of bf16 weights (uint16_t) with kRemainder.
 template <class W, class G, class Copy, bool kRemainder>
 struct Adam8bitOp {
   static constexpr bool kCopy = !std::is_same_v<Copy, NoCopy>;
+  // Two blocks per multiprocessor (registers <= 64): one block's 16 warps,
+  // each owning one quantization block at a time, leave the memory system
+  // idle between their loads (Nsight Compute: 25% occupancy, DRAM 20% busy).
+  static constexpr int kMinBlocks = 2;
   AdamLaunch launch;
 
   __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
@@ -59,11 +46,7 @@ struct Adam8bitOp {
     __shared__ AdamCoefficients<float> shared;
     __shared__ QuantTables tables;
     if (threadIdx.x == 0) shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
-    {
-      const auto* from = reinterpret_cast<const float*>(launch.tables);
-      auto* to = reinterpret_cast<float*>(&tables);
-      for (int k = threadIdx.x; k < static_cast<int>(sizeof(QuantTables) / sizeof(float)); k += blockDim.x) to[k] = from[k];
-    }
+    cuda::copy_tables(tables, launch.tables);
     __syncthreads();
     const AdamCoefficients<float> c = shared;
     const float scale = in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale;
@@ -85,11 +68,7 @@ struct Adam8bitOp {
                             (!kRemainder || cuda::vector_aligned<kPerLane>(rem));
 
     const int lane = threadIdx.x % kLanes;
-    const int warps = blockDim.x / kLanes;
-    const int blocks = (chunk.length + kQuantBlock - 1) / kQuantBlock;
-    for (int b = threadIdx.x / kLanes; b < blocks; b += warps) {
-      const int at = b * kQuantBlock + lane * kPerLane;
-      const int n = min(kPerLane, max(0, chunk.length - at));
+    cuda::for_each_warp_block(chunk.length, [&](int b, int at, int n) {
       W wr[kPerLane];
       G gr[kPerLane];
       uint8_t mr[kPerLane], vr[kPerLane];
@@ -103,7 +82,7 @@ struct Adam8bitOp {
 
       float m_new[kPerLane], v_new[kPerLane];
       [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];
-      float amax_m = 0.0f, amax_v = 0.0f;
+      uint32_t amax_m = 0, amax_v = 0;  // bit patterns (absmax_bits_fold)
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
         float wc;
@@ -119,19 +98,19 @@ struct Adam8bitOp {
         if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(wc);
         m_new[k] = mc;
         v_new[k] = vc;
-        if (k < n) {
-          amax_m = absmax_fold(amax_m, mc);
-          amax_v = absmax_fold(amax_v, vc);
-        }
+        // Past the block's end (a short last block) a lane folds 0: no branch.
+        amax_m = absmax_bits_fold(amax_m, k < n ? magnitude_bits(mc) : 0u);
+        amax_v = absmax_bits_fold(amax_v, k < n ? magnitude_bits(vc) : 0u);
       }
-      // The block's absmax in every lane (the fold is exact, so the order of
-      // the shuffle tree does not change it).
+      // The block's absmax in every lane (an integer max: the order of the
+      // shuffle tree does not change it).
 #pragma unroll
       for (int offset = kLanes / 2; offset > 0; offset /= 2) {
-        amax_m = absmax_fold(amax_m, __shfl_xor_sync(0xffffffffu, amax_m, offset));
-        amax_v = absmax_fold(amax_v, __shfl_xor_sync(0xffffffffu, amax_v, offset));
+        amax_m = absmax_bits_fold(amax_m, __shfl_xor_sync(0xffffffffu, amax_m, offset));
+        amax_v = absmax_bits_fold(amax_v, __shfl_xor_sync(0xffffffffu, amax_v, offset));
       }
-      const float scale_m = quant_scale(amax_m), scale_v = quant_scale(amax_v);
+      const float block_m = bits_float(amax_m), block_v = bits_float(amax_v);
+      const float scale_m = quant_scale(block_m), scale_v = quant_scale(block_v);
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
         mr[k] = quantize(tables.table[0], exact::mul(m_new[k], scale_m));
@@ -143,10 +122,10 @@ struct Adam8bitOp {
       if constexpr (kRemainder) store_lane(rem + at, rr, n, vectorized);
       if constexpr (kCopy) store_lane(copy + at, cr, n, vectorized);
       if (lane == 0) {
-        absmax_m[b] = amax_m;
-        absmax_v[b] = amax_v;
+        absmax_m[b] = block_m;
+        absmax_v[b] = block_v;
       }
-    }
+    });
   }
 };
 

@@ -53,11 +53,19 @@ inline PlanArgs plan_args(const MultiTensorPlan& plan) {
 
 inline constexpr int kBlockThreads = 512;
 
+// Blocks an op asks to keep resident per multiprocessor (Op::kMinBlocks,
+// default 1): the compiler then holds its registers to fit them.
+template <class Op>
+constexpr int min_blocks() {
+  if constexpr (requires { Op::kMinBlocks; }) return Op::kMinBlocks;
+  return 1;
+}
+
 // One block per chunk: a chunk is at most 64K elements, so a block of 512
 // threads makes a handful of passes over it, and small tensors still yield
 // many blocks for the scheduler to spread over the multiprocessors.
 template <class Op>
-__global__ void __launch_bounds__(kBlockThreads) multi_tensor_kernel(PlanArgs plan, Op op) {
+__global__ void __launch_bounds__(kBlockThreads, min_blocks<Op>()) multi_tensor_kernel(PlanArgs plan, Op op) {
   const PlanChunk chunk = plan.chunks[blockIdx.x];
   op(plan, chunk);
 }

@@ -44,13 +44,42 @@ std::array<float, 256> build_code(bool is_signed) {
   return code;
 }
 
-backend::QuantTable build_table(const std::array<float, 256>& code) {
+// Each bucket's start (backend::quantize): the binary search's count at the
+// bucket's lowest value, checking that its highest lies at most kQuantSpan
+// decision points further (else quantize would stop short: a logic error).
+void fill_bucket_starts(backend::QuantTable& t) {
+  using backend::kQuantBuckets;
+  const uint32_t one = backend::float_bits(1.0f);
+  for (int b = 0; b < kQuantBuckets; ++b) {
+    const uint32_t step = 1u << (23 - backend::kQuantMantissaBits);
+    const uint32_t low = b == 0 ? 0u : backend::kQuantLowestBits + static_cast<uint32_t>(b) * step;
+    const uint32_t high = std::min(backend::kQuantLowestBits + static_cast<uint32_t>(b + 1) * step - 1, one);
+    if (low > one) {  // buckets past 1: never used (quantize searches there)
+      t.start[b] = t.start[kQuantBuckets + b] = 255;
+      continue;
+    }
+    const float small = backend::bits_float(low), large = backend::bits_float(high);
+    const int positive = backend::quantize_search(t, small), negative = backend::quantize_search(t, -large);
+    if (backend::quantize_search(t, large) - positive > backend::kQuantSpan ||
+        backend::quantize_search(t, -small) - negative > backend::kQuantSpan) {
+      throw Error(ErrorCode::invalid_argument, "quant_code: a search bucket holds more than kQuantSpan decision "
+                                               "points (kQuantMantissaBits is too small for the table)");
+    }
+    t.start[b] = static_cast<uint8_t>(positive);
+    t.start[kQuantBuckets + b] = static_cast<uint8_t>(negative);
+  }
+}
+
+// `positive_floor`: see backend::QuantTable.
+backend::QuantTable build_table(const std::array<float, 256>& code, int32_t positive_floor) {
   backend::QuantTable t{};
+  t.positive_floor = positive_floor;
   for (int i = 0; i < 256; ++i) t.codes[i] = code[i];
   for (int i = 0; i < 255; ++i) {
     t.midpoints[i] = static_cast<float>((static_cast<double>(code[i]) + static_cast<double>(code[i + 1])) / 2);
   }
   t.midpoints[255] = std::numeric_limits<float>::infinity();
+  fill_bucket_starts(t);
   return t;
 }
 
@@ -78,8 +107,8 @@ namespace backend {
 const QuantTables& quant_tables() {
   static const QuantTables tables = [] {
     QuantTables t{};
-    t.table[0] = build_table(quant_code(QuantCode::signed_dynamic));
-    t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic));
+    t.table[0] = build_table(quant_code(QuantCode::signed_dynamic), 0);
+    t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic), 1);
     return t;
   }();
   return tables;

@@ -65,6 +65,12 @@ Buffer allocate_pinned_moments(const std::vector<TensorView>& params, DType dtyp
 std::vector<TensorView> moment_views(const Buffer& buffer, const std::vector<TensorView>& params, DType dtype,
                                      int count, int k);
 
+// The absmax lists of 8-bit moments (gradkit/ops/blockwise.h): for each
+// param, quant_blocks(numel) f32 values for exp_avg and as many for
+// exp_avg_sq, zero-filled (zero-filled codes then decode to 0), in one buffer.
+Buffer allocate_absmax(Device device, const std::vector<TensorView>& params, std::vector<TensorView>& exp_avg_absmax,
+                       std::vector<TensorView>& exp_avg_sq_absmax);
+
 // The bytes of a list of tensors, concatenated, and back.
 std::vector<uint8_t> download(const std::vector<TensorView>& tensors);
 void upload(const std::vector<uint8_t>& bytes, const std::vector<TensorView>& tensors);

@@ -1,6 +1,7 @@
 // gradkit bench: one row per (operation, workload) with time, bytes moved,
-// GB/s and percent of the copy bandwidth measured in the same run, and
-// PyTorch's equivalent beside it when PyTorch is importable.
+// GB/s and percent of the copy and of the triad bandwidth measured in the
+// same run (the triad, on every core, is the floor a bandwidth-bound kernel
+// can reach), and PyTorch's equivalent beside it when PyTorch is importable.
 #include "bench.h"
 
 #include <algorithm>
@@ -208,30 +209,34 @@ bool run_torch(const Settings& s, std::vector<Row>& rows, const std::map<std::st
   return any;
 }
 
-void print_rows(const std::vector<Row>& rows, double copy_gbs, bool with_torch, const std::string& csv) {
-  std::printf("\n%-11s %-12s %7s %11s %9s %9s %8s %7s", "op", "workload", "tensors", "elements", "MB moved",
-              "ms", "GB/s", "%copy");
-  if (with_torch) std::printf(" %9s %8s %7s %8s", "torch ms", "GB/s", "%copy", "speedup");
+void print_rows(const std::vector<Row>& rows, double copy_gbs, double triad_gbs, bool with_torch,
+                const std::string& csv) {
+  std::printf("\n%-11s %-12s %7s %11s %9s %9s %8s %7s %7s", "op", "workload", "tensors", "elements", "MB moved",
+              "ms", "GB/s", "%copy", "%triad");
+  if (with_torch) std::printf(" %9s %8s %7s %7s %8s", "torch ms", "GB/s", "%copy", "%triad", "speedup");
   std::printf("\n");
   std::ofstream out;
   if (!csv.empty()) {
     out.open(csv);
-    out << "op,workload,tensors,elements,bytes,ms,gbs,pct_copy,torch_ms,torch_gbs,torch_pct_copy\n";
+    out << "op,workload,tensors,elements,bytes,ms,gbs,pct_copy,pct_triad,torch_ms,torch_gbs,torch_pct_copy,"
+           "torch_pct_triad\n";
   }
   for (const Row& r : rows) {
     const double gbs = r.bytes / (r.ms * 1e6);
-    std::printf("%-11s %-12s %7zu %11lld %9.1f %9.4f %8.1f %6.1f%%", r.op.c_str(), r.workload.c_str(), r.tensors,
-                static_cast<long long>(r.elements), r.bytes / 1e6, r.ms, gbs, 100 * gbs / copy_gbs);
+    std::printf("%-11s %-12s %7zu %11lld %9.1f %9.4f %8.1f %6.1f%% %6.1f%%", r.op.c_str(), r.workload.c_str(),
+                r.tensors, static_cast<long long>(r.elements), r.bytes / 1e6, r.ms, gbs, 100 * gbs / copy_gbs,
+                100 * gbs / triad_gbs);
     double tgbs = 0;
     if (with_torch && r.torch_ms > 0) {
       tgbs = r.bytes / (r.torch_ms * 1e6);
-      std::printf(" %9.4f %8.1f %6.1f%% %7.2fx", r.torch_ms, tgbs, 100 * tgbs / copy_gbs, r.torch_ms / r.ms);
+      std::printf(" %9.4f %8.1f %6.1f%% %6.1f%% %7.2fx", r.torch_ms, tgbs, 100 * tgbs / copy_gbs,
+                  100 * tgbs / triad_gbs, r.torch_ms / r.ms);
     }
     std::printf("\n");
     if (out) {
       out << r.op << ',' << r.workload << ',' << r.tensors << ',' << r.elements << ',' << r.bytes << ',' << r.ms
-          << ',' << gbs << ',' << 100 * gbs / copy_gbs << ',' << r.torch_ms << ',' << tgbs << ','
-          << 100 * tgbs / copy_gbs << '\n';
+          << ',' << gbs << ',' << 100 * gbs / copy_gbs << ',' << 100 * gbs / triad_gbs << ',' << r.torch_ms << ','
+          << tgbs << ',' << 100 * tgbs / copy_gbs << ',' << 100 * tgbs / triad_gbs << '\n';
     }
   }
 }
@@ -262,7 +267,8 @@ int run_bench(const std::vector<std::string>& args) {
   s.script = GRADKIT_TORCH_BENCH_SCRIPT;
   std::vector<std::string> op_names;
   for (const BenchOp& op : bench_ops()) op_names.push_back(op.name);
-  Command command("gradkit bench", "Time gradkit's operations against the copy bandwidth (and PyTorch).");
+  Command command("gradkit bench",
+                  "Time gradkit's operations against the copy and triad bandwidths (and PyTorch).");
   CLI::App& app = command.app();
   app.add_option("--device", device, "cpu or cuda[:N]")
       ->check(CLI::Validator(
@@ -306,9 +312,13 @@ int run_bench(const std::vector<std::string>& args) {
       s.device.is_cuda() ? make_cuda_bench_device(s.device.index) : make_cpu_bench_device();
   const size_t copy_bytes = s.device.is_cuda() ? (size_t{1} << 30) : (size_t{256} << 20);
   const double copy_gbs = dev->copy_bandwidth_gbs(copy_bytes, s.device.is_cuda() ? 20 : 3);
-  std::printf("gradkit bench on %s; copy bandwidth %.1f GB/s (read + write, %zu MiB buffers); median of %d; "
-              "tensor sizes divided by %lld\n",
-              dev->description().c_str(), copy_gbs, copy_bytes >> 20, s.reps, static_cast<long long>(s.scale));
+  constexpr int kTriadRuns = 10;
+  const double triad_gbs = dev->triad_bandwidth_gbs(copy_bytes, kTriadRuns);
+  std::printf("gradkit bench on %s; copy bandwidth %.1f GB/s (read + write, %zu MiB buffers); triad %.1f GB/s "
+              "(a = b + s * c, three %zu MiB f32 arrays, every core, best of %d); median of %d; tensor sizes "
+              "divided by %lld\n",
+              dev->description().c_str(), copy_gbs, copy_bytes >> 20, triad_gbs, copy_bytes >> 20, kTriadRuns, s.reps,
+              static_cast<long long>(s.scale));
 
   std::vector<Row> rows;
   std::map<std::string, Workload> workloads;
@@ -330,7 +340,7 @@ int run_bench(const std::vector<std::string>& args) {
 
   bool with_torch = false;
   if (s.torch != "off") with_torch = run_torch(s, rows, workloads);
-  print_rows(rows, copy_gbs, with_torch, s.csv);
+  print_rows(rows, copy_gbs, triad_gbs, with_torch, s.csv);
   if (!with_torch) std::printf("(PyTorch not run: %s)\n", s.torch == "off" ? "--torch off" : "not importable");
 
   if (s.device.is_cuda()) {

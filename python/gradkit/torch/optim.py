@@ -35,6 +35,7 @@ import torch
 import gradkit
 from gradkit.torch._device import common_device, stream_handle
 from gradkit.torch._dtensor import RankRows, check_placements, is_dtensor, local, shard_group
+from gradkit.torch._state_forms import LOW_PRECISION, StateForm, float_master
 
 
 def closure_loss(closure):
@@ -63,8 +64,6 @@ class _Layout:
 
     __slots__ = ("params", "group_of", "device", "masters", "_shard_group")
 
-    LOW_PRECISION = (torch.float16, torch.bfloat16)
-
     def __init__(self, param_groups):
         self.params = [p for g in param_groups for p in g["params"]]
         self.group_of = [i for i, g in enumerate(param_groups) for _ in g["params"]]
@@ -76,7 +75,7 @@ class _Layout:
             raise TypeError(f"params have dtypes {sorted(str(d) for d in dtypes)}, expected one of float32, "
                             "float64, float16 or bfloat16 for all of them (float16/bfloat16 parameters get "
                             "float32 master weights)")
-        self.masters = self.params[0].dtype in self.LOW_PRECISION
+        self.masters = self.params[0].dtype in LOW_PRECISION
         check_placements(self.params)
         for i, p in enumerate(self.params):
             if not local(p).is_contiguous():
@@ -101,6 +100,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
 
     _counter_offset = 0  # counter value = completed steps + offset
     _copied_attributes = ()  # a subclass's settings outside `defaults`, kept by copy.deepcopy and pickle
+    _form = StateForm()  # how the moments and masters are stored (a subclass may set its own)
 
     def __init__(self, params, defaults):
         self._init_plans()
@@ -161,46 +161,60 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         super().zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):
-        """torch's layout: per parameter "step" (a float32 tensor) and the moments."""
+        """torch's layout: per parameter "step" (a float32 tensor) and the state tensors in
+        this optimizer's form (8-bit moments stay 8-bit: it round-trips bit for bit)."""
         self._write_steps_to_state()
         return super().state_dict()
 
+    def float32_state_dict(self):
+        """state_dict() with float32 moments (decoded from 8-bit or bfloat16) and, for
+        float16/bfloat16 parameters, float32 "master_param": what a float32 gradkit
+        optimizer holds, and torch.optim.AdamW's layout for float32 parameters."""
+        out = self.state_dict()
+        saved_ids = [i for g in out["param_groups"] for i in g["params"]]
+        for key, (p, group) in zip(saved_ids, self._params_with_groups()):
+            if key in out["state"]:
+                out["state"][key] = self._form.to_float32(p, self._moment_names(group), out["state"][key])
+        return out
+
+    def state_bytes(self):
+        """Bytes of the state tensors this optimizer holds (moments, absmax, masters or
+        remainders; on this rank for DTensors)."""
+        return sum(local(t).numel() * t.element_size() for s in self.state.values() for k, t in s.items()
+                   if k != "step" and torch.is_tensor(t))
+
+    def _params_with_groups(self):
+        return [(p, g) for g in self.param_groups for p in g["params"]]
+
     def load_state_dict(self, state_dict):
-        """Loads torch's layout (from this class or from torch.optim's counterpart)."""
+        """Loads torch's layout: from this class in any state form (float32, bfloat16 or 8-bit
+        moments; float32 or remainder masters), converted into this optimizer's, or from
+        torch.optim's counterpart (float32 moments, no masters: they start from the weights).
+        Loading a float32 master into the remainder form sets the parameter to its rounding."""
         self._cohorts = []  # their counters describe the state being replaced
-        float32_state = self._float32_state(state_dict)
+        saved = self._saved_tensors(state_dict)
         super().load_state_dict(state_dict)  # casts every state tensor to its parameter's dtype
-        for p, values in float32_state.items():
+        for p, values in saved.items():
             self.state[p].update(values)
         for p, s in self.state.items():
-            for name in self._moment_names(self._group_of_param(p)):
-                if name not in s:
-                    raise ValueError(f"the state of a parameter has no '{name}'; expected the state of "
-                                     f"{type(self).__name__} or torch.optim's counterpart")
-                s[name] = s[name].to(device=p.device, dtype=self._state_dtype(p)).contiguous()
             if "step" not in s:
                 raise ValueError("the state of a parameter has no 'step'")
-            if self._state_dtype(p) != p.dtype:
-                # torch.optim's state of a float16 model has no masters: they start from the weights.
-                master = s.get("master_param")
-                s["master_param"] = (p.detach().float() if master is None else master).to(
-                    device=p.device, dtype=torch.float32).contiguous()
-            else:
-                s.pop("master_param", None)
+            self._form.convert(p, self._moment_names(self._group_of_param(p)), s)
         self._invalidate()
 
-    def _float32_state(self, state_dict):
-        """The state tensors of float16/bfloat16 parameters as saved, before torch's
-        load_state_dict rounds them to the parameter's dtype (masters and moments
-        are float32; rounding them would lose what master weights are for)."""
+    def _saved_tensors(self, state_dict):
+        """The state tensors whose dtype is not their parameter's, as saved: torch's
+        load_state_dict casts every state tensor to its parameter's dtype, which would
+        round float32 masters and moments of float16/bfloat16 parameters and turn 8-bit
+        codes and remainders into floats."""
         params = [p for g in self.param_groups for p in g["params"]]
         saved_ids = [i for g in state_dict.get("param_groups", []) for i in g["params"]]
         out = {}
         for key, p in zip(saved_ids, params):
-            if self._state_dtype(p) != p.dtype and key in state_dict.get("state", {}):
-                out[p] = {k: v.to(device=p.device, dtype=torch.float32, copy=True)  # never shared with the source
+            if key in state_dict.get("state", {}):
+                out[p] = {k: v.to(device=p.device, copy=True)  # never shared with the source
                           for k, v in state_dict["state"][key].items()
-                          if k != "step" and torch.is_tensor(v) and v.is_floating_point()}
+                          if k != "step" and torch.is_tensor(v) and v.dtype != p.dtype}
         return out
 
     # -- gradients -------------------------------------------------------------
@@ -219,7 +233,9 @@ class _PlannedOptimizer(torch.optim.Optimizer):
 
     def _get_layout(self):
         if self._layout is None:
-            self._layout = _Layout(self.param_groups)
+            layout = _Layout(self.param_groups)
+            self._form.check(layout.params, any(g.get("amsgrad", False) for g in self.param_groups))
+            self._layout = layout
         return self._layout
 
     def _invalidate(self):
@@ -298,25 +314,19 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         """Parameters with different keys never share a plan (LAMB: the group, whose lr is eta)."""
         return 0
 
-    def _state_dtype(self, p):
-        """float32 for the state of float16/bfloat16 parameters (master weights), else theirs."""
-        return torch.float32 if p.dtype in _Layout.LOW_PRECISION else p.dtype
-
     def _init_state(self, p, state):
         state["step"] = torch.tensor(0.0, dtype=torch.float32)
-        dtype = self._state_dtype(p)
-        for name in self._moment_names(self._group_of_param(p)):
-            state[name] = torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)
-        if dtype != p.dtype:
-            state["master_param"] = p.detach().to(dtype).contiguous()
+        self._form.new_state(p, self._moment_names(self._group_of_param(p)), state)
 
     def master_params(self):
         """The float32 master weights of float16/bfloat16 parameters, in param_groups order
-        (None for a parameter that has not been stepped yet); [] for float32/float64 models."""
+        (None for a parameter that has not been stepped yet); [] for float32/float64 models.
+        The masters themselves, or with master="remainder" copies joined from each
+        parameter and its remainder."""
         layout = self._get_layout()
         if not layout.masters:
             return []
-        return [self.state[p].get("master_param") for p in layout.params]
+        return [float_master(p, self.state[p]) if self.state[p] else None for p in layout.params]
 
     def _group_of_param(self, p):
         for g in self.param_groups:
@@ -380,15 +390,25 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         return True
 
     def _plan_lists(self, indices, grads):
-        """weights, gradients, group indices and the model copy (the float16/bfloat16
-        parameters a master-weight update writes; [] otherwise) of a cohort."""
+        """weights, gradients, group indices, the model copy (the float16/bfloat16
+        parameters a float32-master update writes; [] otherwise) and the remainders
+        (bfloat16 parameters with remainder masters; [] otherwise) of a cohort."""
         params = self._layout.params
         g = self._grad_arrays(grads, indices)
         groups = [self._layout.group_of[i] for i in indices]
         weights = [local(params[i].detach()) for i in indices]
-        if self._layout.masters:
-            return self._state_list(indices, "master_param"), g, groups, weights
-        return weights, g, groups, []
+        key = self._form.master_key(params[indices[0]])
+        if key == "master_param":
+            return self._state_list(indices, key), g, groups, weights, []
+        if key == "weight_remainder":
+            return weights, g, groups, [], self._state_list(indices, key)
+        return weights, g, groups, [], []
+
+    def _absmax_lists(self, indices):
+        if not self._form.quantized(self._layout.params[indices[0]]):
+            return {}
+        return {"exp_avg_absmax": self._state_list(indices, "exp_avg_absmax"),
+                "exp_avg_sq_absmax": self._state_list(indices, "exp_avg_sq_absmax")}
 
     def _state_list(self, indices, name):
         """A state tensor of each parameter of `indices`, as gradkit reads it (the local shard)."""
@@ -444,18 +464,28 @@ def _check_betas(betas, eps, weight_decay, lr):
 class Adam(_PlannedOptimizer):
     """torch.optim.Adam's update (L2 weight decay added to the gradient) in gradkit's
     one-pass kernel. Same arguments; `foreach`, `fused` and `capturable` are accepted
-    and ignored (gradkit's step is always one launch per cohort)."""
+    and ignored (gradkit's step is always one launch per cohort). Two of gradkit's own:
+    moments="float32" (torch's), "bfloat16" or "int8" (8-bit blockwise, about 2.06
+    bytes of state per parameter; parameters of fewer than min_8bit_size elements
+    keep float32 moments), and for bfloat16 parameters master="float32" (4 bytes per
+    parameter) or "remainder" (2 bytes, the same master bit for bit);
+    gradkit.torch._state_forms says what each stores."""
 
     _decay = gradkit.WeightDecay.l2
+    _copied_attributes = ("_form",)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
-                 maximize=False, foreach=None, fused=None, capturable=False, differentiable=False):
+                 maximize=False, foreach=None, fused=None, capturable=False, differentiable=False,
+                 moments="float32", master="float32", min_8bit_size=4096):
         _check_betas(betas, eps, weight_decay, lr)
         if differentiable:
             raise ValueError("differentiable=True is not supported: gradkit's step is not part of the autograd graph")
+        self._form = StateForm(moments, master, min_8bit_size)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize)
         super().__init__(params, defaults)
+        # A state form the parameters cannot take is refused now rather than at the first step.
+        self._form.check([p for g in self.param_groups for p in g["params"]], amsgrad)
 
     def _moment_names(self, group):
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
@@ -466,7 +496,7 @@ class Adam(_PlannedOptimizer):
                                            maximize=g["maximize"])
 
     def _make_plan(self, indices, grads):
-        weights, g, groups, copy = self._plan_lists(indices, grads)
+        weights, g, groups, copy, remainder = self._plan_lists(indices, grads)
         amsgrad = any(grp["amsgrad"] for grp in self.param_groups)
         vmax = []
         if amsgrad:
@@ -474,13 +504,18 @@ class Adam(_PlannedOptimizer):
             for i in indices:
                 s = self.state[params[i]]
                 if "max_exp_avg_sq" not in s:
-                    s["max_exp_avg_sq"] = torch.zeros_like(params[i], dtype=self._state_dtype(params[i]),
+                    s["max_exp_avg_sq"] = torch.zeros_like(params[i], dtype=self._form.moment_dtype(params[i]),
                                                            memory_format=torch.contiguous_format)
                 vmax.append(local(s["max_exp_avg_sq"]))
         return gradkit.AdamPlan(weights, g, self._state_list(indices, "exp_avg"),
                                 self._state_list(indices, "exp_avg_sq"),
                                 [self._hyperparameters(grp) for grp in self.param_groups], groups,
-                                max_exp_avg_sq=vmax, model_copy=copy, hold_grads=False)
+                                max_exp_avg_sq=vmax, model_copy=copy, weight_remainder=remainder,
+                                hold_grads=False, **self._absmax_lists(indices))
+
+    def _cohort_key(self, index):
+        """8-bit and float32 moments (min_8bit_size) never share a plan."""
+        return self._form.quantized(self._layout.params[index])
 
     def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
         lr = self._lr_tensor()
@@ -496,29 +531,36 @@ class AdamW(Adam):
     _decay = gradkit.WeightDecay.decoupled
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False, foreach=None, fused=None, capturable=False, differentiable=False):
+                 maximize=False, foreach=None, fused=None, capturable=False, differentiable=False,
+                 moments="float32", master="float32", min_8bit_size=4096):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, foreach=foreach,
-                         fused=fused, capturable=capturable, differentiable=differentiable)
+                         fused=fused, capturable=capturable, differentiable=differentiable, moments=moments,
+                         master=master, min_8bit_size=min_8bit_size)
 
 
 class Lamb(_PlannedOptimizer):
     """LAMB with ONNX Runtime's semantics (docs/ops.md, lamb_step): Adam's moments,
     a per-tensor trust ratio |w| / |update| clamped to [min_trust, max_trust], and
     weight decay inside the update. `max_grad_norm` > 0 clips by the global norm of
-    all gradients (computed by gradkit's gradient check) as ONNX Runtime does."""
+    all gradients (computed by gradkit's gradient check) as ONNX Runtime does.
+    moments="int8" (or "bfloat16") stores the moments as Adam's do (min_8bit_size
+    likewise); masters stay float32."""
 
     _counter_offset = 1  # LambPlan's counter holds the next t
-    _copied_attributes = ("max_grad_norm",)
+    _copied_attributes = ("max_grad_norm", "_form")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, *,
-                 min_trust=float("-inf"), max_trust=float("inf"), max_grad_norm=None, bias_correction=True):
+                 min_trust=float("-inf"), max_trust=float("inf"), max_grad_norm=None, bias_correction=True,
+                 moments="float32", min_8bit_size=4096):
         _check_betas(betas, eps, weight_decay, lr)
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm is {max_grad_norm}, expected a value > 0 (or None: no clipping)")
+        self._form = StateForm(moments, "float32", min_8bit_size)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, min_trust=min_trust,
                         max_trust=max_trust, bias_correction=bias_correction)
         self.max_grad_norm = max_grad_norm
         super().__init__(params, defaults)
+        self._form.check([p for g in self.param_groups for p in g["params"]], amsgrad=False)
 
     def _init_plans(self):
         super()._init_plans()
@@ -529,7 +571,7 @@ class Lamb(_PlannedOptimizer):
         return ("exp_avg", "exp_avg_sq")
 
     def _cohort_key(self, index):
-        return self._layout.group_of[index]
+        return self._layout.group_of[index], self._form.quantized(self._layout.params[index])
 
     def _hyperparameters(self, g):
         return gradkit.LambHyperparameters(alpha=g["betas"][0], beta=g["betas"][1], lambda_=g["weight_decay"],
@@ -537,11 +579,11 @@ class Lamb(_PlannedOptimizer):
                                            max_norm=self.max_grad_norm or 0.0, bias_correction=g["bias_correction"])
 
     def _make_plan(self, indices, grads):
-        weights, g, groups, copy = self._plan_lists(indices, grads)
+        weights, g, groups, copy, _ = self._plan_lists(indices, grads)
         return gradkit.LambPlan(weights, g, self._state_list(indices, "exp_avg"),
                                 self._state_list(indices, "exp_avg_sq"),
                                 [self._hyperparameters(grp) for grp in self.param_groups], groups,
-                                model_copy=copy, hold_grads=False)
+                                model_copy=copy, hold_grads=False, **self._absmax_lists(indices))
 
     def _clip_norm(self, stream):
         """The global gradient norm on the device, for LAMB's own clipping (None: no clipping)."""

@@ -61,21 +61,13 @@ class CudaBackend final : public TrainBackend {
     if (o.offload) {  // check_train_options allows only Adam
       OffloadedAdamOptions options;
       options.scaler = mp.scaler;
+      options.adam.moment_dtype = moment_dtype(o);  // --moments: the host moments' storage
       auto opt = std::make_unique<OptimizerOf<OffloadedAdam>>(
           std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, options);
       loss_scale_ = opt->get().loss_scale_device();
       return opt;
     }
-    if (o.optimizer == "adam") {
-      auto opt = std::make_unique<OptimizerOf<MixedPrecisionAdam>>(
-          std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, mp);
-      loss_scale_ = opt->get().loss_scale_device();
-      return opt;
-    }
-    auto opt = std::make_unique<OptimizerOf<MixedPrecisionLamb>>(
-        std::vector<LambGroup>{one_group<LambGroup>(o, params, grads)}, mp, LambOptions{.eta = o.lr});
-    loss_scale_ = opt->get().loss_scale_device();
-    return opt;
+    return make_mixed_optimizer(o, params, grads, mp, &loss_scale_);
   }
 
  private:

@@ -103,6 +103,14 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
   app.add_option("--batch", o.batch, "images per micro-batch per rank")->check(tool::integer(1, 1 << 16));
   app.add_option("--accumulate", o.accumulate, "micro-batches accumulated per step")->check(tool::integer(1, 1 << 16));
   app.add_option("--optimizer", o.optimizer, "adam or lamb")->check(tool::one_of({"adam", "lamb"}));
+  app.add_option("--moments", o.moments,
+                 "optimizer moments: f32; bf16; int8 (8-bit blockwise, about 2 bytes per parameter)")
+      ->check(tool::one_of({"f32", "bf16", "int8"}));
+  app.add_option("--master", o.master,
+                 "f32 master weights: f32 (the cpu backend trains f32 weights, cuda keeps f32 masters of its f16 "
+                 "ones); remainder (cpu: bf16 weights, each completed to its f32 master by a 16-bit remainder; "
+                 "--optimizer adam, --shard 0)")
+      ->check(tool::one_of({"f32", "remainder"}));
   app.add_option("--lr", lr, "learning rate (auto: 1e-3 for adam, 5e-3 for lamb)")
       ->type_name("FLOAT|auto")
       ->check(tool::number(0, 10, /*allow_auto=*/true));

@@ -19,6 +19,11 @@ struct TrainOptions {
   int batch = 64;          // images per micro-batch per rank
   int accumulate = 1;      // micro-batches per step
   std::string optimizer = "adam";   // adam | lamb
+  std::string moments = "f32";      // f32 | bf16 | int8 (8-bit blockwise moments)
+  // f32 | remainder: bf16 weights whose f32 master is the weight plus an
+  // i16 remainder (the CPU backend then trains bf16 weights through
+  // MixedPrecision<Adam>); Adam only, unsharded, not on cuda (f16 weights).
+  std::string master = "f32";
   float lr = 1e-3f;
   float weight_decay = 0.0f;
   std::string reduce = "allreduce";  // allreduce | adasum

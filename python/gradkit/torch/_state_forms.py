@@ -1,0 +1,204 @@
+"""The forms an optimizer's per-parameter state takes, and moving state between them.
+
+Moments ("exp_avg", "exp_avg_sq", amsgrad's "max_exp_avg_sq"):
+- "float32": float32 (float64 for float64 parameters), as torch.optim keeps them;
+- "bfloat16": bfloat16, half the bytes;
+- "int8": 8-bit blockwise (docs/ops.md, "8-bit moments"): uint8 codes shaped like
+  the parameter and a float32 absmax per block of gradkit.QUANT_BLOCK elements,
+  "<name>_absmax". No amsgrad. Parameters of fewer than `min_8bit_size` elements
+  (biases, norms: a negligible share of the memory) keep float32 moments, as
+  bitsandbytes does: a small tensor's few blocks put unrelated values under one
+  absmax, and a second moment rounded to zero turns its update into m / eps.
+
+Masters of float16/bfloat16 parameters:
+- "float32": "master_param", float32, the parameter its rounded copy;
+- "remainder" (bfloat16 parameters only): "weight_remainder", int16: the parameter
+  and its remainder give the float32 master back bit for bit (docs/ops.md, "the
+  remainder master"), 2 bytes instead of 4.
+
+Every conversion goes through gradkit's own encoders (quantize_blockwise,
+split_masters, ...): state loaded from another form (torch.optim's float32
+state, a checkpoint of another gradkit configuration) is what the kernels
+themselves would have made of it.
+"""
+import torch
+
+import gradkit
+from gradkit.torch._dtensor import is_dtensor, local
+
+MOMENT_FORMS = ("float32", "bfloat16", "int8")
+MASTER_FORMS = ("float32", "remainder")
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+_CODES = {"exp_avg": gradkit.QuantCode.signed_dynamic, "exp_avg_sq": gradkit.QuantCode.unsigned_dynamic,
+          "max_exp_avg_sq": gradkit.QuantCode.unsigned_dynamic}
+
+
+def absmax_name(name):
+    return name + "_absmax"
+
+
+class StateForm:
+    """How an optimizer stores its moments and masters (see the module's text)."""
+
+    __slots__ = ("moments", "master", "min_8bit_size")
+
+    def __init__(self, moments="float32", master="float32", min_8bit_size=4096):
+        if moments not in MOMENT_FORMS:
+            raise ValueError(f"moments is {moments!r}, expected one of {', '.join(map(repr, MOMENT_FORMS))}")
+        if master not in MASTER_FORMS:
+            raise ValueError(f"master is {master!r}, expected one of {', '.join(map(repr, MASTER_FORMS))}")
+        if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
+            raise ValueError(f"min_8bit_size is {min_8bit_size!r}, expected an integer >= 0")
+        self.moments = moments
+        self.master = master
+        self.min_8bit_size = min_8bit_size
+
+    def __getstate__(self):
+        return (self.moments, self.master, self.min_8bit_size)
+
+    def __setstate__(self, state):
+        self.moments, self.master, self.min_8bit_size = state
+
+    def __repr__(self):
+        return f"StateForm(moments={self.moments!r}, master={self.master!r}, min_8bit_size={self.min_8bit_size})"
+
+    # -- what the parameters allow ----------------------------------------------
+
+    def check(self, params, amsgrad):
+        """Refuses a form the parameters cannot take, naming the argument."""
+        dtypes = {p.dtype for p in params}
+        if self.moments != "float32" and torch.float64 in dtypes:
+            raise TypeError(f"moments={self.moments!r} with float64 parameters; float64 parameters take "
+                            "moments='float32' (float64 moments) only")
+        if self.moments == "int8" and amsgrad:
+            raise ValueError("amsgrad=True with moments='int8'; 8-bit moments have no amsgrad (use moments='float32')")
+        if self.master == "remainder" and dtypes != {torch.bfloat16}:
+            raise TypeError(f"master='remainder' with parameters of dtypes {sorted(str(d) for d in dtypes)}; it "
+                            "needs bfloat16 parameters (a float16 weight cannot carry its float32 master in 16 more "
+                            "bits; float32 parameters are their own masters)")
+        if self.moments == "int8" or self.master == "remainder":
+            for i, p in enumerate(params):
+                if is_dtensor(p):
+                    raise TypeError(f"params[{i}] is a DTensor; moments='int8' and master='remainder' take plain "
+                                    "tensors for now (FSDP2 shards would cut the quantization blocks)")
+
+    def quantized(self, p):
+        """Whether p's moments are 8-bit."""
+        return self.moments == "int8" and p.numel() >= self.min_8bit_size
+
+    def moment_dtype(self, p):
+        if self.quantized(p):
+            return torch.uint8
+        if self.moments == "bfloat16":
+            return torch.bfloat16
+        return torch.float32 if p.dtype in LOW_PRECISION else p.dtype
+
+    def master_key(self, p):
+        """The state key of p's master ("master_param", "weight_remainder"), or None."""
+        if p.dtype not in LOW_PRECISION:
+            return None
+        return "weight_remainder" if self.master == "remainder" else "master_param"
+
+    # -- making and converting state ---------------------------------------------
+
+    def new_state(self, p, names, state):
+        """Zero moments and p's master (from p) in this form."""
+        for name in names:
+            state[name] = torch.zeros_like(p, dtype=self.moment_dtype(p), memory_format=torch.contiguous_format)
+            if self.quantized(p):
+                state[absmax_name(name)] = torch.zeros(gradkit.quant_blocks(p.numel()), dtype=torch.float32,
+                                                       device=p.device)
+        key = self.master_key(p)
+        if key == "master_param":
+            state[key] = p.detach().to(torch.float32).contiguous()
+        elif key == "weight_remainder":
+            # The master is the parameter itself: what rounding took away is nothing.
+            state[key] = torch.zeros_like(p, dtype=torch.int16, memory_format=torch.contiguous_format)
+
+    def convert(self, p, names, state):
+        """Brings a loaded state (any form, or torch.optim's) into this form, in place. May
+        write p: a float32 master loaded into the remainder form sets p to its rounding."""
+        for name in names:
+            if self.quantized(p) and _is_8bit(state, name):
+                state[name] = _on(state[name], p, torch.uint8)
+                state[absmax_name(name)] = _on(state[absmax_name(name)], p, torch.float32)
+                continue
+            values = _float_moment(state, name)
+            if self.quantized(p):
+                codes = torch.empty_like(p, dtype=torch.uint8, memory_format=torch.contiguous_format)
+                absmax = torch.empty(gradkit.quant_blocks(p.numel()), dtype=torch.float32, device=p.device)
+                gradkit.quantize_blockwise(_CODES[name], _on(values, p, torch.float32), codes, absmax)
+                state[name], state[absmax_name(name)] = codes, absmax
+            else:
+                state[name] = _on(values, p, self.moment_dtype(p))
+                state.pop(absmax_name(name), None)
+        key = self.master_key(p)
+        if key == "weight_remainder" and "weight_remainder" in state and "master_param" not in state:
+            state[key] = _on(state[key], p, torch.int16)
+            return
+        master = float_master(p, state)
+        state.pop("master_param", None)
+        state.pop("weight_remainder", None)
+        if key == "master_param":
+            state[key] = master
+        elif key == "weight_remainder":
+            # p becomes its master rounded (unchanged when the master came from p).
+            state[key] = torch.empty_like(p, dtype=torch.int16, memory_format=torch.contiguous_format)
+            gradkit.split_masters(master, p.detach(), state[key])
+
+    def to_float32(self, p, names, state):
+        """A copy of p's state as the float32 form has it (torch.optim's layout plus
+        "master_param" for float16/bfloat16 parameters)."""
+        out = {k: v for k, v in state.items()
+               if k not in names and k not in ("master_param", "weight_remainder")
+               and not (k.endswith("_absmax") and k[:-len("_absmax")] in names)}
+        for name in names:
+            out[name] = _on(_float_moment(state, name), p, torch.float32 if p.dtype != torch.float64 else p.dtype,
+                            copy=True)
+        if p.dtype in LOW_PRECISION:
+            out["master_param"] = float_master(p, state)
+        return out
+
+
+def _on(t, p, dtype, copy=False):
+    """t as dtype on p's device, contiguous; a new tensor if copy."""
+    return t.to(device=p.device, dtype=dtype, copy=copy).contiguous()
+
+
+def _is_8bit(state, name):
+    return name in state and state[name].dtype == torch.uint8 and absmax_name(name) in state
+
+
+def _float_moment(state, name):
+    """state[name] as floating point (decoded if it is 8-bit); raises if the state has no
+    such moment or holds it in a form gradkit does not know."""
+    if name not in state:
+        raise ValueError(f"the state of a parameter has no '{name}'; expected the state of a gradkit optimizer "
+                         "or of torch.optim's counterpart")
+    t = state[name]
+    if t.is_floating_point():
+        return t
+    key = absmax_name(name)
+    if t.dtype != torch.uint8 or key not in state:
+        raise ValueError(f"the state's '{name}' is {t.dtype} without '{key}'; expected floating-point moments or "
+                         "uint8 codes with their float32 absmax")
+    return _decoded(name, local(t), local(state[key]))
+
+
+def _decoded(name, codes, absmax):
+    values = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+    gradkit.dequantize_blockwise(_CODES[name], codes.contiguous(), absmax.to(torch.float32).contiguous(), values)
+    return values
+
+
+def float_master(p, state):
+    """p's float32 master from whichever form the state holds (None if it holds none)."""
+    if p.dtype not in LOW_PRECISION:
+        return None
+    if "master_param" in state:
+        return _on(state["master_param"], p, torch.float32)
+    if "weight_remainder" in state:
+        master = torch.empty_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+        gradkit.join_masters(p.detach(), _on(state["weight_remainder"], p, torch.int16), master)
+        return master
+    return p.detach().to(torch.float32).contiguous()

@@ -1,0 +1,378 @@
+"""gradkit.torch.Adam/AdamW with 8-bit moments (moments="int8") and remainder
+masters (master="remainder"): one step against a float64 reference written
+here from docs/ops.md (decode, update, encode with the nearest code), the
+remainder master against the float32-master path bit for bit, state_dict
+round trips and conversions, skipped steps, flat gradients, bad arguments,
+and training curves against float32 AdamW."""
+import copy
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import gradkit  # noqa: E402
+import gradkit.torch as gt  # noqa: E402
+import models  # noqa: E402
+from tolerances import (INT8_CODE_DISTANCE, INT8_STEP_WEIGHTS, LOW_BIT_FINAL_LOSS,  # noqa: E402
+                        TRAINING_WINDOW)
+
+SHAPES = [(300,), (17, 5), (1000,), (1,), (256,)]
+LR, BETAS, EPS, WD = 1e-2, (0.9, 0.999), 1e-8, 0.05
+CODES = {"exp_avg": gradkit.QuantCode.signed_dynamic, "exp_avg_sq": gradkit.QuantCode.unsigned_dynamic}
+
+
+def make_params(device, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=g).to(device=device, dtype=dtype)) for s in SHAPES]
+
+
+def grads_for(step, device, dtype=torch.float32, seed=100):
+    g = torch.Generator().manual_seed(seed + step)
+    return [(torch.randn(s, generator=g) * 0.1).to(device=device, dtype=dtype) for s in SHAPES]
+
+
+def run(params, opt, steps, device, start=0):
+    for s in range(start, start + steps):
+        for p, g in zip(params, grads_for(s, device, params[0].dtype)):
+            p.grad = g
+        opt.step()
+
+
+def table(name):
+    return np.array(gradkit.quant_code(CODES[name]), dtype=np.float64)
+
+
+def nearest_codes(values, name):
+    """The float64 reference's encoding: per 256-element block, the nearest code to value / absmax."""
+    codes, out = table(name), np.empty(values.size, dtype=np.int64)
+    for b in range(0, values.size, gradkit.QUANT_BLOCK):
+        x = values[b:b + gradkit.QUANT_BLOCK]
+        absmax = np.abs(x).max()
+        scaled = x / absmax if absmax > 0 else x
+        out[b:b + gradkit.QUANT_BLOCK] = np.abs(scaled[:, None] - codes[None, :]).argmin(axis=1)
+    return out
+
+
+def decoded(state, name):
+    """The moments the kernel reads: code * absmax, a float32 product (docs/ops.md)."""
+    codes = state[name].cpu().numpy().astype(np.int64).ravel()
+    absmax = np.repeat(state[name + "_absmax"].cpu().numpy(), gradkit.QUANT_BLOCK)[:codes.size]
+    return (table(name).astype(np.float32)[codes] * absmax).astype(np.float64)
+
+
+def test_one_int8_step_matches_the_float64_reference(device):
+    params = make_params(device)
+    opt = gt.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, moments="int8", min_8bit_size=0)
+    run(params, opt, 5, device)  # moments that are not zero
+    t = 6
+    before = [(p.detach().cpu().double().numpy().ravel(), decoded(opt.state[p], "exp_avg"),
+               decoded(opt.state[p], "exp_avg_sq")) for p in params]
+    run(params, opt, 1, device, start=5)
+    b1, b2 = BETAS
+    bias1, bias2 = 1 - b1 ** t, 1 - b2 ** t
+    for p, g, (w, m, v) in zip(params, grads_for(5, device), before):
+        g = g.cpu().double().numpy().ravel()
+        m = m + (1 - b1) * (g - m)
+        v = b2 * v + (1 - b2) * g * g
+        w = w * (1 - LR * WD) - (LR / bias1) * m / (np.sqrt(v) / np.sqrt(bias2) + EPS)
+        np.testing.assert_allclose(p.detach().cpu().numpy().ravel(), w, rtol=INT8_STEP_WEIGHTS[0],
+                                   atol=INT8_STEP_WEIGHTS[1])
+        for name, ref in (("exp_avg", m), ("exp_avg_sq", v)):
+            ours = opt.state[p][name].cpu().numpy().astype(np.int64).ravel()
+            assert np.abs(ours - nearest_codes(ref, name)).max() <= INT8_CODE_DISTANCE, name
+
+
+@pytest.mark.parametrize("moments", ["float32", "int8"])
+def test_remainder_master_equals_the_float32_master_bit_for_bit(device, moments):
+    a, b = make_params(device, torch.bfloat16), make_params(device, torch.bfloat16)
+    opt_a = gt.AdamW(a, lr=LR, weight_decay=WD, moments=moments)
+    opt_b = gt.AdamW(b, lr=LR, weight_decay=WD, moments=moments, master="remainder")
+    for s in range(100):
+        for pa, pb, g in zip(a, b, grads_for(s, device, torch.bfloat16)):
+            pa.grad, pb.grad = g, g.clone()
+        opt_a.step()
+        opt_b.step()
+    for pa, pb, ma, mb in zip(a, b, opt_a.master_params(), opt_b.master_params()):
+        assert torch.equal(ma.view(torch.int32), mb.view(torch.int32)), "the masters differ"
+        # The float32-master path's weights are the masters rounded to nearest even; the
+        # remainder path's round ties away from zero: they differ exactly at ties.
+        assert torch.equal(pa.detach(), ma.to(torch.bfloat16))
+        tie = (mb.view(torch.int32) & 0xFFFF) == 0x8000
+        assert torch.equal(pa.detach()[~tie], pb.detach()[~tie])
+        away = pb.detach()[tie].float().abs() >= ma[tie].abs()
+        assert bool(away.all())
+    state_b = opt_b.state[b[0]]
+    assert "master_param" not in state_b and state_b["weight_remainder"].dtype == torch.int16
+
+
+@pytest.mark.parametrize("form", [{"moments": "int8", "min_8bit_size": 0}, {"moments": "bfloat16"},
+                                  {"moments": "int8", "master": "remainder", "min_8bit_size": 0}], ids=str)
+def test_resume_from_state_dict_equals_the_straight_run(device, form):
+    dtype = torch.bfloat16 if form.get("master") == "remainder" else torch.float32
+    straight = make_params(device, dtype)
+    opt = gt.AdamW(straight, lr=LR, weight_decay=WD, **form)
+    run(straight, opt, 20, device)
+
+    resumed = make_params(device, dtype)
+    first = gt.AdamW(resumed, lr=LR, weight_decay=WD, **form)
+    run(resumed, first, 10, device)
+    saved = copy.deepcopy(first.state_dict())
+    second = gt.AdamW(resumed, lr=1.0, **form)
+    second.load_state_dict(saved)
+    for name, t in second.state[resumed[0]].items():  # the compact state comes back bit for bit
+        assert t.dtype == saved["state"][0][name].dtype and torch.equal(t.cpu(), saved["state"][0][name].cpu()), name
+    run(resumed, second, 10, device, start=10)
+    for p, q in zip(straight, resumed):
+        assert torch.equal(p.detach(), q.detach())
+    assert second.state_dict()["state"][0]["step"] == 20
+
+
+def test_torch_optim_state_loads_quantized_and_exports_back(device):
+    ref = make_params(device)
+    ref_opt = torch.optim.AdamW(ref, lr=LR, weight_decay=WD)
+    run(ref, ref_opt, 10, device)
+    ours = [torch.nn.Parameter(p.detach().clone()) for p in ref]
+    opt = gt.AdamW(ours, lr=LR, weight_decay=WD, moments="int8", min_8bit_size=0)
+    opt.load_state_dict(ref_opt.state_dict())
+    for p, r in zip(ours, ref):
+        for name in ("exp_avg", "exp_avg_sq"):
+            s = opt.state[p]
+            assert s[name].dtype == torch.uint8 and s[name + "_absmax"].numel() == gradkit.quant_blocks(p.numel())
+            want = ref_opt.state[r][name].cpu().double().numpy().ravel()
+            assert np.abs(s[name].cpu().numpy().astype(np.int64).ravel() - nearest_codes(want, name)).max() \
+                <= INT8_CODE_DISTANCE
+    exported = opt.float32_state_dict()
+    back = torch.optim.AdamW(ours, lr=LR)
+    back.load_state_dict(exported)
+    for p in ours:
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert back.state[p][name].dtype == torch.float32
+            np.testing.assert_allclose(back.state[p][name].cpu().double().numpy().ravel(),
+                                       decoded(opt.state[p], name), rtol=0, atol=0)
+    run(ours, back, 2, device, start=10)  # torch.optim goes on from it
+
+
+def test_float32_master_state_loads_into_the_remainder_form(device):
+    a = make_params(device, torch.bfloat16)
+    opt_a = gt.AdamW(a, lr=LR)
+    run(a, opt_a, 10, device)
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    opt_b = gt.AdamW(b, lr=LR, master="remainder")
+    opt_b.load_state_dict(opt_a.state_dict())
+    for ma, mb in zip(opt_a.master_params(), opt_b.master_params()):
+        assert torch.equal(ma, mb)
+    exported = opt_b.float32_state_dict()["state"][0]
+    assert exported["master_param"].dtype == torch.float32 and "weight_remainder" not in exported
+
+
+def test_an_inf_gradient_skips_the_amp_step_and_writes_nothing(device):
+    params = make_params(device, torch.bfloat16)
+    opt = gt.AdamW(params, lr=LR, moments="int8", min_8bit_size=0, master="remainder")
+    amp = gt.AmpStep(opt, max_norm=1.0, init_scale=1.0)
+    run(params, opt, 3, device)
+    before = [p.detach().clone() for p in params] + [t.clone() for s in opt.state.values()
+                                                     for k, t in s.items() if k != "step"]
+    for p, g in zip(params, grads_for(3, device, torch.bfloat16)):
+        p.grad = g
+    params[2].grad[7] = float("inf")
+    amp.step()
+    after = [p.detach() for p in params] + [t for s in opt.state.values() for k, t in s.items() if k != "step"]
+    assert all(torch.equal(x, y) for x, y in zip(before, after))
+    assert opt.state_dict()["state"][0]["step"] == 3
+    for p, g in zip(params, grads_for(4, device, torch.bfloat16)):
+        p.grad = g
+    amp.step()
+    assert opt.state_dict()["state"][0]["step"] == 4
+
+
+def test_flat_gradients_step_the_int8_state_as_each_grad_does(device):
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 5)).to(device)
+    b = copy.deepcopy(a)
+    opt_a, opt_b = (gt.AdamW(m.parameters(), moments="int8", min_8bit_size=0) for m in (a, b))
+    gt.flat_gradients(a, opt_a)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(10):
+        x, y = torch.randn(16, 20, generator=g).to(device), torch.randn(16, 5, generator=g).to(device)
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            opt.zero_grad(set_to_none=False)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_state_bytes_per_parameter(device):
+    counts = {}
+    int8 = {"moments": "int8", "min_8bit_size": 0}
+    for name, dtype, form in (("f32", torch.float32, {}), ("int8", torch.float32, int8), ("bf16", torch.bfloat16, {}),
+                              ("bf16 int8 remainder", torch.bfloat16, {**int8, "master": "remainder"})):
+        params = make_params(device, dtype)
+        opt = gt.AdamW(params, **form)
+        run(params, opt, 1, device)
+        counts[name] = opt.state_bytes() / sum(p.numel() for p in params)
+    assert counts["f32"] == 8 and counts["bf16"] == 12
+    assert 2 < counts["int8"] <= 2.1 and 4 < counts["bf16 int8 remainder"] <= 4.1
+
+
+def test_bad_arguments_are_refused_naming_them():
+    f32 = make_params("cpu")
+    with pytest.raises(ValueError, match="moments is 'int4'"):
+        gt.AdamW(f32, moments="int4")
+    with pytest.raises(ValueError, match="master is 'half'"):
+        gt.AdamW(f32, master="half")
+    with pytest.raises(ValueError, match="amsgrad=True with moments='int8'"):
+        gt.Adam(f32, amsgrad=True, moments="int8")
+    with pytest.raises(TypeError, match="master='remainder'.*float32"):
+        gt.AdamW(f32, master="remainder")
+    with pytest.raises(TypeError, match="master='remainder'.*float16"):
+        gt.AdamW(make_params("cpu", torch.float16), master="remainder")
+    with pytest.raises(TypeError, match="float64 parameters take"):
+        gt.AdamW(make_params("cpu", torch.float64), moments="int8")
+    opt = gt.AdamW(f32, moments="int8", min_8bit_size=0)
+    run(f32, opt, 1, "cpu")
+    saved = opt.state_dict()
+    del saved["state"][0]["exp_avg_absmax"]
+    before = {k: v.clone() for k, v in opt.state[f32[0]].items()}
+    with pytest.raises(ValueError, match="'exp_avg' is torch.uint8 without 'exp_avg_absmax'"):
+        gt.AdamW(make_params("cpu"), moments="float32").load_state_dict(saved)
+    assert all(torch.equal(before[k], v) for k, v in opt.state[f32[0]].items())
+
+
+def test_small_parameters_keep_float32_moments(device):
+    g = torch.Generator().manual_seed(5)
+    big, small = (torch.nn.Parameter(torch.randn(n, generator=g).to(device)) for n in (5000, 4095))
+    opt = gt.AdamW([big, small], lr=LR, moments="int8")  # min_8bit_size=4096, as bitsandbytes
+    twin_small = torch.nn.Parameter(small.detach().clone())
+    twin = gt.AdamW([twin_small], lr=LR)
+    for s in range(5):
+        big.grad, small.grad = torch.randn(5000, generator=g).to(device), torch.randn(4095, generator=g).to(device)
+        twin_small.grad = small.grad.clone()
+        opt.step()
+        twin.step()
+    assert opt.state[big]["exp_avg"].dtype == torch.uint8 and "exp_avg_absmax" in opt.state[big]
+    assert opt.state[small]["exp_avg"].dtype == torch.float32 and "exp_avg_absmax" not in opt.state[small]
+    assert torch.equal(small.detach(), twin_small.detach())  # the float32 path, bit for bit
+    assert opt.state_bytes() == 2 * 5000 + 8 * gradkit.quant_blocks(5000) + 8 * 4095
+    with pytest.raises(ValueError, match="min_8bit_size is -1"):
+        gt.AdamW([big], moments="int8", min_8bit_size=-1)
+
+
+def test_a_deep_copy_keeps_the_state_form():
+    params = make_params("cpu", torch.bfloat16)
+    opt = gt.AdamW(params, moments="int8", min_8bit_size=0, master="remainder")
+    run(params, opt, 2, "cpu")
+    twin = copy.deepcopy(opt)
+    assert (twin._form.moments, twin._form.master, twin._form.min_8bit_size) == ("int8", "remainder", 0)
+
+
+STEPS = 300 if os.environ.get("GRADKIT_LONG_TESTS") else 30
+MODES = [("int8", torch.float32, {"moments": "int8"}),
+         ("bf16 remainder", torch.bfloat16, {"master": "remainder"}),
+         ("bf16 int8 remainder", torch.bfloat16, {"moments": "int8", "master": "remainder"})]
+
+
+def train(kind, device, dtype, optimizer_class, **kwargs):
+    torch.manual_seed(0)
+    if kind == "gpt":
+        model, batches = models.TinyGPT(), models.text_batches
+    else:
+        if not models.fashion_mnist_available():
+            pytest.skip(f"Fashion-MNIST not found in {models.FASHION_MNIST} (Debian: dataset-fashion-mnist)")
+        model, batches = models.SmallCNN(), models.image_batches
+    model = model.to(device=device, dtype=dtype)
+    opt = optimizer_class(model.parameters(), lr=1e-3, weight_decay=0.01, **kwargs)
+    losses = []
+    for x, y in batches(device, STEPS):
+        opt.zero_grad()
+        loss = model(x.to(dtype) if x.is_floating_point() else x, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return np.array(losses)
+
+
+_FLOAT32_RUNS = {}
+
+
+def float32_finals(kind, device):
+    """The final losses of torch.optim.AdamW and gradkit's float32 AdamW (how far two
+    float32 runs already drift apart by rounding), trained once per kind and device."""
+    if (kind, device) not in _FLOAT32_RUNS:
+        window = min(TRAINING_WINDOW, STEPS)
+        _FLOAT32_RUNS[kind, device] = tuple(train(kind, device, torch.float32, cls)[-window:].mean()
+                                            for cls in (torch.optim.AdamW, gt.AdamW))
+    return _FLOAT32_RUNS[kind, device]
+
+
+@pytest.mark.parametrize("kind", ["gpt", "cnn"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m[0])
+def test_training_ends_near_float32_adamw(device, kind, mode):
+    _, dtype, form = mode
+    ours = train(kind, device, dtype, gt.AdamW, **form)
+    want, gradkit_float32 = float32_finals(kind, device)
+    final = ours[-min(TRAINING_WINDOW, STEPS):].mean()
+    print(f"{mode[0]} {kind} on {device}, {STEPS} steps: final loss {final:.4f}, {100 * (final / want - 1):+.2f}% "
+          f"from torch.optim.AdamW's {want:.4f} (gradkit float32: {100 * (gradkit_float32 / want - 1):+.2f}%)")
+    assert final <= want * (1 + LOW_BIT_FINAL_LOSS)
+    assert ours[-5:].mean() < ours[:5].mean()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("form", [{"moments": "int8", "min_8bit_size": 0},
+                                  {"moments": "int8", "master": "remainder"}], ids=str)
+def test_cuda_steps_equal_cpu_steps_bit_for_bit_in_training(form):
+    """The CNN trained on the CPU; a CUDA copy of its parameters stepped with the same
+    gradients (copied over) stays bitwise equal to it, step after step."""
+    if not models.fashion_mnist_available():
+        pytest.skip(f"Fashion-MNIST not found in {models.FASHION_MNIST}")
+    dtype = torch.bfloat16 if form.get("master") == "remainder" else torch.float32
+    torch.manual_seed(0)
+    model = models.SmallCNN().to(dtype)
+    twins = [torch.nn.Parameter(p.detach().cuda()) for p in model.parameters()]
+    opt = gt.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, **form)
+    twin_opt = gt.AdamW(twins, lr=1e-3, weight_decay=0.01, **form)
+    for step, (x, y) in enumerate(models.image_batches("cpu", STEPS)):
+        opt.zero_grad()
+        model(x.to(dtype), y).backward()
+        for p, t in zip(model.parameters(), twins):
+            t.grad = p.grad.cuda()
+        opt.step()
+        twin_opt.step()
+        for i, (p, t) in enumerate(zip(model.parameters(), twins)):
+            assert torch.equal(p.detach(), t.detach().cpu()), f"params[{i}] differs after step {step}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bitsandbytes' 8-bit step needs CUDA")
+@pytest.mark.parametrize("kind", ["gpt", "cnn"])
+def test_bitsandbytes_adamw8bit_beside_ours(kind):
+    """The same training with bitsandbytes' AdamW8bit, where it is importable (scripts/gpu-carry
+    unpacks it into .data/pylibs): printed beside gradkit's 8-bit run, both held to the bound."""
+    bnb = pytest.importorskip("bitsandbytes")
+    want, _ = float32_finals(kind, "cuda")
+    window = min(TRAINING_WINDOW, STEPS)
+    ours = train(kind, "cuda", torch.float32, gt.AdamW, moments="int8")[-window:].mean()
+    theirs = train(kind, "cuda", torch.float32, bnb.optim.AdamW8bit)[-window:].mean()
+    print(f"{kind}, {STEPS} steps: gradkit int8 {100 * (ours / want - 1):+.2f}%, bitsandbytes "
+          f"{bnb.__version__} AdamW8bit {100 * (theirs / want - 1):+.2f}% from torch.optim.AdamW's {want:.4f}")
+    assert ours <= want * (1 + LOW_BIT_FINAL_LOSS)
+
+
+def test_lamb_with_int8_moments_follows_float32_lamb_and_resumes_bit_for_bit(device):
+    a, b = make_params(device), make_params(device)
+    opt_a = gt.Lamb(a, lr=LR, weight_decay=WD, moments="int8", min_8bit_size=0)
+    opt_b = gt.Lamb(b, lr=LR, weight_decay=WD)
+    run(a, opt_a, 10, device)
+    run(b, opt_b, 10, device)
+    assert opt_a.state[a[0]]["exp_avg"].dtype == torch.uint8
+    for p, q in zip(a, b):  # 10 steps of lr 1e-2: the 8-bit moments move the weights by about as much
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=LR)
+    saved = copy.deepcopy(opt_a.state_dict())
+    resumed = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    opt_r = gt.Lamb(resumed, lr=LR, weight_decay=WD, moments="int8", min_8bit_size=0)
+    opt_r.load_state_dict(saved)
+    run(a, opt_a, 5, device, start=10)
+    run(resumed, opt_r, 5, device, start=10)
+    for p, q in zip(a, resumed):
+        assert torch.equal(p.detach(), q.detach())
