@@ -80,7 +80,7 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
         if overlap and _HAS_HOOK:
             ref = weakref.ref(self)
             self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_on_grad, ref, i))
-                           for i, p in enumerate(self._params)]
+                           for i, p in enumerate(self._params) if p.requires_grad]
 
     def _hyperparameters(self, g):
         return gradkit.AdamHyperparameters(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],

@@ -61,6 +61,7 @@ class CudaBackend final : public TrainBackend {
     if (o.offload) {  // check_train_options allows only Adam
       OffloadedAdamOptions options;
       options.scaler = mp.scaler;
+      options.adam.moment_dtype = moment_dtype(o);  // --moments: the host moments' storage
       auto opt = std::make_unique<OptimizerOf<OffloadedAdam>>(
           std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, options);
       loss_scale_ = opt->get().loss_scale_device();
