@@ -54,7 +54,7 @@ void fill_bucket_starts(backend::QuantTable& t) {
     const uint32_t step = 1u << (23 - backend::kQuantMantissaBits);
     const uint32_t low = b == 0 ? 0u : backend::kQuantLowestBits + static_cast<uint32_t>(b) * step;
     const uint32_t high = std::min(backend::kQuantLowestBits + static_cast<uint32_t>(b + 1) * step - 1, one);
-    if (low > one) {  // buckets past 1: never used (quantize searches there)
+    if (low > one) {  // buckets past 1: never read (quantize clamps |x| to 1 first)
       t.start[b] = t.start[kQuantBuckets + b] = 255;
       continue;
     }
