@@ -39,10 +39,20 @@ struct QuantTable {
   int32_t positive_floor;
 };
 
-// The bucket of a magnitude's bit pattern (at most 1.0f's).
+// The lowest code a positive value may take in each map (QuantTable::
+// positive_floor): none for exp_avg's signed map, 1 for exp_avg_sq's.
+inline constexpr int32_t kExpAvgFloor = 0;
+inline constexpr int32_t kExpAvgSqFloor = 1;
+
+// The bucket of a magnitude's bit pattern (at most 1.0f's): the bits above
+// the lowest bucket's, shifted. The lowest bucket's pattern has no bits
+// below the shift, so the subtraction can follow the shift (a constant the
+// compiler folds into the table's address).
+static_assert((kQuantLowestBits & ((1u << (23 - kQuantMantissaBits)) - 1)) == 0);
 GRADKIT_HD int quant_bucket(uint32_t magnitude) {
-  const uint32_t above = magnitude > kQuantLowestBits ? magnitude - kQuantLowestBits : 0u;
-  return static_cast<int>(above >> (23 - kQuantMantissaBits));
+  const uint32_t clamped = magnitude > kQuantLowestBits ? magnitude : kQuantLowestBits;
+  return static_cast<int>(clamped >> (23 - kQuantMantissaBits)) -
+         static_cast<int>(kQuantLowestBits >> (23 - kQuantMantissaBits));
 }
 
 // Both tables, exp_avg's (signed) then exp_avg_sq's (unsigned).
@@ -89,7 +99,10 @@ GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) {
 // m * (1 / absmax) may pass 1) takes 1.0's bucket: its positive start is 255
 // (every decision point lies below 1), its negative start 0, which is the
 // search's count for x > 1 and x < -1. NaN gives 0, as the search does.
-GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) {
+// `floor` is the table's positive_floor; quantize_with_floor takes it as a
+// compile-time constant where the caller knows which map it encodes (the
+// CUDA kernels: a floor of 0 then costs nothing).
+GRADKIT_HD uint8_t quantize_with_floor(const QuantTable& t, float x, int32_t floor) {
   const uint32_t bits = float_bits(x);
   uint32_t magnitude = bits & 0x7fffffffu;  // -0 is 0
   magnitude = magnitude < 0x3f800000u ? magnitude : 0x3f800000u;
@@ -98,9 +111,11 @@ GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) {
 #pragma unroll
 #endif
   for (int k = 0; k < kQuantSpan; ++k) q += x > t.midpoints[q] ? 1 : 0;
-  q = x > 0.0f && q < t.positive_floor ? t.positive_floor : q;
+  q = x > 0.0f && q < floor ? floor : q;
   return static_cast<uint8_t>(x == x ? q : 0);
 }
+
+GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) { return quantize_with_floor(t, x, t.positive_floor); }
 
 GRADKIT_HD float dequantize(const QuantTable& t, uint8_t q, float absmax) { return exact::mul(t.codes[q], absmax); }
 

@@ -28,6 +28,18 @@ using cuda::kPerLane;
 using cuda::load_lane;
 using cuda::store_lane;
 
+// The update's flags for one chunk: the decay rule fixed at compile time
+// (one copy of the block loop per rule, picked per chunk, since groups may
+// differ), so that no element computes the other rules' operations under
+// predicates; maximize read at run time (one select); no amsgrad (8-bit
+// moments refuse it: gradkit/ops/adam.h).
+template <WeightDecay Decay>
+struct Flags8bit {
+  static constexpr int32_t decay = static_cast<int32_t>(Decay);
+  static constexpr bool amsgrad = false;
+  bool maximize;
+};
+
 // W: f32, or the bits of bf16 weights (uint16_t) with kRemainder.
 template <class W, class G, class Copy, bool kRemainder>
 struct Adam8bitOp {
@@ -50,8 +62,18 @@ struct Adam8bitOp {
     __syncthreads();
     const AdamCoefficients<float> c = shared;
     const float scale = in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale;
-    const bool scaled = scale != 1.0f;
+    switch (static_cast<WeightDecay>(c.decay)) {
+      case WeightDecay::l2: return update(plan, chunk, c, Flags8bit<WeightDecay::l2>{c.maximize}, scale, tables);
+      case WeightDecay::decoupled:
+        return update(plan, chunk, c, Flags8bit<WeightDecay::decoupled>{c.maximize}, scale, tables);
+      case WeightDecay::hugging_face: break;
+    }
+    update(plan, chunk, c, Flags8bit<WeightDecay::hugging_face>{c.maximize}, scale, tables);
+  }
 
+  template <class Flags>
+  __device__ __forceinline__ void update(const PlanArgs& plan, const PlanChunk& chunk, const AdamCoefficients<float>& c,
+                                         Flags flags, float scale, const QuantTables& tables) const {
     W* w = plan.tensor<W>(0, chunk);
     const G* g = plan.tensor<G>(1, chunk);
     uint8_t* qm = plan.tensor<uint8_t>(2, chunk);
@@ -83,16 +105,25 @@ struct Adam8bitOp {
       float m_new[kPerLane], v_new[kPerLane];
       [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];
       uint32_t amax_m = 0, amax_v = 0;  // bit patterns (absmax_bits_fold)
+      float gc[kPerLane];
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) gc[k] = cuda::to_compute<float>(gr[k]);
+      // A branch around all eight divisions, uniform across the launch:
+      // written per element, the compiler computed the division always and
+      // selected (a dozen instructions per element, in a kernel bound by
+      // instruction issue).
+      if (scale != 1.0f) {
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) gc[k] = gc[k] / scale;
+      }
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
         float wc;
         if constexpr (kRemainder) wc = join_master(wr[k], rr[k]);
         else wc = cuda::to_compute<float>(wr[k]);
-        float gc = cuda::to_compute<float>(gr[k]);
-        if (scaled) gc = gc / scale;
         float mc = dequantize(tables.table[0], mr[k], old_m), vc = dequantize(tables.table[1], vr[k], old_v);
         float unused = 0.0f;
-        adam_element(wc, gc, mc, vc, unused, c);
+        adam_element(wc, gc[k], mc, vc, unused, c, flags);
         if constexpr (kRemainder) split_master(wc, wr[k], rr[k]);
         else wr[k] = cuda::from_compute<W>(wc);
         if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(wc);
@@ -113,8 +144,8 @@ struct Adam8bitOp {
       const float scale_m = quant_scale(block_m), scale_v = quant_scale(block_v);
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
-        mr[k] = quantize(tables.table[0], exact::mul(m_new[k], scale_m));
-        vr[k] = quantize(tables.table[1], exact::mul(v_new[k], scale_v));
+        mr[k] = quantize_with_floor(tables.table[0], exact::mul(m_new[k], scale_m), kExpAvgFloor);
+        vr[k] = quantize_with_floor(tables.table[1], exact::mul(v_new[k], scale_v), kExpAvgSqFloor);
       }
       store_lane(w + at, wr, n, vectorized);
       store_lane(qm + at, mr, n, vectorized);

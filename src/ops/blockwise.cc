@@ -107,8 +107,8 @@ namespace backend {
 const QuantTables& quant_tables() {
   static const QuantTables tables = [] {
     QuantTables t{};
-    t.table[0] = build_table(quant_code(QuantCode::signed_dynamic), 0);
-    t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic), 1);
+    t.table[0] = build_table(quant_code(QuantCode::signed_dynamic), backend::kExpAvgFloor);
+    t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic), backend::kExpAvgSqFloor);
     return t;
   }();
   return tables;
