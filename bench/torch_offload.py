@@ -17,7 +17,10 @@ each optimizer holds (torch.cuda.memory_allocated after a step with the
 gradients freed, less before the optimizer was made: its state), with the host
 memory gradkit's offloaded optimizer holds. Targets (issue 25): (b) at most
 1.25x (a), and faster than (c).
-usage: bench/torch_offload.py [--steps N] [--rounds N] [--bucket-mb MB] [--host-threads N] [--markdown FILE]
+The GPU time of each step is split by CUDA events into forward + backward and what follows
+backward (the step; for the offloaded ones, the wait for the last copy-backs).
+usage: bench/torch_offload.py [--steps N] [--rounds N] [--bucket-mb MB] [--piece-mb MB] [--host-threads N]
+                              [--markdown FILE]
 """
 import argparse
 import glob
@@ -80,11 +83,14 @@ def torchao_offload():
         return None
 
 
-def make_cases(bucket_mb, host_threads):
+def make_cases(bucket_mb, piece_mb, host_threads):
     cases = {
         "gradkit AdamW (GPU)": lambda p: gt.AdamW(p, lr=1e-4, weight_decay=0.1),
         "gradkit OffloadedAdamW": lambda p: gt.OffloadedAdamW(p, lr=1e-4, weight_decay=0.1, bucket_mb=bucket_mb,
-                                                               host_threads=host_threads),
+                                                               piece_mb=piece_mb, host_threads=host_threads),
+        # each bucket one piece: its copies and CPU step one after another
+        "gradkit OffloadedAdamW, whole buckets": lambda p: gt.OffloadedAdamW(
+            p, lr=1e-4, weight_decay=0.1, bucket_mb=bucket_mb, piece_mb=1024.0, host_threads=host_threads),
     }
     ao = torchao_offload()
     if ao is not None:
@@ -101,11 +107,21 @@ def batches(steps, seed=0):
         yield x[:, :-1], x[:, 1:]
 
 
-def train_step(model, opt, x, y):
+def train_step(model, opt, x, y, marks=None):
+    """One step; `marks`, if given: three CUDA events recorded on the current stream before
+    the forward, after the backward and after the step (which waits there for an offloaded
+    step's copy-backs), so that the step's GPU time splits into forward + backward and what
+    follows backward."""
+    if marks:
+        marks[0].record()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = model(x, y)
     loss.backward()
+    if marks:
+        marks[1].record()
     opt.step()
+    if marks:
+        marks[2].record()
     opt.zero_grad(set_to_none=True)
     return loss
 
@@ -127,12 +143,17 @@ class Case:
 
     def run(self, steps):
         data = list(batches(steps, seed=2))
+        marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in data]
         torch.cuda.synchronize()
         start = time.perf_counter()
-        for x, y in data:
-            loss = train_step(self.model, self.opt, x, y)
+        for (x, y), m in zip(data, marks):
+            loss = train_step(self.model, self.opt, x, y, m)
         torch.cuda.synchronize()
-        self.best = min(self.best, (time.perf_counter() - start) * 1e3 / steps)
+        ms = (time.perf_counter() - start) * 1e3 / steps
+        if ms < self.best:
+            self.best = ms
+            self.forward_backward = sum(m[0].elapsed_time(m[1]) for m in marks) / steps
+            self.after_backward = sum(m[1].elapsed_time(m[2]) for m in marks) / steps
         self.loss = float(loss)
 
 
@@ -141,6 +162,7 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--piece-mb", type=float, default=32.0)
     parser.add_argument("--host-threads", type=int, default=0, help="the CPU step's threads (0: all cores but two)")
     parser.add_argument("--markdown")
     args = parser.parse_args()
@@ -150,7 +172,7 @@ def main():
           f"({LAYERS} layers, width {WIDTH}), bf16 autocast, batch {BATCH} x {TOKENS}; hooks: "
           f"{hasattr(torch.Tensor, 'register_post_accumulate_grad_hook')}")
     cases = {}
-    for name, make in make_cases(args.bucket_mb, args.host_threads).items():
+    for name, make in make_cases(args.bucket_mb, args.piece_mb, args.host_threads).items():
         try:
             cases[name] = Case(make)
         except Exception as e:  # report and go on: the other cases still mean something
@@ -160,16 +182,19 @@ def main():
         for c in cases.values():
             c.run(args.steps)
     base = cases.get("gradkit AdamW (GPU)")
-    rows = ["| optimizer | ms / step | ratio to gradkit AdamW (GPU) | GPU memory of the optimizer | last loss |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = ["| optimizer | ms / step | ratio to gradkit AdamW (GPU) | forward + backward ms | after backward ms "
+            "| GPU memory of the optimizer | last loss |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, c in cases.items():
         ratio = f"{c.best / base.best:.3f}" if base else "-"
-        rows.append(f"| {name} | {c.best:.1f} | {ratio} | {c.state_bytes / 2**20:.1f} MiB | {c.loss:.4f} |")
+        rows.append(f"| {name} | {c.best:.1f} | {ratio} | {c.forward_backward:.1f} | {c.after_backward:.1f} "
+                    f"| {c.state_bytes / 2**20:.1f} MiB | {c.loss:.4f} |")
     off = cases.get("gradkit OffloadedAdamW")
     notes = [f"{params / 1e6:.1f}M parameters; best of {args.rounds} rounds of {args.steps} steps."]
     if off is not None:
         native = off.opt.native
-        notes.append(f"gradkit offloaded: {native.num_buckets} buckets of about {args.bucket_mb} MiB; host memory "
+        notes.append(f"gradkit offloaded: {native.num_buckets} buckets of about {args.bucket_mb} MiB, pieces of "
+                     f"{args.piece_mb} MiB; host memory "
                      f"{native.host_bytes / 2**20:.0f} MiB; GPU bytes held by it (check scalars and scratch, no state): "
                      f"{native.device_bytes}")
         if base:

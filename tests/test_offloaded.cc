@@ -14,6 +14,7 @@
 
 #include "gradkit/optim/mixed_precision.h"
 #include "gradkit/optim/offloaded.h"
+#include "optim/offloaded_parts.h"  // cut_pieces
 #include "support/expect_error.h"
 #include "support/test_tensor.h"
 
@@ -114,6 +115,9 @@ TEST(OffloadedAdamArguments, BadGroupsAndOptionsAreRefused) {
   o = {};
   o.bucket_bytes = 0;
   expect_refused({m.group()}, o, ErrorCode::invalid_argument, {"options.bucket_bytes", "expected > 0"});
+  o = {};
+  o.piece_bytes = 0;
+  expect_refused({m.group()}, o, ErrorCode::invalid_argument, {"options.piece_bytes", "expected > 0"});
   EXPECT_TRUE(m.untouched());
 }
 
@@ -141,6 +145,35 @@ TEST(PinnedBuffer, AFailedAllocationIsAClearError) {
   expect_error([] { Buffer::pinned(~size_t{0}); }, ErrorCode::invalid_argument, {"Buffer::pinned", "cannot allocate"});
 }
 
+// ---- how a bucket is cut into pieces (no GPU needed) -----------------------
+
+TEST(OffloadPieces, EveryElementLiesInOneSliceAndCutsKeepBlocksWhole) {
+  const int64_t sizes[] = {1000, 65536 * 2 + 1, 3, 256, 0, 4097, 7, 300000};
+  std::vector<TensorView> grads;
+  for (size_t i = 0; i < std::size(sizes); ++i) grads.push_back({nullptr, sizes[i], i % 2 ? DType::bf16 : DType::f32});
+  const std::vector<size_t> bucket = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (size_t piece_bytes : {size_t{1}, size_t{1000}, size_t{4000}, size_t{65536}, size_t{8} << 20}) {
+    const auto pieces = cut_pieces(bucket, grads, piece_bytes, 256);
+    std::vector<int64_t> next(std::size(sizes), 0);  // each tensor's next uncovered element
+    for (const auto& piece : pieces) {
+      ASSERT_FALSE(piece.empty()) << "piece_bytes " << piece_bytes;
+      size_t bytes = 0;
+      for (const OffloadSlice& s : piece) {
+        ASSERT_EQ(s.offset, next[s.tensor]) << "tensor " << s.tensor << ", piece_bytes " << piece_bytes;
+        EXPECT_GT(s.count, 0);
+        EXPECT_EQ(s.offset % 256, 0) << "a cut inside an 8-bit block";
+        next[s.tensor] += s.count;
+        bytes += static_cast<size_t>(s.count) * dtype_size(grads[s.tensor].dtype);
+      }
+      // Over the target only by what one block (the least a piece takes) adds.
+      EXPECT_LE(bytes, std::max(piece_bytes, size_t{256} * 4) + 256 * 4) << "piece_bytes " << piece_bytes;
+    }
+    for (size_t t = 0; t < std::size(sizes); ++t) EXPECT_EQ(next[t], sizes[t]) << "tensor " << t;
+    if (piece_bytes == (size_t{8} << 20)) EXPECT_EQ(pieces.size(), 1u);  // the whole bucket fits in one
+    if (piece_bytes == 4000) EXPECT_GT(pieces.size(), 100u);
+  }
+}
+
 // ---- on a GPU: the offloaded step against the GPU step --------------------
 
 // Writes `values`, rounded to the tensor's dtype, into a tensor on any device.
@@ -162,6 +195,11 @@ std::vector<uint8_t> bits(const std::vector<TensorView>& tensors) {
 struct Config {
   DType weight, grad;
   bool check;  // a dynamic loss scaler and clipping
+  // Small pieces cut the tensors (at multiples of 256 elements) so that a
+  // bucket's copies and steps go piece by piece; the default holds each
+  // bucket whole.
+  size_t piece_bytes = OffloadedAdamOptions{}.piece_bytes;
+  DType moments = DType::f32;  // u8: 8-bit moments, whose blocks the cuts must keep whole
 };
 
 const int64_t kSizes[] = {1000, 65536 * 2 + 1, 3, 4097, 7};
@@ -169,6 +207,8 @@ const int64_t kSizes[] = {1000, 65536 * 2 + 1, 3, 4097, 7};
 OffloadedAdamOptions offload_options(const Config& c) {
   OffloadedAdamOptions o;
   o.buckets = {2, 1, 1, 0, 0};  // backward's order: the last tensors first
+  o.piece_bytes = c.piece_bytes;
+  o.adam.moment_dtype = c.moments;
   if (c.check) {
     LossScalerOptions s;
     s.initial_scale = 1024.0f;
@@ -253,7 +293,7 @@ struct GpuStep {
       size_t at = 0;
       for (AdamGroup& g : groups) for (size_t i = 0; i < g.params.size(); ++i) g.model_copy.push_back(m.w[at++].view());
     }
-    adam.emplace(groups);
+    adam.emplace(groups, AdamOptions{m.config.moments});
     if (m.config.check) {
       const OffloadedAdamOptions o = offload_options(m.config);
       check.emplace(m.grads(), GradientCheckOptions{NormType::l2, o.max_norm, false});
@@ -324,10 +364,17 @@ TEST_P(OffloadedAdamGpu, FiftyStepsEqualTheGpuStepBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadedAdamGpu,
                          ::testing::Values(Config{DType::f32, DType::f32, false}, Config{DType::f32, DType::bf16, true},
                                            Config{DType::bf16, DType::bf16, false},
-                                           Config{DType::bf16, DType::f32, true}, Config{DType::f16, DType::f16, true}),
+                                           Config{DType::bf16, DType::f32, true}, Config{DType::f16, DType::f16, true},
+                                           // 1000-element pieces of f32 gradients: 131073 elements in 172 pieces
+                                           Config{DType::f32, DType::f32, false, 4000},
+                                           Config{DType::bf16, DType::f32, true, 4000, DType::u8},
+                                           Config{DType::f32, DType::bf16, false, 3000, DType::u8}),
                          [](const auto& info) {
-                           return std::string(dtype_name(info.param.weight)) + "_" +
-                                  std::string(dtype_name(info.param.grad)) + (info.param.check ? "_checked" : "");
+                           const Config& c = info.param;
+                           return std::string(dtype_name(c.weight)) + "_" + std::string(dtype_name(c.grad)) +
+                                  (c.check ? "_checked" : "") +
+                                  (c.piece_bytes != OffloadedAdamOptions{}.piece_bytes ? "_pieces" : "") +
+                                  (c.moments == DType::u8 ? "_8bit" : "");
                          });
 
 std::string temp_path(const char* name) {

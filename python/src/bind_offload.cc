@@ -25,14 +25,15 @@ void bind_offload(nb::module_& m) {
   c.def(
        "__init__",
        [](PyOffloaded* self, const nb::list& groups, DType moment_dtype, std::optional<std::vector<int32_t>> buckets,
-          size_t bucket_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm, NormType norm,
-          int host_threads) {
+          size_t bucket_bytes, size_t piece_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm,
+          NormType norm, int host_threads) {
          new (self) PyOffloaded();
          auto g = to_groups<AdamGroup, AdamHyperparameters>(groups, self->keep);
          OffloadedAdamOptions options;
          options.adam.moment_dtype = moment_dtype;
          options.buckets = buckets.value_or(std::vector<int32_t>{});
          options.bucket_bytes = bucket_bytes;
+         options.piece_bytes = piece_bytes;
          options.scaler = scaler;
          options.max_norm = max_norm;
          options.norm = norm;
@@ -42,7 +43,8 @@ void bind_offload(nb::module_& m) {
          // when bucket_ready() is always given the bucket's gradients.
        },
        nb::arg("groups"), nb::arg("moment_dtype") = DType::f32, nb::arg("buckets") = nb::none(),
-       nb::arg("bucket_bytes") = OffloadedAdamOptions{}.bucket_bytes, nb::arg("scaler") = nb::none(),
+       nb::arg("bucket_bytes") = OffloadedAdamOptions{}.bucket_bytes,
+       nb::arg("piece_bytes") = OffloadedAdamOptions{}.piece_bytes, nb::arg("scaler") = nb::none(),
        nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2, nb::arg("host_threads") = 0)
       .def_prop_ro("num_buckets", [](const PyOffloaded& o) { return o.object->num_buckets(); })
       .def_prop_ro("bucket_of_tensor",

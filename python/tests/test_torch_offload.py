@@ -59,6 +59,8 @@ def test_gpu_only_guards():
     p = params_on("cuda")
     with pytest.raises(ValueError, match="bucket_mb"):
         gt.OffloadedAdamW(p, bucket_mb=0)
+    with pytest.raises(ValueError, match="piece_mb"):
+        gt.OffloadedAdamW(p, piece_mb=0)
     opt = gt.OffloadedAdamW(p, bucket_mb=0.0001)
     for q, g in zip(p[:-1], grads_for(0, torch.float32, "cuda")):
         q.grad = g

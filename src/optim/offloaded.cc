@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gradkit/core/error.h"
+#include "gradkit/ops/blockwise.h"
 #include "optim/moment_storage.h"
 #include "optim/offloaded_parts.h"
 
@@ -85,6 +86,9 @@ void check_arguments(const std::vector<AdamGroup>& groups, const ParameterLists&
   if (options.buckets.empty() && options.bucket_bytes == 0) {
     throw_argument_error(ErrorCode::invalid_argument, op, "options.bucket_bytes", "is 0, expected > 0");
   }
+  if (options.piece_bytes == 0) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "options.piece_bytes", "is 0, expected > 0");
+  }
 }
 
 // Each tensor's bucket: the caller's, checked, or cut from the last tensor
@@ -129,15 +133,61 @@ std::vector<int32_t> assign_buckets(const std::vector<TensorView>& grads, const 
   return out;
 }
 
-template <class T>
-std::vector<T> pick(const std::vector<T>& all, const std::vector<size_t>& indices) {
-  std::vector<T> out;
+// Elements [offset, offset + count) of `v`.
+TensorView slice(const TensorView& v, int64_t offset, int64_t count) {
+  TensorView out = v;
+  out.data = static_cast<char*>(v.data) + static_cast<size_t>(offset) * dtype_size(v.dtype);
+  out.numel = count;
+  return out;
+}
+
+// Each slice's part of a per-tensor list (empty stays empty). `per_block`:
+// the list holds one value per 8-bit block (absmax), and slices start on
+// block boundaries.
+std::vector<TensorView> pick(const std::vector<TensorView>& all, const std::vector<OffloadSlice>& slices,
+                             bool per_block = false) {
+  std::vector<TensorView> out;
   if (all.empty()) return out;
-  for (size_t i : indices) out.push_back(all[i]);
+  for (const OffloadSlice& s : slices) {
+    out.push_back(per_block ? slice(all[s.tensor], s.offset / kQuantBlock, quant_blocks(s.count))
+                            : slice(all[s.tensor], s.offset, s.count));
+  }
   return out;
 }
 
 }  // namespace
+
+std::vector<std::vector<OffloadSlice>> cut_pieces(const std::vector<size_t>& tensors, const std::vector<TensorView>& grads,
+                                                  size_t piece_bytes, int64_t align) {
+  std::vector<std::vector<OffloadSlice>> pieces(1);
+  size_t filled = 0;
+  auto close = [&] {
+    if (!pieces.back().empty()) pieces.emplace_back();
+    filled = 0;
+  };
+  for (size_t t : tensors) {
+    const int64_t n = grads[t].numel;
+    const auto size = static_cast<int64_t>(dtype_size(grads[t].dtype));
+    for (int64_t at = 0; at < n;) {
+      const auto room = static_cast<int64_t>((piece_bytes - filled) / static_cast<size_t>(size));
+      int64_t take = n - at;
+      if (take > room) {
+        take = room / align * align;  // cut at a block boundary
+        if (take == 0 && filled > 0) {  // no whole block fits: begin the next piece
+          close();
+          continue;
+        }
+        take = std::max(take, std::min(align, n - at));  // a piece holds at least one block
+      }
+      pieces.back().push_back({t, at, take});
+      at += take;
+      filled += static_cast<size_t>(take * size);
+      if (filled >= piece_bytes) close();
+    }
+  }
+  if (pieces.back().empty()) pieces.pop_back();
+  return pieces;
+}
 
 OffloadedAdam::OffloadedAdam(std::vector<AdamGroup> groups, OffloadedAdamOptions options)
     : groups_(std::move(groups)), options_(std::move(options)) {
@@ -156,7 +206,16 @@ OffloadedAdam::OffloadedAdam(std::vector<AdamGroup> groups, OffloadedAdamOptions
   // then the tensors' memory checked where it lies (null pointers,
   // overlaps, host memory passed as device memory) by a plan over them.
   const int num_buckets = *std::max_element(bucket_of_.begin(), bucket_of_.end()) + 1;
-  lanes_ = std::make_unique<detail::OffloadLanes>(kOffloadedOp, device_, num_buckets + 1);
+  buckets_.resize(static_cast<size_t>(num_buckets));
+  for (size_t i = 0; i < bucket_of_.size(); ++i) buckets_[static_cast<size_t>(bucket_of_[i])].tensors.push_back(i);
+  std::vector<std::vector<OffloadSlice>> slices;
+  for (Bucket& b : buckets_) {
+    for (auto& piece : cut_pieces(b.tensors, grads_, options_.piece_bytes, kQuantBlock)) {
+      b.pieces.push_back(static_cast<int>(slices.size()));
+      slices.push_back(std::move(piece));
+    }
+  }
+  lanes_ = std::make_unique<detail::OffloadLanes>(kOffloadedOp, device_, static_cast<int>(slices.size()) + 1);
   const PlanList device_lists[] = {{"params", params_, true}, {"grads", grads_, false}};
   (void)MultiTensorPlan(kOffloadedOp, device_lists);
   if (options_.scaler || options_.max_norm > 0) {
@@ -196,16 +255,16 @@ OffloadedAdam::OffloadedAdam(std::vector<AdamGroup> groups, OffloadedAdamOptions
   adam_ = std::make_unique<Adam>(host_groups, options_.adam);
   groups_ = std::move(host_groups);
 
-  buckets_.resize(static_cast<size_t>(num_buckets));
-  for (size_t i = 0; i < bucket_of_.size(); ++i) buckets_[static_cast<size_t>(bucket_of_[i])].tensors.push_back(i);
-  for (Bucket& b : buckets_) {
-    const auto weights = pick(masters_, b.tensors), grads = pick(staged_grads_, b.tensors),
-               m = pick(adam_->exp_avg(), b.tensors), v = pick(adam_->exp_avg_sq(), b.tensors),
-               vmax = pick(adam_->max_exp_avg_sq(), b.tensors), copies = pick(staged_copies_, b.tensors),
-               m_absmax = pick(adam_->exp_avg_absmax(), b.tensors),
-               v_absmax = pick(adam_->exp_avg_sq_absmax(), b.tensors);
+  for (std::vector<OffloadSlice>& piece : slices) {
+    const auto weights = pick(masters_, piece), grads = pick(staged_grads_, piece),
+               m = pick(adam_->exp_avg(), piece), v = pick(adam_->exp_avg_sq(), piece),
+               vmax = pick(adam_->max_exp_avg_sq(), piece), copies = pick(staged_copies_, piece),
+               m_absmax = pick(adam_->exp_avg_absmax(), piece, true),
+               v_absmax = pick(adam_->exp_avg_sq_absmax(), piece, true);
     AdamTensors t{weights, grads, m, v, vmax, copies, m_absmax, v_absmax, {}};
-    b.plan = AdamPlan(t, hyper, pick(lists.group_of_tensor, b.tensors));
+    std::vector<int32_t> group_of;
+    for (const OffloadSlice& s : piece) group_of.push_back(lists.group_of_tensor[s.tensor]);
+    pieces_.push_back({std::move(piece), AdamPlan(t, hyper, group_of)});
   }
   handed_.assign(buckets_.size(), false);
   worker_ = std::make_unique<detail::HostWorker>();

@@ -63,7 +63,7 @@ void OffloadedAdam::apply_state(const StateFile& file) {
   synchronize();
   const std::vector<AdamHyperparameters> hyper = read_groups("", file.get("groups"), groups_);
   adam_->apply_state(file);
-  for (Bucket& b : buckets_) b.plan.set_hyperparameters(hyper);
+  for (Piece& p : pieces_) p.plan.set_hyperparameters(hyper);
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];
   if (scaler_ && file.has("scaler")) scaler_->set_state(read_scaler_section("", file, *scaler_));
   if (low_precision_) {

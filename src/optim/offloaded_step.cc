@@ -49,34 +49,51 @@ void OffloadedAdam::bucket_ready(int bucket, Stream stream, std::span<const Tens
   hand(bucket, stream);
 }
 
+namespace {
+
+// The address of element `offset` of `v`.
+void* element(const TensorView& v, int64_t offset) {
+  return static_cast<char*>(v.data) + static_cast<size_t>(offset) * dtype_size(v.dtype);
+}
+
+size_t slice_bytes(const TensorView& v, int64_t count) { return static_cast<size_t>(count) * dtype_size(v.dtype); }
+
+}  // namespace
+
 void OffloadedAdam::hand(int bucket, Stream stream) {
   const Bucket& b = buckets_[static_cast<size_t>(bucket)];
   lanes_->wait_for(OffloadLanes::to_host, stream);
-  for (size_t t : b.tensors) lanes_->copy(OffloadLanes::to_host, staged_grads_[t].data, grads_[t].data, grads_[t].bytes());
-  lanes_->record(OffloadLanes::to_host, bucket);
+  for (int p : b.pieces) {
+    for (const OffloadSlice& s : pieces_[static_cast<size_t>(p)].slices) {
+      lanes_->copy(OffloadLanes::to_host, element(staged_grads_[s.tensor], s.offset), element(grads_[s.tensor], s.offset),
+                   slice_bytes(grads_[s.tensor], s.count));
+    }
+    lanes_->record(OffloadLanes::to_host, p);
+    if (!check_) post_update(p);  // no check to wait for: update as soon as the piece is there
+  }
   handed_[static_cast<size_t>(bucket)] = true;
-  if (!check_) post_update(bucket);  // no check to wait for: update as soon as the copy is there
 }
 
-void OffloadedAdam::post_update(int bucket) {
-  worker_->post([this, bucket] {
-    lanes_->host_wait(bucket);
+void OffloadedAdam::post_update(int piece) {
+  worker_->post([this, piece] {
+    lanes_->host_wait(piece);
     const auto* scalars = static_cast<const OffloadScalars*>(scalars_host_.data());
     AdamStepInputs in;
     in.step = *adam_->step_count_device() + 1;  // advanced by end of step, when not skipped
     in.lr_device = adam_->lr_device();
     if (check_) {
-      lanes_->host_wait(scalars_slot(num_buckets()));
+      lanes_->host_wait(scalars_slot(static_cast<int>(pieces_.size())));
       in.found_inf = &scalars->found_inf;  // a skipped step writes nothing
       in.grad_scale_device = &scalars->grad_divisor;
     }
-    const Bucket& b = buckets_[static_cast<size_t>(bucket)];
-    b.plan.step(in);
+    const Piece& p = pieces_[static_cast<size_t>(piece)];
+    p.plan.step(in);
     // A skipped step copies back the unchanged weights: the decision is
-    // known only here, after the copy-backs of earlier buckets were queued.
-    for (size_t t : b.tensors) {
-      const TensorView& from = low_precision_ ? staged_copies_[t] : masters_[t];
-      lanes_->copy(OffloadLanes::to_device, params_[t].data, from.data, params_[t].bytes());
+    // known only here, after the copy-backs of earlier pieces were queued.
+    for (const OffloadSlice& s : p.slices) {
+      const TensorView& from = low_precision_ ? staged_copies_[s.tensor] : masters_[s.tensor];
+      lanes_->copy(OffloadLanes::to_device, element(params_[s.tensor], s.offset), element(from, s.offset),
+                   slice_bytes(params_[s.tensor], s.count));
     }
   });
 }
@@ -96,8 +113,8 @@ void OffloadedAdam::finish(Stream stream) {
     if (scaler_) scaler_->update(&s->found_inf, stream);
     lanes_->wait_for(OffloadLanes::to_host, stream);
     lanes_->copy(OffloadLanes::to_host, scalars_host_.data(), s, sizeof(OffloadScalars));
-    lanes_->record(OffloadLanes::to_host, scalars_slot(num_buckets()));
-    for (int b = 0; b < num_buckets(); ++b) post_update(b);
+    lanes_->record(OffloadLanes::to_host, scalars_slot(static_cast<int>(pieces_.size())));
+    for (int p = 0; p < static_cast<int>(pieces_.size()); ++p) post_update(p);
   }
   worker_->post([this] {
     const auto* scalars = static_cast<const OffloadScalars*>(scalars_host_.data());

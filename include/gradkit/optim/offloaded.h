@@ -53,6 +53,13 @@ struct OffloadedAdamOptions {
   // a new bucket begun once one holds `bucket_bytes` of gradients.
   std::vector<int32_t> buckets;
   size_t bucket_bytes = size_t{32} << 20;
+  // Within a bucket, the copies and the CPU step go in pieces of about this
+  // many bytes of gradients (a tensor larger than that is cut at multiples
+  // of 256 elements, the 8-bit moments' block): piece k's step runs while
+  // piece k+1 crosses to the host and piece k-1's weights cross back. A
+  // bucket handed at backward's end, such as the one holding a tied
+  // embedding, would otherwise copy, step and copy back one after another.
+  size_t piece_bytes = size_t{32} << 20;
   // A loss scaler on the GPU (LossScaling::none: only the overflow check and
   // the skip); none: no check unless max_norm > 0.
   std::optional<LossScalerOptions> scaler;
@@ -142,8 +149,9 @@ class OffloadedAdam {
 
  private:
   struct Bucket;
-  void hand(int bucket, Stream stream);  // the bucket's gradients to the host
-  void post_update(int bucket);          // the worker: wait for them, step, copy back
+  struct Piece;
+  void hand(int bucket, Stream stream);  // the bucket's gradients to the host, piece by piece
+  void post_update(int piece);           // the worker: wait for the piece's gradients, step, copy back
   void copy_weights_to_device();
 
   std::vector<AdamGroup> groups_;  // the host Adam's groups (masters, staged gradients) once made
@@ -158,6 +166,7 @@ class OffloadedAdam {
   std::vector<TensorView> masters_, staged_grads_, staged_copies_;
   std::unique_ptr<Adam> adam_;  // over the host tensors: moments, counter, lrs, state format
   std::vector<Bucket> buckets_;
+  std::vector<Piece> pieces_;  // every bucket's, in bucket order
   std::vector<int32_t> bucket_of_;
   std::optional<GradientCheckPlan> check_;
   std::optional<LossScaler> scaler_;

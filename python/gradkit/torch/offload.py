@@ -44,8 +44,8 @@ def _on_grad(ref, index, _param):
 class _OffloadedAdamBase(torch.optim.Optimizer):
     _decay = None  # gradkit.WeightDecay, set by the subclass
 
-    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize, *, bucket_mb=32.0, buckets=None,
-                 loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0):
+    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize, *, bucket_mb=32.0, piece_mb=32.0,
+                 buckets=None, loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults)
         self._params = [p for g in self.param_groups for p in g["params"]]
@@ -60,6 +60,8 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
                 raise ValueError(f"params[{i}] is not contiguous; expected contiguous parameters")
         if not (bucket_mb > 0):
             raise ValueError(f"bucket_mb is {bucket_mb}, expected > 0")
+        if not (piece_mb > 0):
+            raise ValueError(f"piece_mb is {piece_mb}, expected > 0")
         # The C++ optimizer needs the gradients' shapes and dtypes now, when
         # torch may not have made them: the parameters stand in (torch's
         # gradients have their parameter's shape and dtype), and every
@@ -67,6 +69,7 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
         groups = [{"params": [p.detach() for p in g["params"]], "grads": [p.detach() for p in g["params"]],
                    "hyperparameters": self._hyperparameters(g)} for g in self.param_groups]
         self._native = gradkit.OffloadedAdam(groups, buckets=buckets, bucket_bytes=int(bucket_mb * 2 ** 20),
+                                             piece_bytes=max(1, int(piece_mb * 2 ** 20)),
                                              scaler=loss_scaler, max_norm=float(max_norm),
                                              host_threads=int(host_threads))
         self._bucket_of = self._native.bucket_of_tensor
@@ -244,7 +247,9 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
 class OffloadedAdamW(_OffloadedAdamBase):
     """torch.optim.AdamW's update (decoupled weight decay) with the state on the host and the
     step on the CPU. Keyword-only: bucket_mb (gradient bytes per bucket, buckets cut from the
-    last parameter to the first), buckets (each parameter's bucket instead), loss_scaler
+    last parameter to the first), piece_mb (within a bucket, the copies and the CPU step go in
+    pieces of this many gradient bytes, so that they overlap each other), buckets (each
+    parameter's bucket instead), loss_scaler
     (gradkit.LossScalerOptions: the loss scale is .loss_scale), max_norm (clip the global norm),
     overlap (hand buckets from backward's hooks; torch >= 2.1), host_threads (threads of the CPU
     step; 0: every core but two)."""
