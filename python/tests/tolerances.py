@@ -41,6 +41,12 @@ FSDP2_NORM = (1e-5, 1e-7)
 # (the reference rounds once, gradkit's float32 arithmetic may land a value
 # on the other side of a decision point).
 INT8_CODE_DISTANCE = 1
+# 8-bit moments saved through torch.distributed.checkpoint on 2 ranks and
+# loaded on 4: the new shards' blocks encode each decoded value again, which
+# moves it by at most half the widest gap of the code tables (0.0070 of the
+# block's absmax for the signed map, less for the unsigned) times its new
+# absmax; bounded here by this fraction of the tensor's largest magnitude.
+INT8_RESHARD = 0.01
 # the same step's weights against the float64 reference fed the decoded
 # moments: float32 rounding only (the weight update reads the moments before
 # they are requantized).

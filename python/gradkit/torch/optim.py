@@ -162,9 +162,18 @@ class _PlannedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self):
         """torch's layout: per parameter "step" (a float32 tensor) and the state tensors in
-        this optimizer's form (8-bit moments stay 8-bit: it round-trips bit for bit)."""
+        this optimizer's form (8-bit moments stay 8-bit: it round-trips bit for bit). For a
+        DTensor parameter (FSDP2), 8-bit moments and remainder masters leave as float32
+        DTensors shaped like it, which torch.distributed.checkpoint can reshard (each rank's
+        absmax covers its own blocks; int16 is no collective's type); loading encodes them
+        again, into the same codes and remainders when the sharding is the same."""
         self._write_steps_to_state()
-        return super().state_dict()
+        out = super().state_dict()
+        saved_ids = [i for g in out["param_groups"] for i in g["params"]]
+        for key, (p, group) in zip(saved_ids, self._params_with_groups()):
+            if key in out["state"] and self._form.portable_differs(p):
+                out["state"][key] = self._form.portable(p, self._moment_names(group), out["state"][key])
+        return out
 
     def float32_state_dict(self):
         """state_dict() with float32 moments (decoded from 8-bit or bfloat16) and, for
