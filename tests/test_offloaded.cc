@@ -353,6 +353,10 @@ TEST_P(OffloadedAdamGpu, FiftyStepsEqualTheGpuStepBitForBit) {
     }
   }
   EXPECT_EQ(skipped, c.check ? 3 : 0);
+  const OffloadStepTimes t = off.last_step_times();  // the worker's own account of the last step
+  EXPECT_GT(t.update_ms, 0.0);
+  EXPECT_GE(t.copy_wait_ms, 0.0);
+  EXPECT_GE(t.span_ms, t.copy_wait_ms + t.update_ms);
   EXPECT_EQ(off.step_count(), gpu.adam->step_count());
   EXPECT_EQ(off.step_count(), c.check ? 47 : 50);
   EXPECT_EQ(bits(off.host_adam().exp_avg()), bits(gpu.adam->exp_avg()));

@@ -90,6 +90,18 @@ void bind_offload(nb::module_& m) {
            nb::arg("lr"))
       .def_prop_ro("last_step_skipped", [](PyOffloaded& o) { return o.object->last_step_skipped(); })
       .def_prop_ro("last_grad_norm", [](PyOffloaded& o) { return o.object->last_grad_norm(); })
+      .def_prop_ro(
+          "last_step_times",
+          [](PyOffloaded& o) {
+            const OffloadStepTimes t = o.object->last_step_times();
+            nb::dict out;
+            out["span_ms"] = t.span_ms;
+            out["copy_wait_ms"] = t.copy_wait_ms;
+            out["update_ms"] = t.update_ms;
+            return out;
+          },
+          "Where the host worker's time went in the last step (ms): span (first bucket handed to last "
+          "copy-back queued), copy_wait (waiting for gradients to arrive), update (the CPU steps).")
       .def_prop_ro("checks_gradients", [](const PyOffloaded& o) { return o.object->checks_gradients(); })
       .def_prop_ro("loss_scale_device",
                    [](nb::handle self) -> nb::object {
@@ -125,6 +137,15 @@ void bind_offload(nb::module_& m) {
       .def_prop_ro("exp_avg_sq",
                    [](nb::handle self) {
                      return to_arrays(nb::cast<PyOffloaded&>(self).object->host_adam().exp_avg_sq(), self);
+                   })
+      .def_prop_ro("exp_avg_absmax",
+                   [](nb::handle self) {
+                     return to_arrays(nb::cast<PyOffloaded&>(self).object->host_adam().exp_avg_absmax(), self);
+                   },
+                   "With 8-bit moments, each tensor's absmax per 256-element block (else empty).")
+      .def_prop_ro("exp_avg_sq_absmax",
+                   [](nb::handle self) {
+                     return to_arrays(nb::cast<PyOffloaded&>(self).object->host_adam().exp_avg_sq_absmax(), self);
                    })
       .def_prop_ro("max_exp_avg_sq",
                    [](nb::handle self) {

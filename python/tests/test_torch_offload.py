@@ -28,6 +28,12 @@ def test_params_on_the_cpu_are_refused():
         gt.OffloadedAdamW(params)
 
 
+def test_an_unknown_moment_form_is_refused_by_name():
+    params = [torch.nn.Parameter(torch.randn(4)) for _ in range(2)]
+    with pytest.raises(ValueError, match="moments is 'int4'"):
+        gt.OffloadedAdamW(params, moments="int4")
+
+
 def test_the_native_optimizer_names_the_host_tensor():
     w, g = np.ones(8, dtype=np.float32), np.ones(8, dtype=np.float32)
     with pytest.raises(TypeError, match=r"groups\[0\].params\[0\].*is on cpu.*CUDA device"):
@@ -88,6 +94,40 @@ def test_equals_adamw_on_the_gpu_bit_for_bit(dtype):
             assert torch.equal(p.view(torch.int16 if dtype != torch.float32 else torch.int32),
                                q.view(torch.int16 if dtype != torch.float32 else torch.int32)), step
     assert off.native.device_bytes < 4096  # no optimizer state on the GPU
+
+
+@needs_cuda
+@pytest.mark.parametrize("moments", ["bfloat16", "int8"])
+def test_low_bit_host_moments_equal_adamw_on_the_gpu_and_move_between_them(moments):
+    """Host moments in bfloat16 or 8 bits: the same bits as gradkit.torch.AdamW's moments of
+    that form on the GPU (every tensor quantized on both sides), and the state dicts load
+    into each other, 8-bit codes and all."""
+    a, b = params_on("cuda"), params_on("cuda")
+    off = gt.OffloadedAdamW(two_groups(a), lr=1e-2, bucket_mb=0.1, moments=moments)
+    gpu = gt.AdamW(two_groups(b), lr=1e-2, moments=moments, min_8bit_size=0)
+    for step in range(12):
+        for p, q, g in zip(a, b, grads_for(step, torch.float32, "cuda")):
+            p.grad, q.grad = g.clone(), g.clone()
+        off.step()
+        gpu.step()
+        for i, (p, q) in enumerate(zip(a, b)):
+            assert torch.equal(p.view(torch.int32), q.view(torch.int32)), (step, i)
+    ours, theirs = off.state_dict(), gpu.state_dict()
+    for i, key in enumerate(ours["state"]):
+        for name, t in theirs["state"][key].items():
+            assert torch.equal(ours["state"][key][name].cpu(), t.cpu()), (i, name)
+    # Each loads the other's state (and float32 exports decode to the same values).
+    back = gt.OffloadedAdamW(two_groups(a), lr=1e-2, moments=moments)
+    back.load_state_dict(theirs)
+    gpu.load_state_dict(off.state_dict())
+    for key, s in back.state_dict()["state"].items():
+        for name, t in ours["state"][key].items():
+            assert torch.equal(s[name], t), (key, name)
+    f_ours, f_theirs = off.float32_state_dict(), gpu.float32_state_dict()
+    for key, s in f_ours["state"].items():
+        assert s["exp_avg"].dtype == torch.float32
+        assert torch.equal(s["exp_avg"], f_theirs["state"][key]["exp_avg"].cpu())
+    assert off.native.device_bytes < 4096
 
 
 @needs_cuda

@@ -1,5 +1,7 @@
 // OffloadedAdam's step: the buckets' copies on the lanes, their CPU steps
 // on the host worker, the gradient check before them when there is one.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -51,6 +53,13 @@ void OffloadedAdam::bucket_ready(int bucket, Stream stream, std::span<const Tens
 
 namespace {
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double ms_since(int64_t ns) { return static_cast<double>(now_ns() - ns) * 1e-6; }
+
 // The address of element `offset` of `v`.
 void* element(const TensorView& v, int64_t offset) {
   return static_cast<char*>(v.data) + static_cast<size_t>(offset) * dtype_size(v.dtype);
@@ -62,6 +71,12 @@ size_t slice_bytes(const TensorView& v, int64_t count) { return static_cast<size
 
 void OffloadedAdam::hand(int bucket, Stream stream) {
   const Bucket& b = buckets_[static_cast<size_t>(bucket)];
+  if (std::none_of(handed_.begin(), handed_.end(), [](bool h) { return h; })) {
+    // The first hand of a step: the worker is idle (finish() waited for it), so
+    // the times can be reset from this thread.
+    step_began_ns_ = now_ns();
+    times_ = {};
+  }
   lanes_->wait_for(OffloadLanes::to_host, stream);
   for (int p : b.pieces) {
     for (const OffloadSlice& s : pieces_[static_cast<size_t>(p)].slices) {
@@ -76,6 +91,7 @@ void OffloadedAdam::hand(int bucket, Stream stream) {
 
 void OffloadedAdam::post_update(int piece) {
   worker_->post([this, piece] {
+    const int64_t waiting = now_ns();
     lanes_->host_wait(piece);
     const auto* scalars = static_cast<const OffloadScalars*>(scalars_host_.data());
     AdamStepInputs in;
@@ -86,8 +102,11 @@ void OffloadedAdam::post_update(int piece) {
       in.found_inf = &scalars->found_inf;  // a skipped step writes nothing
       in.grad_scale_device = &scalars->grad_divisor;
     }
+    const int64_t updating = now_ns();
+    times_.copy_wait_ms += static_cast<double>(updating - waiting) * 1e-6;
     const Piece& p = pieces_[static_cast<size_t>(piece)];
     p.plan.step(in);
+    times_.update_ms += ms_since(updating);
     // A skipped step copies back the unchanged weights: the decision is
     // known only here, after the copy-backs of earlier pieces were queued.
     for (const OffloadSlice& s : p.slices) {
@@ -119,6 +138,8 @@ void OffloadedAdam::finish(Stream stream) {
   worker_->post([this] {
     const auto* scalars = static_cast<const OffloadScalars*>(scalars_host_.data());
     if (!check_ || !scalars->found_inf) ++*adam_->step_count_device();
+    times_.span_ms = ms_since(step_began_ns_);
+    last_times_ = times_;
   });
   handed_.assign(handed_.size(), false);
   try {
@@ -164,6 +185,11 @@ void OffloadedAdam::set_lr(int group, float lr) {
 bool OffloadedAdam::last_step_skipped() {
   worker_->wait();  // the host state is the worker's until then; the GPU need not be idle
   return check_ && static_cast<const OffloadScalars*>(scalars_host_.data())->found_inf;
+}
+
+OffloadStepTimes OffloadedAdam::last_step_times() {
+  worker_->wait();
+  return last_times_;
 }
 
 float OffloadedAdam::last_grad_norm() {

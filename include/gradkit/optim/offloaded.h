@@ -45,6 +45,16 @@ class OffloadLanes;
 class HostWorker;
 }  // namespace detail
 
+// Where the host worker's time went in the last step, in milliseconds: for
+// tuning buckets, pieces and threads. `span`: from the first bucket handed
+// to the last copy-back queued; `copy_wait`: the worker waiting for pieces'
+// gradients to reach the host (and, with a check, for its decision);
+// `update`: the CPU steps themselves. span - copy_wait - update is the
+// worker's own overhead (queueing copies).
+struct OffloadStepTimes {
+  double span_ms = 0, copy_wait_ms = 0, update_ms = 0;
+};
+
 struct OffloadedAdamOptions {
   AdamOptions adam;  // the host moments' dtype (f32, bf16 or u8)
   // Each tensor's bucket, over the groups' params in order (indices from 0,
@@ -112,6 +122,7 @@ class OffloadedAdam {
   void set_lr(int group, float lr);
   bool last_step_skipped();
   float last_grad_norm();  // unscaled; NaN when no check runs
+  OffloadStepTimes last_step_times();  // waits for the step's CPU work
 
   bool checks_gradients() const { return check_.has_value(); }
   LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
@@ -172,6 +183,10 @@ class OffloadedAdam {
   std::optional<LossScaler> scaler_;
   bool grads_moved_ = false;  // the check plan must be re-pointed before its next check
   std::vector<bool> handed_;  // in this step
+  // The step's timing: its start is set by the caller's thread at the first
+  // hand, the rest by the worker (ordered by the worker's queue).
+  int64_t step_began_ns_ = 0;
+  OffloadStepTimes times_, last_times_;
 
   std::unique_ptr<detail::OffloadLanes> lanes_;
   std::unique_ptr<detail::HostWorker> worker_;  // last: destroyed first, with the lanes still there

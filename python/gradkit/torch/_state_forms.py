@@ -119,6 +119,11 @@ class StateForm:
     def convert(self, p, names, state):
         """Brings a loaded state (any form, or torch.optim's) into this form, in place. May
         write p: a float32 master loaded into the remainder form sets p to its rounding."""
+        self.convert_moments(p, names, state)
+        self._convert_master(p, state)
+
+    def convert_moments(self, p, names, state):
+        """convert() for the moments alone (p only gives their shape, dtype and device)."""
         for name in names:
             if self.quantized(p) and _is_8bit(state, name):
                 state[name] = _on(state[name], p, torch.uint8)
@@ -133,6 +138,8 @@ class StateForm:
             else:
                 state[name] = _on(values, p, self.moment_dtype(p))
                 state.pop(absmax_name(name), None)
+
+    def _convert_master(self, p, state):
         key = self.master_key(p)
         if key == "weight_remainder" and "weight_remainder" in state and "master_param" not in state:
             state[key] = _on(state[key], p, torch.int16)

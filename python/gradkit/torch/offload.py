@@ -19,9 +19,16 @@ computed by gradkit (docs/offload.md):
   updates follow it, bucket by bucket.
 - Every parameter is updated at every step: a parameter without a gradient
   at step() is an error (torch.optim skips it; one step counter here).
+- moments="float32" (default), "bfloat16" or "int8" sets the host moments'
+  form, as gradkit.torch.AdamW's `moments` does (8-bit here for every
+  tensor: the host has no launch to save). Fewer bytes per parameter are
+  fewer for the CPU step to move.
 - state_dict() is torch.optim.AdamW's layout ("step", "exp_avg",
   "exp_avg_sq" per parameter, on the CPU; "master_param" for float16/bfloat16
-  parameters, as gradkit.torch.AdamW's): either optimizer loads it.
+  parameters, as gradkit.torch.AdamW's) with the moments in this optimizer's
+  form: gradkit.torch.AdamW loads it, and so does torch.optim.AdamW for
+  float32 moments; float32_state_dict() gives float32 moments whatever the
+  form. load_state_dict takes any of those forms.
 """
 import functools
 import weakref
@@ -30,6 +37,9 @@ import torch
 
 import gradkit
 from gradkit.torch._device import common_device, stream_handle
+from gradkit.torch._state_forms import StateForm, absmax_name
+
+_MOMENT_DTYPES = {"float32": gradkit.DType.f32, "bfloat16": gradkit.DType.bf16, "int8": gradkit.DType.u8}
 
 _HAS_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 
@@ -44,13 +54,15 @@ def _on_grad(ref, index, _param):
 class _OffloadedAdamBase(torch.optim.Optimizer):
     _decay = None  # gradkit.WeightDecay, set by the subclass
 
-    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize, *, bucket_mb=32.0, piece_mb=32.0,
-                 buckets=None, loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0):
+    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize, *, moments="float32", bucket_mb=32.0,
+                 piece_mb=32.0, buckets=None, loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
+        self._form = StateForm(moments=moments, min_8bit_size=0)  # raises on an unknown form, naming it
         super().__init__(params, defaults)
         self._params = [p for g in self.param_groups for p in g["params"]]
         if not self._params:
             raise ValueError("the optimizer has no parameters")
+        self._form.check(self._params, any(g["amsgrad"] for g in self.param_groups))
         self._device = common_device(self._params, "params")
         if self._device.type != "cuda":
             raise TypeError(f"params[0] is on {self._device}, expected a CUDA device: the offloaded optimizer keeps "
@@ -68,7 +80,8 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
         # bucket_ready below passes the gradients of the moment.
         groups = [{"params": [p.detach() for p in g["params"]], "grads": [p.detach() for p in g["params"]],
                    "hyperparameters": self._hyperparameters(g)} for g in self.param_groups]
-        self._native = gradkit.OffloadedAdam(groups, buckets=buckets, bucket_bytes=int(bucket_mb * 2 ** 20),
+        self._native = gradkit.OffloadedAdam(groups, moment_dtype=_MOMENT_DTYPES[moments], buckets=buckets,
+                                             bucket_bytes=int(bucket_mb * 2 ** 20),
                                              piece_bytes=max(1, int(piece_mb * 2 ** 20)),
                                              scaler=loss_scaler, max_norm=float(max_norm),
                                              host_threads=int(host_threads))
@@ -169,20 +182,30 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
         """The gradkit.OffloadedAdam underneath (host_bytes, device_bytes, save, load)."""
         return self._native
 
-    def state_dict(self):
-        """torch.optim.AdamW's layout, the state on the CPU (copies of the host state)."""
-        self._native.synchronize()
-        low = self._params[0].dtype in (torch.float16, torch.bfloat16)
-        step = torch.tensor(float(self._native.step_count))
-        arrays = {"exp_avg": self._native.exp_avg, "exp_avg_sq": self._native.exp_avg_sq}
-        if any(g["amsgrad"] for g in self.param_groups):
-            arrays["max_exp_avg_sq"] = self._native.max_exp_avg_sq
-        if low:
+    def _moment_names(self):
+        return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if any(g["amsgrad"] for g in self.param_groups) else [])
+
+    def _host_arrays(self):
+        """The native optimizer's host arrays by state key (masters as "master_param")."""
+        arrays = {name: getattr(self._native, name) for name in self._moment_names()}
+        if self._form.moments == "int8":
+            for name in ("exp_avg", "exp_avg_sq"):
+                arrays[absmax_name(name)] = getattr(self._native, absmax_name(name))
+        if self._params[0].dtype in (torch.float16, torch.bfloat16):
             arrays["master_param"] = self._native.masters
+        return arrays
+
+    def state_dict(self):
+        """torch.optim.AdamW's layout, the state on the CPU (copies of the host state), the
+        moments in this optimizer's form."""
+        self._native.synchronize()
+        step = torch.tensor(float(self._native.step_count))
+        arrays = self._host_arrays()
         for i, p in enumerate(self._params):
             s = {"step": step.clone()}
             for name, values in arrays.items():
-                s[name] = torch.from_dlpack(values[i]).view(p.shape).clone()
+                t = torch.from_dlpack(values[i])
+                s[name] = (t if name.endswith("_absmax") else t.view(p.shape)).clone()
             self.state[p] = s
         out = super().state_dict()
         self.state.clear()  # the state lives in gradkit's host memory
@@ -191,12 +214,23 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
             out["gradkit_loss_scaler"] = list(scaler)
         return out
 
+    def float32_state_dict(self):
+        """state_dict() with float32 moments (decoded from 8-bit or bfloat16): torch.optim.AdamW's
+        layout, plus "master_param" for float16/bfloat16 parameters."""
+        out = self.state_dict()
+        names = self._moment_names()
+        keys = [k for g in out["param_groups"] for k in g["params"]]
+        for key, p in zip(keys, self._params):
+            out["state"][key] = self._form.to_float32(_host_proxy(p), names, out["state"][key])
+        return out
+
     def load_state_dict(self, state_dict):
-        """Loads torch.optim.AdamW's layout (from this class, gradkit.torch.AdamW or torch.optim.AdamW).
-        Everything is checked before anything is written. The masters of float32 weights are the
-        weights: they are taken from the model at the next step (load the model's weights first or
-        after, either works); float16/bfloat16 masters come from "master_param", or from the weights
-        when the state has none (torch.optim's)."""
+        """Loads torch.optim.AdamW's layout (from this class, gradkit.torch.AdamW or torch.optim.AdamW),
+        the moments in any form (float32, bfloat16, 8-bit), converted into this optimizer's by
+        gradkit's encoders. Everything is checked and converted before anything is written. The
+        masters of float32 weights are the weights: they are taken from the model at the next step
+        (load the model's weights first or after, either works); float16/bfloat16 masters come from
+        "master_param", or from the weights when the state has none (torch.optim's)."""
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"state_dict has {len(saved_groups)} param groups, expected {len(self.param_groups)}")
@@ -208,6 +242,7 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
             names.append("max_exp_avg_sq")
         low = self._params[0].dtype in (torch.float16, torch.bfloat16)
         steps, masters = set(), []
+        converted = []
         for i, (key, p) in enumerate(zip(keys, self._params)):
             s = state_dict["state"].get(key)
             if s is None:
@@ -217,17 +252,25 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
                     raise ValueError(f"state_dict's state of params[{i}] has no '{name}' of {p.numel()} elements")
             masters.append(s.get("master_param"))
             steps.add(int(s["step"]))
+            moments = {k: v for k, v in s.items() if k in names or k.endswith("_absmax")}
+            self._form.convert_moments(_host_proxy(p), names, moments)  # into this form, on the host
+            for name in names:
+                blocks = moments.get(absmax_name(name))
+                if blocks is not None and blocks.numel() != gradkit.quant_blocks(p.numel()):
+                    raise ValueError(f"state_dict's state of params[{i}] has a '{absmax_name(name)}' of "
+                                     f"{blocks.numel()} elements, expected {gradkit.quant_blocks(p.numel())}")
+            converted.append(moments)
         if len(steps) != 1:
             raise ValueError(f"state_dict's params have step counts {sorted(steps)}; the offloaded optimizer "
                              "keeps one count for all")
         if any(g.get("amsgrad", False) for g in saved_groups) and not any(g["amsgrad"] for g in self.param_groups):
             raise ValueError("state_dict uses amsgrad, but this optimizer was made without it")
         self._native.step_count = steps.pop()
-        targets = {name: getattr(self._native, name) for name in names}
-        for i, key in enumerate(keys):
-            s = state_dict["state"][key]
-            for name in names:
-                torch.from_dlpack(targets[name][i]).copy_(s[name].reshape(-1))
+        targets = {k: v for k, v in self._host_arrays().items() if k != "master_param"}
+        for i, moments in enumerate(converted):
+            for name, array in targets.items():
+                if name in moments:
+                    torch.from_dlpack(array[i]).copy_(moments[name].reshape(-1))
         if low and all(m is not None for m in masters):
             for array, m in zip(self._native.masters, masters):
                 torch.from_dlpack(array).copy_(m.reshape(-1))
@@ -244,9 +287,16 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
                         "host memory); use state_dict()")
 
 
+def _host_proxy(p):
+    """A host tensor standing in for p where a state conversion needs only its shape and dtype
+    (and puts what it makes on the host, where the offloaded state lives)."""
+    return torch.empty(p.shape, dtype=p.dtype)
+
+
 class OffloadedAdamW(_OffloadedAdamBase):
     """torch.optim.AdamW's update (decoupled weight decay) with the state on the host and the
-    step on the CPU. Keyword-only: bucket_mb (gradient bytes per bucket, buckets cut from the
+    step on the CPU. Keyword-only: moments ("float32", "bfloat16" or "int8": the host moments'
+    form), bucket_mb (gradient bytes per bucket, buckets cut from the
     last parameter to the first), piece_mb (within a bucket, the copies and the CPU step go in
     pieces of this many gradient bytes, so that they overlap each other), buckets (each
     parameter's bucket instead), loss_scaler
