@@ -52,7 +52,9 @@ def main():
             vals = [torch.rand(n, device=device, generator=gen) * 2 - 1 for n in sizes]
             fn = (lambda: bufs[0].add_(vals[0])) if len(bufs) == 1 else (lambda: torch._foreach_add_(bufs, vals))
         elif op == "adam":
-            # torch.optim.AdamW(fused=True), the fastest step PyTorch ships.
+            # torch.optim.AdamW(fused=True), the fastest step PyTorch ships,
+            # where this PyTorch has it for the device (CUDA; the CPU from
+            # 2.4); else its default step (PyTorch 1.13 has no fused AdamW).
             params = [torch.nn.Parameter(b) for b in bufs]
             for p in params:
                 p.grad = torch.rand(p.numel(), device=device, generator=gen) * 2 - 1

@@ -8,6 +8,7 @@
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
 #include "gradkit/ops/adam.h"
+#include "support/adam_config.h"
 #include "support/adam_reference.h"
 #include "support/device_param.h"
 #include "support/test_tensor.h"
@@ -16,13 +17,7 @@
 namespace gradkit::test {
 namespace {
 
-struct Config {
-  std::string name;
-  AdamHyperparameters h;
-  DType grad = DType::f32;
-  DType moment = DType::f32;
-  DType copy = DType::f32;  // f32 here means "no model copy"
-};
+using Config = AdamConfig;
 
 std::vector<Config> configs() {
   std::vector<Config> out;

@@ -55,7 +55,7 @@ Encoded encode(Device device, QuantCode code, const std::vector<double>& x) {
 // The encoder's bucketed search (a start per range of f32 bit patterns, then
 // a few comparisons) against the definition: the number of decision points
 // (f64 midpoints of neighbouring codes, rounded to f32) below x, counted
-// here with std::lower_bound. Every bucket edge and its neighbours, both
+// here with std::lower_bound, and at least 1 for a positive second moment. Every bucket edge and its neighbours, both
 // signs, and a million values spread over every exponent in [-1, 1]. A 1.0
 // opens each block so that the absmax is 1 and x is encoded as it is.
 TEST(QuantCode, EncodingCountsTheDecisionPointsBelowEachValue) {
@@ -89,7 +89,9 @@ TEST(QuantCode, EncodingCountsTheDecisionPointsBelowEachValue) {
       if (blocks.size() % kQuantBlock == 0) blocks.push_back(1.0), want.push_back(255);
       const auto v = static_cast<float>(code == QuantCode::unsigned_dynamic ? std::abs(x[i]) : x[i]);
       blocks.push_back(v);
-      want.push_back(static_cast<double>(std::lower_bound(midpoints.begin(), midpoints.end(), v) - midpoints.begin()));
+      auto count = std::lower_bound(midpoints.begin(), midpoints.end(), v) - midpoints.begin();
+      if (code == QuantCode::unsigned_dynamic && v > 0 && count == 0) count = 1;  // the positive floor (docs/ops.md)
+      want.push_back(static_cast<double>(count));
     }
     const Encoded e = encode(Device::cpu(), code, blocks);
     const std::vector<double> got = e.codes.read();
@@ -123,7 +125,7 @@ TEST_P(Blockwise, QuantizeTakesTheNearestCodeOfEachBlock) {
         const size_t b = static_cast<size_t>(i / kQuantBlock);
         const double want_absmax = block_absmax(x, b * kQuantBlock, std::min<size_t>(x.size(), (b + 1) * kQuantBlock));
         ASSERT_EQ(absmax[b], want_absmax) << "block " << b;
-        const Nearest want = nearest_code(table, x[i] / want_absmax);
+        const Nearest want = nearest_code(table, x[i] / want_absmax, code == QuantCode::unsigned_dynamic);
         const int got = static_cast<int>(q[i]);
         if (got != want.index) {
           // Only a near-tie may go the other way: the two distances agree to f32 rounding.
@@ -157,6 +159,17 @@ TEST_P(Blockwise, AValueOnAMidpointTakesTheLowerCode) {
     EXPECT_EQ(q[2], i + 1);
     EXPECT_EQ(q[3], i);
   }
+}
+
+// The unsigned map (exp_avg_sq): a positive value far below its block's
+// absmax takes the smallest positive code, never 0; an exact 0 takes 0. The
+// signed map has no such floor (a first moment rounded to 0 only shortens a step).
+TEST_P(Blockwise, APositiveSecondMomentNeverEncodesAsZero) {
+  const std::vector<double> x = {1.0, 1e-12, 0.0, 1e-30, 3e-8};
+  const std::vector<double> q = encode(device(), QuantCode::unsigned_dynamic, x).codes.read();
+  EXPECT_EQ(q, (std::vector<double>{255, 1, 0, 1, 1}));
+  const std::vector<double> s = encode(device(), QuantCode::signed_dynamic, x).codes.read();
+  EXPECT_EQ(s[1], 127) << "the signed map's zero code";
 }
 
 // Zeros encode as the code 0 with absmax 0; a NaN makes its block's absmax

@@ -102,7 +102,7 @@ struct State {
 };
 
 // The scalar reference of one tensor: the element formula with its choices
-// read per element (AdamRuntimeMode), one element at a time; 8-bit moments
+// read per element (RuntimeAdamFlags), one element at a time; 8-bit moments
 // block by block with absmax_fold and the binary search (quantize_search,
 // the definition), element by element.
 template <class C, class G, class M, class Copy>

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/grad_check_math.h"
+#include "backend/lamb_blockwise.h"  // lane_strided_sum
 #include "backend/lamb_math.h"
 #include "cpu/types.h"
 #include "gradkit/core/multi_tensor_plan.h"
@@ -157,7 +158,7 @@ void lamb_reference(std::vector<std::vector<uint8_t>>& w, const std::vector<std:
   using C = cpu::compute_t<W>;
   const auto c = backend::lamb_coefficients<C>(h, in.eta, in.loss_scale, in.gradient_norm, in.step);
   for (size_t t = 0; t < kSizes.size(); ++t) {
-    double w2 = 0, d2 = 0;
+    std::vector<double> partials;  // (w2, d2) per chunk, added in the CUDA ratio kernel's order
     for (int64_t begin = 0; begin < kSizes[t]; begin += kChunk) {
       double w2c = 0, d2c = 0;
       for (int64_t i = begin; i < std::min(kSizes[t], begin + kChunk); ++i) {
@@ -175,9 +176,12 @@ void lamb_reference(std::vector<std::vector<uint8_t>>& w, const std::vector<std:
         }
         w2c += static_cast<double>(wc) * wc;
       }
-      w2 += w2c;
-      d2 += d2c;
+      partials.push_back(w2c);
+      partials.push_back(d2c);
     }
+    const auto chunks = static_cast<int64_t>(partials.size() / 2);
+    const double w2 = chunks ? backend::lane_strided_sum(partials.data(), chunks, 2) : 0.0;
+    const double d2 = chunks ? backend::lane_strided_sum(partials.data() + 1, chunks, 2) : 0.0;
     const C step_size = c.eta * static_cast<C>(backend::lamb_ratio(w2, d2, h));
     for (int64_t i = 0; i < kSizes[t]; ++i) {
       const C w_old = cpu::to_compute<C>(get<W>(w[t], i));
@@ -186,7 +190,8 @@ void lamb_reference(std::vector<std::vector<uint8_t>>& w, const std::vector<std:
       if (std::signbit(vc)) {
         put(v[t], i, cpu::from_compute<M>(-vc));
       } else {
-        const C updated = w_old - step_size * backend::lamb_direction(w_old, cpu::to_compute<C>(get<M>(m[t], i)), vc, c);
+        const C updated =
+            backend::lamb_apply(w_old, step_size, backend::lamb_direction(w_old, cpu::to_compute<C>(get<M>(m[t], i)), vc, c));
         if (backend::finite(updated)) w_new = updated;
       }
       if (with_update) put(update[t], i, cpu::from_compute<W>(w_new - w_old));

@@ -9,11 +9,14 @@
 namespace gradkit::python {
 
 void bind_core(nb::module_& m) {
-  nb::enum_<DType>(m, "DType", "Element types: f32, f16, bf16 (round to nearest even), f64.")
+  nb::enum_<DType>(m, "DType", "Element types: f32, f16, bf16 (round to nearest even), f64; u8 (8-bit moments) "
+                               "and i16 (remainder masters) for encoded optimizer state.")
       .value("f32", DType::f32)
       .value("f16", DType::f16)
       .value("bf16", DType::bf16)
-      .value("f64", DType::f64);
+      .value("f64", DType::f64)
+      .value("u8", DType::u8)
+      .value("i16", DType::i16);
 
   nb::class_<DeviceScalar>(m, "DeviceScalar",
                            "A per-step scalar (loss scale, found-inf flag, step counter, learning rates) converted "

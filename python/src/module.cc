@@ -43,4 +43,5 @@ NB_MODULE(_gradkit, m) {
   gradkit::python::bind_state(m);
   gradkit::python::bind_optim(m);
   gradkit::python::bind_comm(m);
+  gradkit::python::bind_offload(m);
 }

@@ -70,11 +70,13 @@ class SmallCNN(nn.Module):
         self.c1, self.c2 = nn.Conv2d(1, 16, 3, padding=1), nn.Conv2d(16, 32, 3, padding=1)
         self.fc1, self.fc2 = nn.Linear(32 * 7 * 7, 128), nn.Linear(128, 10)
 
-    def forward(self, x, targets):
+    def logits(self, x):
         x = F.max_pool2d(F.relu(self.c1(x)), 2)
         x = F.max_pool2d(F.relu(self.c2(x)), 2)
-        logits = self.fc2(F.relu(self.fc1(x.flatten(1))))
-        return F.cross_entropy(logits.float(), targets)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+    def forward(self, x, targets):
+        return F.cross_entropy(self.logits(x).float(), targets)
 
 
 def fashion_mnist_available():
@@ -84,6 +86,18 @@ def fashion_mnist_available():
 def _idx(path, header):
     with gzip.open(path, "rb") as f:
         return np.frombuffer(f.read()[header:], dtype=np.uint8)
+
+
+def held_out_accuracy(model, device, dtype=torch.float32, count=4096):
+    """The fraction of the first `count` images of Fashion-MNIST's training split that the
+    model classifies right. image_batches trains on the test split, so these are unseen
+    (scripts/gpu-carry carries only the first 4096 of them to the GPU machine)."""
+    images = _idx(FASHION_MNIST / "train-images-idx3-ubyte.gz", 16)[:count * 784].reshape(-1, 1, 28, 28)
+    labels = _idx(FASHION_MNIST / "train-labels-idx1-ubyte.gz", 8)[:count]
+    x = (torch.tensor(images, dtype=torch.float32) / 255.0).to(device=device, dtype=dtype)
+    y = torch.tensor(labels, dtype=torch.int64, device=device)
+    with torch.no_grad():
+        return (model.logits(x).argmax(1) == y).double().mean().item()
 
 
 def image_batches(device, steps, batch=64, seed=0):

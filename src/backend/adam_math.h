@@ -48,21 +48,21 @@ GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, d
   return c;
 }
 
-// The formula's per-launch choices (weight decay rule, amsgrad, maximize).
-// AdamRuntimeMode reads them from the coefficients, per element (the CUDA
-// kernels, where a uniform branch costs nothing); AdamFixedMode makes them
-// compile-time constants, so that the CPU element loop has no branch on them
-// and vectorizes. Both run the one formula below.
-struct AdamRuntimeMode {
-  int32_t decay;
-  bool amsgrad, maximize;
+// The per-launch flags of the update, from two sources. AdamFlags fixes them
+// at compile time, so that the element function below has no branch and a
+// loop over it vectorizes (the CPU backend instantiates one loop per flag
+// combination, picked once per chunk: src/cpu/adam_kernel.h); RuntimeAdamFlags
+// reads them from the coefficients, a branch that is uniform across a launch
+// (the CUDA kernels, where that costs nothing). Both run the same formula.
+template <WeightDecay Decay, bool Amsgrad, bool Maximize>
+struct AdamFlags {
+  static constexpr int32_t decay = static_cast<int32_t>(Decay);
+  static constexpr bool amsgrad = Amsgrad, maximize = Maximize;
 };
 
-template <WeightDecay D, bool Amsgrad, bool Maximize>
-struct AdamFixedMode {
-  static constexpr int32_t decay = static_cast<int32_t>(D);
-  static constexpr bool amsgrad = Amsgrad;
-  static constexpr bool maximize = Maximize;
+struct RuntimeAdamFlags {
+  int32_t decay;
+  bool amsgrad, maximize;
 };
 
 // One element: w, m, v (and vmax for amsgrad) updated in place from the
@@ -73,19 +73,19 @@ struct AdamFixedMode {
 // (g - m)) or as Transformers' m * beta1 + (1 - beta1) * g, and the update
 // as addcdiv (w - step_size * (m / denom)). Every operation is rounded on
 // its own (exact_math.h), so both backends give the same bits.
-template <class C, class Mode>
-GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c, const Mode& mode) {
+template <class C, class Flags>
+GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c, Flags f) {
   using exact::add;
   using exact::mul;
   using exact::sub;
-  const bool hugging_face = mode.decay == static_cast<int32_t>(WeightDecay::hugging_face);
-  if (mode.maximize) g = exact::neg(g);
-  if (mode.decay == static_cast<int32_t>(WeightDecay::l2)) g = add(g, mul(c.weight_decay, w));
-  if (mode.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
+  const bool hugging_face = f.decay == static_cast<int32_t>(WeightDecay::hugging_face);
+  if (f.maximize) g = exact::neg(g);
+  if (f.decay == static_cast<int32_t>(WeightDecay::l2)) g = add(g, mul(c.weight_decay, w));
+  if (f.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
   m = hugging_face ? add(mul(m, c.beta1), mul(c.one_minus_beta1, g)) : add(m, mul(c.one_minus_beta1, sub(g, m)));
   v = add(mul(v, c.beta2), mul(mul(c.one_minus_beta2, g), g));
   C second = v;
-  if (mode.amsgrad) {
+  if (f.amsgrad) {
     vmax = vmax > v ? vmax : v;
     second = vmax;
   }
@@ -94,9 +94,10 @@ GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficie
   if (hugging_face) w = sub(w, mul(c.decay_after, w));
 }
 
+// The same with the flags read from the coefficients.
 template <class C>
 GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c) {
-  adam_element(w, g, m, v, vmax, c, AdamRuntimeMode{c.decay, c.amsgrad, c.maximize});
+  adam_element(w, g, m, v, vmax, c, RuntimeAdamFlags{c.decay, c.amsgrad, c.maximize});
 }
 
 }  // namespace gradkit::backend

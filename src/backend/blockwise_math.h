@@ -33,12 +33,26 @@ struct QuantTable {
   float codes[256];
   float midpoints[256];  // 255 used; the last is +Inf, never passed
   uint8_t start[2 * kQuantBuckets];
+  // The lowest code a positive value may take: 1 for the unsigned map (a
+  // positive exp_avg_sq never encodes as 0: docs/ops.md), 0 (no floor) for
+  // the signed one.
+  int32_t positive_floor;
 };
 
-// The bucket of a magnitude's bit pattern (at most 1.0f's).
+// The lowest code a positive value may take in each map (QuantTable::
+// positive_floor): none for exp_avg's signed map, 1 for exp_avg_sq's.
+inline constexpr int32_t kExpAvgFloor = 0;
+inline constexpr int32_t kExpAvgSqFloor = 1;
+
+// The bucket of a magnitude's bit pattern (at most 1.0f's): the bits above
+// the lowest bucket's, shifted. The lowest bucket's pattern has no bits
+// below the shift, so the subtraction can follow the shift (a constant the
+// compiler folds into the table's address).
+static_assert((kQuantLowestBits & ((1u << (23 - kQuantMantissaBits)) - 1)) == 0);
 GRADKIT_HD int quant_bucket(uint32_t magnitude) {
-  const uint32_t above = magnitude > kQuantLowestBits ? magnitude - kQuantLowestBits : 0u;
-  return static_cast<int>(above >> (23 - kQuantMantissaBits));
+  const uint32_t clamped = magnitude > kQuantLowestBits ? magnitude : kQuantLowestBits;
+  return static_cast<int>(clamped >> (23 - kQuantMantissaBits)) -
+         static_cast<int>(kQuantLowestBits >> (23 - kQuantMantissaBits));
 }
 
 // Both tables, exp_avg's (signed) then exp_avg_sq's (unsigned).
@@ -68,7 +82,7 @@ GRADKIT_HD float quant_scale(float absmax) { return absmax == 0.0f ? 0.0f : 1.0f
 // The index of the code nearest to x (x already scaled into [-1, 1]): the
 // number of decision points below x, found by a branch-free binary search.
 // A value exactly on a decision point takes the lower code. NaN gives 0.
-// The definition; the kernels use quantize(), which gives the same code.
+// The count alone; quantize() gives the same count and then the floor.
 GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) {
   int q = 0;
 #if defined(__CUDA_ARCH__)
@@ -78,13 +92,17 @@ GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) {
   return static_cast<uint8_t>(q);
 }
 
-// quantize_search's code, from the bucket's start and kQuantSpan comparisons
-// (a comparison past the bucket's last decision point is false, so the count
-// stops there), without a branch. |x| > 1 (a rounding of m * (1 / absmax)
-// may pass 1) takes 1.0's bucket: its positive start is 255 (every decision
-// point lies below 1), its negative start 0, which is the search's count for
-// x > 1 and x < -1. NaN gives 0, as the search does.
-GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) {
+// The code of x: quantize_search's count, from the bucket's start and
+// kQuantSpan comparisons (a comparison past the bucket's last decision point
+// is false, so the count stops there), without a branch; then a positive x
+// takes at least the table's positive_floor. |x| > 1 (a rounding of
+// m * (1 / absmax) may pass 1) takes 1.0's bucket: its positive start is 255
+// (every decision point lies below 1), its negative start 0, which is the
+// search's count for x > 1 and x < -1. NaN gives 0, as the search does.
+// `floor` is the table's positive_floor; quantize_with_floor takes it as a
+// compile-time constant where the caller knows which map it encodes (the
+// CUDA kernels: a floor of 0 then costs nothing).
+GRADKIT_HD uint8_t quantize_with_floor(const QuantTable& t, float x, int32_t floor) {
   const uint32_t bits = float_bits(x);
   uint32_t magnitude = bits & 0x7fffffffu;  // -0 is 0
   magnitude = magnitude < 0x3f800000u ? magnitude : 0x3f800000u;
@@ -93,8 +111,11 @@ GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) {
 #pragma unroll
 #endif
   for (int k = 0; k < kQuantSpan; ++k) q += x > t.midpoints[q] ? 1 : 0;
+  q = x > 0.0f && q < floor ? floor : q;
   return static_cast<uint8_t>(x == x ? q : 0);
 }
+
+GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) { return quantize_with_floor(t, x, t.positive_floor); }
 
 GRADKIT_HD float dequantize(const QuantTable& t, uint8_t q, float absmax) { return exact::mul(t.codes[q], absmax); }
 

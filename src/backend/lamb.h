@@ -11,12 +11,18 @@
 // of a marked element, whose update is 0. A split step (inputs.split) runs
 // pass 1 and writes each tensor's two sums out (first), or takes the ratios
 // from sums combined elsewhere and runs pass 2 (second).
+//
+// With 8-bit moments (absmax_list >= 0) the passes work block by block and
+// the mark is per block (backend/lamb_blockwise.h); the per-chunk partials
+// are each block's sums (in the order of a warp) added in block order.
 #pragma once
 
 #include "gradkit/core/multi_tensor_plan.h"
 #include "gradkit/ops/lamb.h"
 
 namespace gradkit::backend {
+
+struct QuantTables;  // backend/blockwise_math.h
 
 struct LambLaunch {
   const LambHyperparameters* groups;  // on the plan's device (host memory for the CPU)
@@ -26,9 +32,14 @@ struct LambLaunch {
   float* ratios;                      // 1 per tensor
   int copy_list = -1;
   int update_list = -1;
+  int absmax_list = -1;                 // 8-bit moments: m's absmax list, v's at absmax_list + 1
+  const QuantTables* tables = nullptr;  // the code tables, on the plan's device
 };
 
 void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& launch);
 void lamb_cuda(const MultiTensorPlan& plan, const LambLaunch& launch, Stream stream);
+// 8-bit moments, called by lamb_cuda: pass 1 (moments and partials) and pass 2.
+void lamb_8bit_norms_cuda(const MultiTensorPlan& plan, const LambLaunch& launch, Stream stream);
+void lamb_8bit_update_cuda(const MultiTensorPlan& plan, const LambLaunch& launch, Stream stream);
 
 }  // namespace gradkit::backend

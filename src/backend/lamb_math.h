@@ -1,10 +1,14 @@
 // LAMB's per-element formulas, written once and compiled for both backends.
+// Every operation is rounded on its own (backend/exact_math.h), so both
+// backends give the same bits for the same inputs; with 8-bit moments the
+// whole step is then the same bit for bit (the norms are summed in one
+// order too: backend/warp_order.h).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#include "backend/adam_math.h"  // GRADKIT_HD
+#include "backend/exact_math.h"
 #include "gradkit/ops/lamb.h"
 
 namespace gradkit::backend {
@@ -23,7 +27,6 @@ struct LambCoefficients {
 template <class C>
 GRADKIT_HD LambCoefficients<C> lamb_coefficients(const LambHyperparameters& h, double eta, double loss_scale,
                                                  double gradient_norm, int64_t step) {
-  const double t = static_cast<double>(step);
   double scale = loss_scale;
   if (gradient_norm >= 0 && h.max_norm > 0 && gradient_norm / loss_scale > h.max_norm) {
     scale = scale * (gradient_norm / loss_scale) / h.max_norm;
@@ -35,8 +38,9 @@ GRADKIT_HD LambCoefficients<C> lamb_coefficients(const LambHyperparameters& h, d
   c.one_minus_beta = static_cast<C>(1.0 - static_cast<double>(h.beta));
   c.lambda = static_cast<C>(h.lambda);
   c.epsilon = static_cast<C>(h.epsilon);
-  c.inv_bias1 = static_cast<C>(h.bias_correction ? 1.0 / (1.0 - std::pow(static_cast<double>(h.alpha), t)) : 1.0);
-  c.inv_bias2 = static_cast<C>(h.bias_correction ? 1.0 / (1.0 - std::pow(static_cast<double>(h.beta), t)) : 1.0);
+  // exact::power, not std::pow: the host's and the device's pow may differ in the last bit.
+  c.inv_bias1 = static_cast<C>(h.bias_correction ? 1.0 / (1.0 - exact::power(h.alpha, step)) : 1.0);
+  c.inv_bias2 = static_cast<C>(h.bias_correction ? 1.0 / (1.0 - exact::power(h.beta, step)) : 1.0);
   c.grad_divisor = static_cast<C>(scale);
   c.eta = static_cast<C>(eta);
   return c;
@@ -45,15 +49,25 @@ GRADKIT_HD LambCoefficients<C> lamb_coefficients(const LambHyperparameters& h, d
 // New moments from the gradient (m, v in/out).
 template <class C>
 GRADKIT_HD void lamb_moments(C g, C& m, C& v, const LambCoefficients<C>& c) {
+  using exact::add;
+  using exact::mul;
   g = g / c.grad_divisor;
-  m = c.alpha * m + c.one_minus_alpha * g;
-  v = c.beta * v + c.one_minus_beta * g * g;
+  m = add(mul(c.alpha, m), mul(c.one_minus_alpha, g));
+  v = add(mul(c.beta, v), mul(mul(c.one_minus_beta, g), g));
 }
 
 // The direction d from the (stored) moments and the weight.
 template <class C>
 GRADKIT_HD C lamb_direction(C w, C m, C v, const LambCoefficients<C>& c) {
-  return (m * c.inv_bias1) / (std::sqrt(v * c.inv_bias2) + c.epsilon) + c.lambda * w;
+  using exact::add;
+  using exact::mul;
+  return add(mul(m, c.inv_bias1) / add(std::sqrt(mul(v, c.inv_bias2)), c.epsilon), mul(c.lambda, w));
+}
+
+// Pass 2's new weight w - step * d (step = eta times the trust ratio).
+template <class C>
+GRADKIT_HD C lamb_apply(C w, C step, C d) {
+  return exact::sub(w, exact::mul(step, d));
 }
 
 template <class C>

@@ -16,31 +16,22 @@
 
 #include "backend/exact_math.h"
 
-#if !defined(__CUDA_ARCH__)
 #include <cstring>
-#endif
 
 namespace gradkit::backend {
 
-GRADKIT_HD uint32_t float_bits(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  return bits;
-#endif
+// The bit pattern of x as a `To` of the same size (std::bit_cast, which
+// device code cannot call): memcpy, which both compilers turn into a move.
+template <class To, class From>
+GRADKIT_HD To bits_as(From x) {
+  static_assert(sizeof(To) == sizeof(From));
+  To y;
+  memcpy(&y, &x, sizeof y);
+  return y;
 }
 
-GRADKIT_HD float bits_float(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-#endif
-}
+GRADKIT_HD uint32_t float_bits(float x) { return bits_as<uint32_t>(x); }
+GRADKIT_HD float bits_float(uint32_t bits) { return bits_as<float>(bits); }
 
 // The bf16 weight's bits and the remainder for `master`. Integer arithmetic
 // on the bit pattern rounds the magnitude (the sign bit never changes: the

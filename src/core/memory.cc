@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/cuda_runtime.h"
+#include "core/pinned.h"
 #include "gradkit/core/error.h"
 
 namespace gradkit {
@@ -39,6 +40,16 @@ Buffer::Buffer(Device device, size_t bytes) : bytes_(bytes), device_(device) {
   if (p == nullptr) throw Error(ErrorCode::invalid_argument, "Buffer: cannot allocate " + std::to_string(bytes) + " bytes");
   std::memset(p, 0, rounded);
   data_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+
+Buffer Buffer::pinned(size_t bytes) {
+  const size_t rounded = allocation_bytes(bytes);
+  if (rounded < bytes) throw Error(ErrorCode::invalid_argument, "Buffer::pinned: cannot allocate " + std::to_string(bytes) + " bytes");
+  Buffer out;
+  out.data_ = detail::allocate_pinned(rounded);
+  out.bytes_ = bytes;
+  out.pinned_ = true;
+  return out;
 }
 
 TensorView Buffer::view(DType dtype, size_t byte_offset, int64_t numel) const {

@@ -74,16 +74,16 @@ inline C unscaled(G g, C scale, bool scaled) {
 }
 
 // Calls f.template operator()<Mode>() with the group's choices as an
-// AdamFixedMode (12 instances per kernel).
+// AdamFlags (12 instances per kernel).
 template <class C, class F>
 void with_mode(const AdamCoefficients<C>& c, const F& f) {
   auto with_decay = [&]<WeightDecay D>() {
     if (c.amsgrad) {
-      if (c.maximize) f.template operator()<AdamFixedMode<D, true, true>>();
-      else f.template operator()<AdamFixedMode<D, true, false>>();
+      if (c.maximize) f.template operator()<AdamFlags<D, true, true>>();
+      else f.template operator()<AdamFlags<D, true, false>>();
     } else {
-      if (c.maximize) f.template operator()<AdamFixedMode<D, false, true>>();
-      else f.template operator()<AdamFixedMode<D, false, false>>();
+      if (c.maximize) f.template operator()<AdamFlags<D, false, true>>();
+      else f.template operator()<AdamFlags<D, false, false>>();
     }
   };
   switch (static_cast<WeightDecay>(c.decay)) {

@@ -1,27 +1,30 @@
 // LAMB on the CPU: the same two passes and the same per-element formulas as
-// the CUDA backend (backend/lamb.h, backend/lamb_math.h), each pass a loop
-// with its dtypes and choices as template parameters, run in the copy for
-// the active instruction set (isa.h).
+// the CUDA backend (backend/lamb.h, backend/lamb_math.h), and each tensor's
+// chunk sums added in the CUDA ratio kernel's order. The element loops of
+// float moments are templates on their dtypes and choices, run in the copy
+// for the active instruction set (isa.h); 8-bit moments: cpu/lamb_8bit.h.
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "backend/lamb.h"
+#include "backend/lamb_blockwise.h"
 #include "backend/lamb_math.h"
 #include "cpu/isa.h"
+#include "cpu/lamb_8bit.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
 namespace gradkit::backend {
 namespace {
 
-struct NoCopy {};
+struct NoCopy {};  // pass 2 writes no model copy
 
 // Pass 1 over one chunk: new moments, and the chunk's sums of w^2 and d^2.
 // The element work runs as vector loops over blocks of kBlock, leaving each
 // element's squares in small buffers; the sums then add them in element
-// order, as they always did (an element whose d is not finite adds +0 to
-// d^2, which leaves the sum as it was: it starts at +0 and only grows).
+// order (an element whose d is not finite adds +0 to d^2, which leaves the
+// sum as it was: it starts at +0 and only grows).
 template <class W, class G, class M>
 struct Pass1 {
   using C = cpu::compute_t<W>;
@@ -68,7 +71,7 @@ struct Pass2 {
       const C vc = cpu::to_compute<C>(v[i]);
       const bool marked = std::signbit(vc);
       if (marked) v[i] = cpu::from_compute<M>(-vc);
-      const C updated = w_old - step_size * lamb_direction(w_old, cpu::to_compute<C>(m[i]), vc, c);
+      const C updated = lamb_apply(w_old, step_size, lamb_direction(w_old, cpu::to_compute<C>(m[i]), vc, c));
       const C w_new = !marked && finite(updated) ? updated : w_old;
       if constexpr (Update) update[i] = cpu::from_compute<W>(w_new - w_old);
       else w[i] = cpu::from_compute<W>(w_new);
@@ -77,9 +80,36 @@ struct Pass2 {
   }
 };
 
+// Float moments stored as M (f32, bf16; f64 with f64 weights), both passes
+// in the active instruction set's copy.
 template <class W, class G, class M>
-void run(const MultiTensorPlan& plan, const LambLaunch& l, cpu::Isa isa) {
+struct PlainMoments {
   using C = cpu::compute_t<W>;
+  using Weight = W;
+
+  static void norms(const cpu::ChunkView& chunk, const LambLaunch&, const LambCoefficients<C>& c, double* sums,
+                    cpu::Isa isa) {
+    cpu::run_kernel<Pass1<W, G, M>>(isa, int64_t{chunk.chunk.length}, static_cast<const W*>(chunk.tensor<W>(0)),
+                                    static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<M>(2), chunk.tensor<M>(3),
+                                    c, sums);
+  }
+
+  template <class Copy, bool Update>
+  static void update(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<C>& c, C step_size,
+                     cpu::Isa isa) {
+    Copy* copy = nullptr;
+    if constexpr (!std::is_same_v<Copy, NoCopy>) copy = chunk.tensor<Copy>(l.copy_list);
+    cpu::run_kernel<Pass2<W, M, Copy, Update>>(isa, int64_t{chunk.chunk.length}, chunk.tensor<W>(0),
+                                               Update ? chunk.tensor<W>(l.update_list) : static_cast<W*>(nullptr),
+                                               static_cast<const M*>(chunk.tensor<M>(2)), chunk.tensor<M>(3), copy, c,
+                                               step_size);
+  }
+};
+
+template <class Moments>
+void run(const MultiTensorPlan& plan, const LambLaunch& l, cpu::Isa isa) {
+  using W = typename Moments::Weight;
+  using C = typename Moments::C;
   const LambStepInputs& in = l.inputs;
   const double eta = in.eta_device != nullptr ? *in.eta_device : in.eta;
   const double scale = in.loss_scale_device != nullptr ? *in.loss_scale_device : in.loss_scale;
@@ -104,14 +134,14 @@ void run(const MultiTensorPlan& plan, const LambLaunch& l, cpu::Isa isa) {
   } else {
     // Pass 1: moments, and per-chunk sums of squares.
     cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
-      cpu::run_kernel<Pass1<W, G, M>>(isa, int64_t{chunk.chunk.length}, static_cast<const W*>(chunk.tensor<W>(0)),
-                                      static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<M>(2),
-                                      chunk.tensor<M>(3), coefficients(chunk), &l.partials[2 * chunk.index]);
+      Moments::norms(chunk, l, coefficients(chunk), &l.partials[2 * chunk.index], isa);
     });
-    // Each tensor's chunks summed in order.
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      w2[chunks[c].tensor] += l.partials[2 * c];
-      d2[chunks[c].tensor] += l.partials[2 * c + 1];
+    // Each tensor's chunks (stored in tensor order) added in the CUDA ratio kernel's order.
+    for (size_t first = 0, last = 0; first < chunks.size(); first = last) {
+      while (last < chunks.size() && chunks[last].tensor == chunks[first].tensor) ++last;
+      const int64_t count = static_cast<int64_t>(last - first);
+      w2[chunks[first].tensor] = lane_strided_sum(l.partials + 2 * first, count, 2);
+      d2[chunks[first].tensor] = lane_strided_sum(l.partials + 2 * first + 1, count, 2);
     }
     if (split.pass == LambPass::first) {
       for (size_t t = 0; t < plan.num_tensors(); ++t) {
@@ -123,17 +153,12 @@ void run(const MultiTensorPlan& plan, const LambLaunch& l, cpu::Isa isa) {
   }
   for (size_t t = 0; t < plan.num_tensors(); ++t) l.ratios[t] = lamb_ratio(w2[t], d2[t], l.groups[plan.groups()[t]]);
 
-  // Pass 2: the weights, with the update list and the copy's type fixed.
+  // Pass 2: the weights, with the update list and the copy's type fixed for the launch.
   auto pass2 = [&]<class Copy, bool Update>() {
     cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
       const LambCoefficients<C> c = coefficients(chunk);
-      const C step_size = c.eta * static_cast<C>(l.ratios[chunk.chunk.tensor]);
-      Copy* copy = nullptr;
-      if constexpr (!std::is_same_v<Copy, NoCopy>) copy = chunk.tensor<Copy>(l.copy_list);
-      cpu::run_kernel<Pass2<W, M, Copy, Update>>(isa, int64_t{chunk.chunk.length}, chunk.tensor<W>(0),
-                                                 Update ? chunk.tensor<W>(l.update_list) : static_cast<W*>(nullptr),
-                                                 static_cast<const M*>(chunk.tensor<M>(2)), chunk.tensor<M>(3), copy,
-                                                 c, step_size);
+      const C step_size = exact::mul(c.eta, static_cast<C>(l.ratios[chunk.chunk.tensor]));
+      Moments::template update<Copy, Update>(chunk, l, c, step_size, isa);
     });
   };
   if (l.update_list >= 0) return pass2.template operator()<NoCopy, true>();  // no model copy with an update list
@@ -151,12 +176,15 @@ void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& l) {
   if (l.inputs.found_inf != nullptr && *l.inputs.found_inf) return;
   if (!plan.empty()) {
     if (plan.dtype(0) == DType::f64) {
-      run<double, double, double>(plan, l, isa);
+      run<PlainMoments<double, double, double>>(plan, l, isa);
     } else {
       dispatch_dtype(plan.dtype(1), [&]<class G>() {
+        if constexpr (!std::is_same_v<G, double>) {
+          if (l.absmax_list >= 0) return run<BlockwiseMoments<G>>(plan, l, isa);
+        }
         dispatch_dtype(plan.dtype(2), [&]<class M>() {
           if constexpr (!std::is_same_v<G, double> && (std::is_same_v<M, float> || std::is_same_v<M, bfloat16>)) {
-            run<float, G, M>(plan, l, isa);
+            run<PlainMoments<float, G, M>>(plan, l, isa);
           }
         });
       });

@@ -38,7 +38,8 @@ GRADKIT_AVX512 inline void decode_avx512(const backend::QuantTable& t, const uin
 
 // encode_block (backend/quant_tables.h) with the search's table reads
 // gathered: the absmax as the integer max of the magnitudes' bits, then
-// each code from its bucket's start and kQuantSpan comparisons.
+// each code from its bucket's start and kQuantSpan comparisons, then the
+// positive floor and the NaN rule.
 GRADKIT_AVX512 inline void encode_avx512(const backend::QuantTable& t, const float* values, int n, uint8_t* codes,
                                          float* absmax) {
   const __m512i sign_off = _mm512_set1_epi32(0x7fffffff);
@@ -55,7 +56,7 @@ GRADKIT_AVX512 inline void encode_avx512(const backend::QuantTable& t, const flo
   const __m512 vscale = _mm512_set1_ps(scale);
   const __m512i one_bits = _mm512_set1_epi32(0x3f800000), lowest = _mm512_set1_epi32(backend::kQuantLowestBits);
   const __m512i buckets = _mm512_set1_epi32(backend::kQuantBuckets), low_byte = _mm512_set1_epi32(0xff);
-  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i one = _mm512_set1_epi32(1), floor = _mm512_set1_epi32(t.positive_floor);
   for (i = 0; i + 16 <= n; i += 16) {
     const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + i), vscale);
     const __m512i bits = _mm512_castps_si512(x);
@@ -71,6 +72,8 @@ GRADKIT_AVX512 inline void encode_avx512(const backend::QuantTable& t, const flo
       const __mmask16 above_point = _mm512_cmp_ps_mask(x, _mm512_i32gather_ps(q, t.midpoints, 4), _CMP_GT_OQ);
       q = _mm512_mask_add_epi32(q, above_point, q, one);
     }
+    // A positive x takes at least the table's positive_floor (quantize's rule): max(q, floor).
+    q = _mm512_mask_max_epi32(q, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), q, floor);
     q = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), q);  // NaN gives 0
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(q));
   }

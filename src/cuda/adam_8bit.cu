@@ -13,6 +13,7 @@
 #include "backend/blockwise_math.h"
 #include "backend/master_math.h"
 #include "cuda/adam_launch.cuh"
+#include "cuda/blockwise_lanes.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
@@ -22,28 +23,22 @@ namespace {
 using cuda::native_t;
 using cuda::NoCopy;
 using cuda::PlanArgs;
+using cuda::kLanes;
+using cuda::kPerLane;
+using cuda::load_lane;
+using cuda::store_lane;
 
-constexpr int kLanes = 32;
-constexpr int kPerLane = kQuantBlock / kLanes;  // 8
-static_assert(kQuantBlock % kLanes == 0 && kPerLane >= 1 && kPerLane <= 16);
-
-// kPerLane consecutive elements from p (n of them valid), one vector load
-// when the block is whole and the address allows it.
-template <class T>
-__device__ __forceinline__ void load_lane(T (&dst)[kPerLane], const T* p, int n, bool vectorized) {
-  if (vectorized && n == kPerLane) return cuda::load<kPerLane>(dst, p, true);
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) dst[k] = k < n ? p[k] : T{};
-}
-
-template <class T>
-__device__ __forceinline__ void store_lane(T* p, const T (&src)[kPerLane], int n, bool vectorized) {
-  if (vectorized && n == kPerLane) return cuda::store<kPerLane>(p, src, true);
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    if (k < n) p[k] = src[k];
-  }
-}
+// The update's flags for one chunk: the decay rule fixed at compile time
+// (one copy of the block loop per rule, picked per chunk, since groups may
+// differ), so that no element computes the other rules' operations under
+// predicates; maximize read at run time (one select); no amsgrad (8-bit
+// moments refuse it: gradkit/ops/adam.h).
+template <WeightDecay Decay>
+struct Flags8bit {
+  static constexpr int32_t decay = static_cast<int32_t>(Decay);
+  static constexpr bool amsgrad = false;
+  bool maximize;
+};
 
 // W: f32, or the bits of bf16 weights (uint16_t) with kRemainder.
 template <class W, class G, class Copy, bool kRemainder>
@@ -63,16 +58,22 @@ struct Adam8bitOp {
     __shared__ AdamCoefficients<float> shared;
     __shared__ QuantTables tables;
     if (threadIdx.x == 0) shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
-    {
-      const auto* from = reinterpret_cast<const float*>(launch.tables);
-      auto* to = reinterpret_cast<float*>(&tables);
-      for (int k = threadIdx.x; k < static_cast<int>(sizeof(QuantTables) / sizeof(float)); k += blockDim.x) to[k] = from[k];
-    }
+    cuda::copy_tables(tables, launch.tables);
     __syncthreads();
     const AdamCoefficients<float> c = shared;
     const float scale = in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale;
-    const bool scaled = scale != 1.0f;
+    switch (static_cast<WeightDecay>(c.decay)) {
+      case WeightDecay::l2: return update(plan, chunk, c, Flags8bit<WeightDecay::l2>{c.maximize}, scale, tables);
+      case WeightDecay::decoupled:
+        return update(plan, chunk, c, Flags8bit<WeightDecay::decoupled>{c.maximize}, scale, tables);
+      case WeightDecay::hugging_face: break;
+    }
+    update(plan, chunk, c, Flags8bit<WeightDecay::hugging_face>{c.maximize}, scale, tables);
+  }
 
+  template <class Flags>
+  __device__ __forceinline__ void update(const PlanArgs& plan, const PlanChunk& chunk, const AdamCoefficients<float>& c,
+                                         Flags flags, float scale, const QuantTables& tables) const {
     W* w = plan.tensor<W>(0, chunk);
     const G* g = plan.tensor<G>(1, chunk);
     uint8_t* qm = plan.tensor<uint8_t>(2, chunk);
@@ -89,11 +90,7 @@ struct Adam8bitOp {
                             (!kRemainder || cuda::vector_aligned<kPerLane>(rem));
 
     const int lane = threadIdx.x % kLanes;
-    const int warps = blockDim.x / kLanes;
-    const int blocks = (chunk.length + kQuantBlock - 1) / kQuantBlock;
-    for (int b = threadIdx.x / kLanes; b < blocks; b += warps) {
-      const int at = b * kQuantBlock + lane * kPerLane;
-      const int n = min(kPerLane, max(0, chunk.length - at));
+    cuda::for_each_warp_block(chunk.length, [&](int b, int at, int n) {
       W wr[kPerLane];
       G gr[kPerLane];
       uint8_t mr[kPerLane], vr[kPerLane];
@@ -108,16 +105,25 @@ struct Adam8bitOp {
       float m_new[kPerLane], v_new[kPerLane];
       [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];
       uint32_t amax_m = 0, amax_v = 0;  // bit patterns (absmax_bits_fold)
+      float gc[kPerLane];
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) gc[k] = cuda::to_compute<float>(gr[k]);
+      // A branch around all eight divisions, uniform across the launch:
+      // written per element, the compiler computed the division always and
+      // selected (a dozen instructions per element, in a kernel bound by
+      // instruction issue).
+      if (scale != 1.0f) {
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) gc[k] = gc[k] / scale;
+      }
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
         float wc;
         if constexpr (kRemainder) wc = join_master(wr[k], rr[k]);
         else wc = cuda::to_compute<float>(wr[k]);
-        float gc = cuda::to_compute<float>(gr[k]);
-        if (scaled) gc = gc / scale;
         float mc = dequantize(tables.table[0], mr[k], old_m), vc = dequantize(tables.table[1], vr[k], old_v);
         float unused = 0.0f;
-        adam_element(wc, gc, mc, vc, unused, c);
+        adam_element(wc, gc[k], mc, vc, unused, c, flags);
         if constexpr (kRemainder) split_master(wc, wr[k], rr[k]);
         else wr[k] = cuda::from_compute<W>(wc);
         if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(wc);
@@ -138,8 +144,8 @@ struct Adam8bitOp {
       const float scale_m = quant_scale(block_m), scale_v = quant_scale(block_v);
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
-        mr[k] = quantize(tables.table[0], exact::mul(m_new[k], scale_m));
-        vr[k] = quantize(tables.table[1], exact::mul(v_new[k], scale_v));
+        mr[k] = quantize_with_floor(tables.table[0], exact::mul(m_new[k], scale_m), kExpAvgFloor);
+        vr[k] = quantize_with_floor(tables.table[1], exact::mul(v_new[k], scale_v), kExpAvgSqFloor);
       }
       store_lane(w + at, wr, n, vectorized);
       store_lane(qm + at, mr, n, vectorized);
@@ -150,7 +156,7 @@ struct Adam8bitOp {
         absmax_m[b] = block_m;
         absmax_v[b] = block_v;
       }
-    }
+    });
   }
 };
 

@@ -6,6 +6,7 @@
 #include "backend/lamb.h"
 #include "backend/lamb_math.h"
 #include "cuda/block_reduce.cuh"
+#include "cuda/lamb_launch.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
@@ -16,32 +17,10 @@ using cuda::load;
 using cuda::native_t;
 using cuda::PlanArgs;
 using cuda::store;
+using cuda::block_coefficients;
+using cuda::step_enabled;
 
 struct None {};
-
-// Whether this step writes anything; every kernel of the step asks.
-__device__ __forceinline__ bool step_enabled(const LambLaunch& l) {
-  if (l.do_update != nullptr && !*l.do_update) return false;
-  return l.inputs.found_inf == nullptr || !*l.inputs.found_inf;
-}
-
-// The group's coefficients, computed by thread 0 and shared with the block.
-template <class C>
-__device__ __forceinline__ LambCoefficients<C> block_coefficients(const PlanArgs& plan, const PlanChunk& chunk,
-                                                                  const LambLaunch& l) {
-  __shared__ LambCoefficients<C> shared;
-  if (threadIdx.x == 0) {
-    const LambStepInputs& in = l.inputs;
-    const LambHyperparameters& h = l.groups[plan.groups[chunk.tensor]];
-    const double eta = in.eta_device != nullptr ? *in.eta_device : in.eta;
-    const double scale = in.loss_scale_device != nullptr ? *in.loss_scale_device : in.loss_scale;
-    const double norm = in.gradient_norm_device != nullptr ? *in.gradient_norm_device : in.gradient_norm;
-    const int64_t step = in.step_device != nullptr ? *in.step_device : in.step;
-    shared = lamb_coefficients<C>(h, eta, scale, norm, step);
-  }
-  __syncthreads();
-  return shared;
-}
 
 template <class W, class G, class M>
 struct NormsPass {
@@ -168,15 +147,14 @@ struct UpdatePass {
       vi = cuda::from_compute<M>(-v);
       return w;
     }
-    const C d = lamb_direction(w, cuda::to_compute<C>(mi), v, c);
-    const C updated = w - step * d;
+    const C updated = lamb_apply(w, step, lamb_direction(w, cuda::to_compute<C>(mi), v, c));
     return finite(updated) ? updated : w;
   }
 
   __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
     if (!step_enabled(launch)) return;
     const LambCoefficients<C> c = block_coefficients<C>(plan, chunk, launch);
-    const C step = c.eta * static_cast<C>(launch.ratios[chunk.tensor]);
+    const C step = exact::mul(c.eta, static_cast<C>(launch.ratios[chunk.tensor]));
     W* w = plan.tensor<W>(0, chunk);
     const M* m = plan.tensor<M>(2, chunk);
     M* v = plan.tensor<M>(3, chunk);
@@ -242,16 +220,28 @@ void launch_update(const MultiTensorPlan& plan, const LambLaunch& l, Stream stre
   else cuda::launch_multi_tensor(plan, UpdatePass<W, M, Copy, float>{l}, stream);
 }
 
+void launch_ratios(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
+  const cuda::PlanArgs args = cuda::plan_args(plan);
+  const auto blocks = static_cast<unsigned>((plan.num_tensors() + kRatioWarps - 1) / kRatioWarps);
+  ratios_kernel<<<blocks, 32 * kRatioWarps, 0, cuda::native(stream)>>>(args, l);
+  GRADKIT_CUDA_CHECK_LAUNCH();
+}
+
+// 8-bit moments: the passes of cuda/lamb_8bit.cu around the same ratio kernel.
+void launch_all_8bit(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
+  const LambPass pass = l.inputs.split.pass;
+  if (pass != LambPass::second) lamb_8bit_norms_cuda(plan, l, stream);
+  launch_ratios(plan, l, stream);
+  if (pass != LambPass::first) lamb_8bit_update_cuda(plan, l, stream);
+}
+
 template <class W, class G, class M>
 void launch_all(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
   using NW = native_t<W>;
   using NM = native_t<M>;
   const LambPass pass = l.inputs.split.pass;
   if (pass != LambPass::second) cuda::launch_multi_tensor(plan, NormsPass<NW, native_t<G>, NM>{l}, stream);
-  const cuda::PlanArgs args = cuda::plan_args(plan);
-  const auto blocks = static_cast<unsigned>((plan.num_tensors() + kRatioWarps - 1) / kRatioWarps);
-  ratios_kernel<<<blocks, 32 * kRatioWarps, 0, cuda::native(stream)>>>(args, l);
-  GRADKIT_CUDA_CHECK_LAUNCH();
+  launch_ratios(plan, l, stream);
   if (pass == LambPass::first) return;
   if (l.copy_list < 0) return launch_update<NW, NM, None>(plan, l, stream);
   if (plan.dtype(l.copy_list) == DType::f16) launch_update<NW, NM, __half>(plan, l, stream);
@@ -265,6 +255,8 @@ void lamb_cuda(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) 
   if (!plan.empty()) {
     if (plan.dtype(0) == DType::f64) {
       launch_all<double, double, double>(plan, l, stream);
+    } else if (l.absmax_list >= 0) {
+      launch_all_8bit(plan, l, stream);
     } else {
       dispatch_dtype(plan.dtype(1), [&]<class G>() {
         dispatch_dtype(plan.dtype(2), [&]<class M>() {

@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <string>
-#include <utility>
 
 #include "backend/adam.h"
 #include "backend/cuda_runtime.h"
@@ -19,24 +18,10 @@ namespace {
 
 constexpr std::string_view kOp = "adam_step";
 
-// The lists 8-bit moments need, and what they rule out, checked before the
-// plan is made (which checks every tensor's size, dtype and device).
+// What 8-bit moments rule out (the lists they need: check_absmax_lists).
 void check_quantized_lists(const AdamTensors& t, std::span<const AdamHyperparameters> hyperparameters,
                            bool quantized) {
-  const size_t n = t.weights.size();
-  const std::pair<std::string_view, size_t> absmax[] = {{"exp_avg_absmax", t.exp_avg_absmax.size()},
-                                                        {"exp_avg_sq_absmax", t.exp_avg_sq_absmax.size()}};
-  for (const auto& [name, count] : absmax) {
-    if (quantized && count != n) {
-      throw_argument_error(ErrorCode::size_mismatch, kOp, name,
-                           "has " + std::to_string(count) + " tensors, expected " + std::to_string(n) +
-                               " (one per tensor: exp_avg is u8)");
-    }
-    if (!quantized && count != 0) {
-      throw_argument_error(ErrorCode::invalid_argument, kOp, name,
-                           "is given, expected none (exp_avg is not u8: the moments are not 8-bit)");
-    }
-  }
+  ops::check_absmax_lists(kOp, t.weights.size(), t.exp_avg_absmax.size(), t.exp_avg_sq_absmax.size(), quantized);
   if (!quantized) return;
   for (size_t i = 0; i < hyperparameters.size(); ++i) {
     if (hyperparameters[i].amsgrad) {
@@ -45,7 +30,6 @@ void check_quantized_lists(const AdamTensors& t, std::span<const AdamHyperparame
     }
   }
 }
-
 
 }  // namespace
 

@@ -54,7 +54,7 @@ void fill_bucket_starts(backend::QuantTable& t) {
     const uint32_t step = 1u << (23 - backend::kQuantMantissaBits);
     const uint32_t low = b == 0 ? 0u : backend::kQuantLowestBits + static_cast<uint32_t>(b) * step;
     const uint32_t high = std::min(backend::kQuantLowestBits + static_cast<uint32_t>(b + 1) * step - 1, one);
-    if (low > one) {  // buckets past 1: never used (quantize searches there)
+    if (low > one) {  // buckets past 1: never read (quantize clamps |x| to 1 first)
       t.start[b] = t.start[kQuantBuckets + b] = 255;
       continue;
     }
@@ -70,8 +70,10 @@ void fill_bucket_starts(backend::QuantTable& t) {
   }
 }
 
-backend::QuantTable build_table(const std::array<float, 256>& code) {
+// `positive_floor`: see backend::QuantTable.
+backend::QuantTable build_table(const std::array<float, 256>& code, int32_t positive_floor) {
   backend::QuantTable t{};
+  t.positive_floor = positive_floor;
   for (int i = 0; i < 256; ++i) t.codes[i] = code[i];
   for (int i = 0; i < 255; ++i) {
     t.midpoints[i] = static_cast<float>((static_cast<double>(code[i]) + static_cast<double>(code[i + 1])) / 2);
@@ -105,8 +107,8 @@ namespace backend {
 const QuantTables& quant_tables() {
   static const QuantTables tables = [] {
     QuantTables t{};
-    t.table[0] = build_table(quant_code(QuantCode::signed_dynamic));
-    t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic));
+    t.table[0] = build_table(quant_code(QuantCode::signed_dynamic), backend::kExpAvgFloor);
+    t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic), backend::kExpAvgSqFloor);
     return t;
   }();
   return tables;

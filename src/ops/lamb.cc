@@ -6,6 +6,8 @@
 
 #include "backend/cuda_runtime.h"
 #include "backend/lamb.h"
+#include "backend/quant_tables.h"
+#include "gradkit/ops/blockwise.h"
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
 #include "ops/device_scalar.h"
@@ -42,10 +44,12 @@ LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hy
                          "is given with 'update'; expected one of them (the weights are not written when the "
                          "update is returned)");
   }
+  const bool quantized = !t.exp_avg.empty() && t.exp_avg[0].dtype == DType::u8;
+  ops::check_absmax_lists(kOp, t.weights.size(), t.exp_avg_absmax.size(), t.exp_avg_sq_absmax.size(), quantized);
   std::vector<PlanList> lists = {{"weights", t.weights, true},
                                  {"grads", t.grads, false},
-                                 {"exp_avg", t.exp_avg, true},
-                                 {"exp_avg_sq", t.exp_avg_sq, true}};
+                                 {"exp_avg", t.exp_avg, true, 1, true},
+                                 {"exp_avg_sq", t.exp_avg_sq, true, 1, true}};
   if (!t.model_copy.empty()) {
     copy_list_ = static_cast<int>(lists.size());
     lists.push_back({"model_copy", t.model_copy, true});
@@ -54,9 +58,17 @@ LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hy
     update_list_ = static_cast<int>(lists.size());
     lists.push_back({"update", t.update, true});
   }
+  if (quantized) {
+    absmax_list_ = static_cast<int>(lists.size());
+    lists.push_back({"exp_avg_absmax", t.exp_avg_absmax, true, kQuantBlock});
+    lists.push_back({"exp_avg_sq_absmax", t.exp_avg_sq_absmax, true, kQuantBlock});
+  }
   plan_ = MultiTensorPlan(kOp, lists, MultiTensorPlan::kDefaultChunkElements, groups,
                           static_cast<int32_t>(hyperparameters.size()));
-  ops::check_optimizer_dtypes(kOp, plan_, {.model_copy = copy_list_, .update = update_list_});
+  ops::check_optimizer_dtypes(kOp, plan_, {.model_copy = copy_list_, .update = update_list_, .u8_moments = true});
+  if (quantized && plan_.device().is_cuda()) {
+    tables_ = backend::upload(plan_.device(), &backend::quant_tables(), sizeof(backend::QuantTables));
+  }
   scratch_ = Buffer(plan_.device(), (2 * sizeof(double)) * plan_.chunks().size() + sizeof(float) * plan_.num_tensors());
   set_hyperparameters(hyperparameters);
 }
@@ -106,6 +118,9 @@ void LambPlan::step(const LambStepInputs& in, Stream stream) const {
   launch.ratios = reinterpret_cast<float*>(launch.partials + 2 * plan_.chunks().size());
   launch.copy_list = copy_list_;
   launch.update_list = update_list_;
+  launch.absmax_list = absmax_list_;
+  launch.tables = plan_.device().is_cuda() ? static_cast<const backend::QuantTables*>(tables_.get())
+                                           : &backend::quant_tables();
   launch.groups = hyper_.on(plan_.device());
   if (plan_.device().is_cuda()) backend::lamb_cuda(plan_, launch, stream);
   else backend::lamb_cpu(plan_, launch);

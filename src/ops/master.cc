@@ -11,12 +11,21 @@
 #include "ops/host_staging.h"
 
 namespace gradkit {
+namespace {
+
+// The three tensors of a conversion, before anything is written: each its
+// dtype, `numel` elements (the input's), on the input's `device`.
+void check_master_tensors(std::string_view op, const TensorView& masters, const TensorView& weights,
+                          const TensorView& remainder, int64_t numel, Device device) {
+  ops::check_staged(op, "masters", masters, DType::f32, numel, device);
+  ops::check_staged(op, "weights", weights, DType::bf16, numel, device);
+  ops::check_staged(op, "remainder", remainder, DType::i16, numel, device);
+}
+
+}  // namespace
 
 void split_masters(const TensorView& masters, const TensorView& weights, const TensorView& remainder) {
-  constexpr std::string_view kOp = "split_masters";
-  ops::check_staged(kOp, "masters", masters, DType::f32, masters.numel, masters.device);
-  ops::check_staged(kOp, "weights", weights, DType::bf16, masters.numel, masters.device);
-  ops::check_staged(kOp, "remainder", remainder, DType::i16, masters.numel, masters.device);
+  check_master_tensors("split_masters", masters, weights, remainder, masters.numel, masters.device);
   const std::vector<float> m = ops::to_host<float>(masters);
   std::vector<uint16_t> w(m.size());
   std::vector<int16_t> r(m.size());
@@ -26,10 +35,7 @@ void split_masters(const TensorView& masters, const TensorView& weights, const T
 }
 
 void join_masters(const TensorView& weights, const TensorView& remainder, const TensorView& masters) {
-  constexpr std::string_view kOp = "join_masters";
-  ops::check_staged(kOp, "weights", weights, DType::bf16, weights.numel, weights.device);
-  ops::check_staged(kOp, "remainder", remainder, DType::i16, weights.numel, weights.device);
-  ops::check_staged(kOp, "masters", masters, DType::f32, weights.numel, weights.device);
+  check_master_tensors("join_masters", masters, weights, remainder, weights.numel, weights.device);
   const std::vector<uint16_t> w = ops::to_host<uint16_t>(weights);
   const std::vector<int16_t> r = ops::to_host<int16_t>(remainder);
   std::vector<float> m(w.size());

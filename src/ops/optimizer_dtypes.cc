@@ -1,6 +1,7 @@
 #include "ops/optimizer_dtypes.h"
 
 #include <string>
+#include <utility>
 
 #include "gradkit/core/error.h"
 
@@ -49,6 +50,23 @@ void check_optimizer_dtypes(std::string_view op, const MultiTensorPlan& plan, co
   }
   if (lists.model_copy >= 0 && plan.dtype(lists.model_copy) != DType::f16 && plan.dtype(lists.model_copy) != DType::bf16) {
     fail("model_copy", plan.dtype(lists.model_copy), "f16 or bf16");
+  }
+}
+
+void check_absmax_lists(std::string_view op, size_t num_weights, size_t exp_avg_absmax, size_t exp_avg_sq_absmax,
+                        bool quantized) {
+  const std::pair<std::string_view, size_t> absmax[] = {{"exp_avg_absmax", exp_avg_absmax},
+                                                        {"exp_avg_sq_absmax", exp_avg_sq_absmax}};
+  for (const auto& [name, count] : absmax) {
+    if (quantized && count != num_weights) {
+      throw_argument_error(ErrorCode::size_mismatch, op, name,
+                           "has " + std::to_string(count) + " tensors, expected " + std::to_string(num_weights) +
+                               " (one per tensor: exp_avg is u8)");
+    }
+    if (!quantized && count != 0) {
+      throw_argument_error(ErrorCode::invalid_argument, op, name,
+                           "is given, expected none (exp_avg is not u8: the moments are not 8-bit)");
+    }
   }
 }
 

@@ -23,4 +23,10 @@ struct OptionalLists {
 // and the list.
 void check_optimizer_dtypes(std::string_view op, const MultiTensorPlan& plan, const OptionalLists& lists);
 
+// The absmax lists of 8-bit moments: one tensor per weight when the moments
+// are u8 (`quantized`), none otherwise. Checked before the plan is made
+// (which checks each tensor's size, dtype and device). Throws naming the list.
+void check_absmax_lists(std::string_view op, size_t num_weights, size_t exp_avg_absmax, size_t exp_avg_sq_absmax,
+                        bool quantized);
+
 }  // namespace gradkit::ops

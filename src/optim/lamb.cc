@@ -18,9 +18,10 @@ constexpr std::string_view kKind = "lamb";
 
 Lamb::Lamb(std::vector<LambGroup> groups, LambOptions options) : groups_(std::move(groups)), options_(options) {
   if (groups_.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
-  if (options_.moment_dtype != DType::f32 && options_.moment_dtype != DType::bf16) {
+  const DType md = options_.moment_dtype;
+  if (md != DType::f32 && md != DType::bf16 && md != DType::u8) {
     throw_argument_error(ErrorCode::dtype_unsupported, kOp, "options.moment_dtype",
-                         "is " + std::string(dtype_name(options_.moment_dtype)) + ", expected f32 or bf16");
+                         "is " + std::string(dtype_name(md)) + ", expected f32, bf16 or u8");
   }
   check_value(options_.eta >= 0 && options_.eta < INFINITY, kOp, "options.eta", options_.eta, "a finite value >= 0");
   const ParameterLists lists = flatten_groups(kOp, groups_);
@@ -29,10 +30,12 @@ Lamb::Lamb(std::vector<LambGroup> groups, LambOptions options) : groups_(std::mo
   state_ = allocate_moments(device_, lists.params, moment, 2);
   exp_avg_ = moment_views(state_, lists.params, moment, 2, 0);
   exp_avg_sq_ = moment_views(state_, lists.params, moment, 2, 1);
+  if (moment == DType::u8) absmax_ = allocate_absmax(device_, lists.params, exp_avg_absmax_, exp_avg_sq_absmax_);
   std::vector<LambHyperparameters> hyper;
   for (const LambGroup& g : groups_) hyper.push_back(g.hyperparameters);
-  plan_ = LambPlan(LambTensors{lists.params, lists.grads, exp_avg_, exp_avg_sq_, lists.copies, {}}, hyper,
-                   lists.group_of_tensor);
+  plan_ = LambPlan(LambTensors{lists.params, lists.grads, exp_avg_, exp_avg_sq_, lists.copies, {}, exp_avg_absmax_,
+                               exp_avg_sq_absmax_},
+                   hyper, lists.group_of_tensor);
   counter_ = Buffer(device_, sizeof(int64_t));
   const int64_t first = 1;
   copy_from_host(counter_.data(), device_, &first, sizeof first);
@@ -84,7 +87,14 @@ void Lamb::load(const std::string& path) {
   apply_state(file);
 }
 
-std::vector<StateSection> Lamb::sections() const { return {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}}; }
+std::vector<StateSection> Lamb::sections() const {
+  std::vector<StateSection> out = {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
+  if (!exp_avg_absmax_.empty()) {  // 8-bit moments (format version 2)
+    out.push_back({"exp_avg_absmax", &exp_avg_absmax_});
+    out.push_back({"exp_avg_sq_absmax", &exp_avg_sq_absmax_});
+  }
+  return out;
+}
 
 void Lamb::save_to(StateFile& file) const {
   synchronize(device_);

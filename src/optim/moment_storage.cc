@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "gradkit/ops/blockwise.h"
 #include "gradkit/ops/gradient.h"
 
 namespace gradkit {
@@ -29,6 +30,10 @@ Buffer allocate_moments(Device device, const std::vector<TensorView>& params, DT
   return Buffer(device, region_bytes(params, dtype) * static_cast<size_t>(count));
 }
 
+Buffer allocate_pinned_moments(const std::vector<TensorView>& params, DType dtype, int count) {
+  return Buffer::pinned(region_bytes(params, dtype) * static_cast<size_t>(count));
+}
+
 std::vector<TensorView> moment_views(const Buffer& buffer, const std::vector<TensorView>& params, DType dtype,
                                      int count, int k) {
   std::vector<TensorView> views;
@@ -39,6 +44,16 @@ std::vector<TensorView> moment_views(const Buffer& buffer, const std::vector<Ten
     offset += aligned_bytes(p, dtype);
   }
   return views;
+}
+
+Buffer allocate_absmax(Device device, const std::vector<TensorView>& params, std::vector<TensorView>& exp_avg_absmax,
+                       std::vector<TensorView>& exp_avg_sq_absmax) {
+  std::vector<TensorView> blocks = params;
+  for (TensorView& b : blocks) b.numel = quant_blocks(b.numel);
+  Buffer buffer = allocate_moments(device, blocks, DType::f32, 2);
+  exp_avg_absmax = moment_views(buffer, blocks, DType::f32, 2, 0);
+  exp_avg_sq_absmax = moment_views(buffer, blocks, DType::f32, 2, 1);
+  return buffer;
 }
 
 std::vector<uint8_t> download(const std::vector<TensorView>& tensors) {

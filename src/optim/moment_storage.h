@@ -58,9 +58,18 @@ ParameterLists flatten_groups(std::string_view op, const std::vector<Group>& gro
 // `count` moment tensors per param, each shaped like its param, with dtype
 // `dtype`, zero-filled, back to back at 256-byte boundaries in one buffer.
 Buffer allocate_moments(Device device, const std::vector<TensorView>& params, DType dtype, int count);
+// The same layout in pinned host memory (Buffer::pinned), for tensors that
+// are copied to and from a GPU asynchronously.
+Buffer allocate_pinned_moments(const std::vector<TensorView>& params, DType dtype, int count);
 // The views of moment k (0 <= k < count) into that buffer.
 std::vector<TensorView> moment_views(const Buffer& buffer, const std::vector<TensorView>& params, DType dtype,
                                      int count, int k);
+
+// The absmax lists of 8-bit moments (gradkit/ops/blockwise.h): for each
+// param, quant_blocks(numel) f32 values for exp_avg and as many for
+// exp_avg_sq, zero-filled (zero-filled codes then decode to 0), in one buffer.
+Buffer allocate_absmax(Device device, const std::vector<TensorView>& params, std::vector<TensorView>& exp_avg_absmax,
+                       std::vector<TensorView>& exp_avg_sq_absmax);
 
 // The bytes of a list of tensors, concatenated, and back.
 std::vector<uint8_t> download(const std::vector<TensorView>& tensors);

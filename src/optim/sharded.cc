@@ -8,6 +8,7 @@
 
 #include "comm/stream_order.h"
 #include "gradkit/core/error.h"
+#include "gradkit/ops/blockwise.h"
 #include "gradkit/optim/state_file.h"
 #include "optim/hyperparameter_io.h"
 #include "optim/moment_storage.h"
@@ -119,6 +120,43 @@ struct Traits<Lamb> {
   static bool keeps(const Lamb&, std::string_view) { return true; }
 };
 
+// A state section split like the weights: its name, the bytes of one
+// stored value, and the elements each stands for (1; kQuantBlock for the
+// absmax of 8-bit moments, one per block).
+struct SplitSection {
+  std::string_view name;
+  size_t width;
+  int64_t unit;
+};
+
+// The optimizer's split sections, in the order the unsharded one writes them.
+template <class Optimizer>
+std::vector<SplitSection> split_sections(const Optimizer& o) {
+  std::vector<SplitSection> out;
+  for (std::string_view name : Traits<Optimizer>::sections) out.push_back({name, dtype_size(o.exp_avg()[0].dtype), 1});
+  if (!o.exp_avg_absmax().empty()) {
+    out.push_back({"exp_avg_absmax", sizeof(float), kQuantBlock});
+    out.push_back({"exp_avg_sq_absmax", sizeof(float), kQuantBlock});
+  }
+  return out;
+}
+
+int64_t stored(int64_t elements, int64_t unit) { return (elements + unit - 1) / unit; }
+
+// 8-bit moments are encoded in blocks of kQuantBlock elements from each
+// tensor's element 0: every shard must hold whole blocks. A layout whose
+// alignment is a multiple of kQuantBlock gives that (its tensor offsets,
+// bucket starts and slices are multiples of the alignment), and its slices
+// of u8 codes are then whole 4-byte words for the all-gathers.
+void check_blocks_line_up(const ShardedLayout& layout, std::string_view option) {
+  if (layout.alignment % kQuantBlock == 0) return;
+  throw_argument_error(ErrorCode::invalid_argument, kOp, "layout.alignment",
+                       "is " + std::to_string(layout.alignment) + " with 8-bit moments (" + std::string(option) +
+                           " is u8); expected a multiple of " + std::to_string(kQuantBlock) +
+                           " (kQuantBlock), so that no shard cuts a block: ShardedLayout::make(numels, world_size, "
+                           "bucket_elements, 256)");
+}
+
 }  // namespace
 
 template <class Optimizer>
@@ -127,11 +165,8 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
     : comm_(comm), layout_(layout), communication_stream_(options.communication_stream) {
   if (groups.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
   layout_.validate(kOp);
-  // A shard cuts tensors anywhere; 8-bit moments need their 256-element
-  // blocks whole on one rank (not yet: docs/ops.md).
-  if (options.adam.moment_dtype == DType::u8) {
-    throw_argument_error(ErrorCode::dtype_unsupported, kOp, "options.adam.moment_dtype",
-                         "is u8; expected f32 or bf16 (8-bit moments are not sharded yet)");
+  if (Traits<Optimizer>::options(options).moment_dtype == DType::u8) {
+    check_blocks_line_up(layout_, std::is_same_v<Optimizer, Adam> ? "options.adam.moment_dtype" : "options.lamb.moment_dtype");
   }
   if (options.update_parts < 1) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "options.update_parts",
@@ -376,6 +411,7 @@ size_t Sharded<Optimizer>::state_bytes() const {
   size_t bytes = master_storage_.bytes();
   for (const Part& part : parts_) {
     for (const TensorView& t : part.optimizer->exp_avg()) bytes += 2 * t.bytes();  // and exp_avg_sq
+    for (const TensorView& t : part.optimizer->exp_avg_absmax()) bytes += 2 * t.bytes();  // 8-bit moments
     if constexpr (std::is_same_v<Optimizer, Adam>) {
       for (const TensorView& t : part.optimizer->max_exp_avg_sq()) bytes += t.bytes();
     }
@@ -406,11 +442,12 @@ void Sharded<Optimizer>::agree(bool ok, const std::string& what) {
 
 namespace {
 
-// Each tensor's first element in a section of the unsharded file (tensors
-// back to back in group order, which is the layout's order).
-std::vector<int64_t> section_offsets(const ShardedLayout& layout) {
+// Each tensor's first stored value in a section of the unsharded file
+// (tensors back to back in group order, which is the layout's order; `unit`
+// elements per value).
+std::vector<int64_t> section_offsets(const ShardedLayout& layout, int64_t unit) {
   std::vector<int64_t> at(layout.numels.size() + 1, 0);
-  for (size_t t = 0; t < layout.numels.size(); ++t) at[t + 1] = at[t] + layout.numels[t];
+  for (size_t t = 0; t < layout.numels.size(); ++t) at[t + 1] = at[t] + stored(layout.numels[t], unit);
   return at;
 }
 
@@ -424,11 +461,14 @@ void Sharded<Optimizer>::save_to(StateFile& file) {
   // (their sections concatenated in bucket order, the pieces' order).
   std::vector<StateFile> parts(parts_.size());
   for (size_t k = 0; k < parts_.size(); ++k) parts_[k].optimizer->save_to(parts[k]);
+  const std::vector<SplitSection> sections = split_sections(*parts_[0].optimizer);
   StateFile mine;
-  for (std::string_view name : Traits<Optimizer>::sections) {
+  for (const SplitSection& section : sections) {
     std::vector<uint8_t> bytes;
-    for (const StateFile& part : parts) bytes.insert(bytes.end(), part.get(name).begin(), part.get(name).end());
-    mine.add(std::string(name), std::move(bytes));
+    for (const StateFile& part : parts) {
+      bytes.insert(bytes.end(), part.get(section.name).begin(), part.get(section.name).end());
+    }
+    mine.add(std::string(section.name), std::move(bytes));
   }
   mine.add("meta", parts[0].get("meta"));      // the same step count on every part
   mine.add("groups", parts[0].get("groups"));  // the hyperparameters (with its pieces' shapes)
@@ -436,39 +476,50 @@ void Sharded<Optimizer>::save_to(StateFile& file) {
   if (mixed_) add_sections(mine, master_section);
 
   const bool root = comm_.rank() == 0;
-  const std::vector<int64_t> at = section_offsets(layout_);
   int64_t max_slice = 0;
   for (const ShardedLayout::Bucket& b : layout_.buckets) max_slice = std::max(max_slice, b.slice);
   // Every rank's pieces into the unsharded layout on rank 0, bucket by
-  // bucket through one device buffer of a bucket's size.
-  auto gather = [&](std::string_view name, size_t width) {
-    const std::vector<uint8_t>& part = mine.get(name);
+  // bucket through one device buffer of a bucket's size. A section of
+  // per-block values (unit > 1) is cut at the same places, divided by the
+  // unit: the layout's slices and offsets are multiples of it then
+  // (check_blocks_line_up).
+  auto gather = [&](const SplitSection& section) {
+    const size_t width = section.width;
+    const int64_t unit = section.unit;
+    const std::vector<int64_t> at = section_offsets(layout_, unit);
+    const std::vector<uint8_t>& part = mine.get(section.name);
     std::vector<uint8_t> full(root ? static_cast<size_t>(at.back()) * width : 0);
-    Buffer staging(comm_.device(), static_cast<size_t>(max_slice * layout_.world_size) * width);
-    const TensorView staged{staging.data(), max_slice * layout_.world_size, dtype_of_size(width), comm_.device()};
-    std::vector<uint8_t> host(static_cast<size_t>(max_slice * layout_.world_size) * width);
+    const int64_t max_values = stored(max_slice, unit) * layout_.world_size;
+    Buffer staging(comm_.device(), static_cast<size_t>(max_values) * width);
+    // The collectives move f16/bf16/f32/f64 elements: u8 codes go as 4-byte
+    // words (their slices are multiples of kQuantBlock: check_blocks_line_up).
+    const size_t word = width == 1 ? 4 : width;
+    const TensorView staged{staging.data(), max_values, dtype_of_size(word), comm_.device()};
+    std::vector<uint8_t> host(static_cast<size_t>(max_values) * width);
     size_t from = 0;  // the next piece's bytes in `part`
     size_t next = 0;  // the next piece
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
       const ShardedLayout::Bucket& bucket = layout_.buckets[b];
+      const int64_t slice = stored(bucket.slice, unit);
       std::fill(host.begin(), host.end(), 0);
       for (; next < pieces_.size() && pieces_[next].bucket == b; ++next) {
-        const size_t n = static_cast<size_t>(pieces_[next].count) * width;
-        std::memcpy(host.data() + static_cast<size_t>(pieces_[next].in_slice) * width, part.data() + from, n);
+        const size_t n = static_cast<size_t>(stored(pieces_[next].count, unit)) * width;
+        std::memcpy(host.data() + static_cast<size_t>(pieces_[next].in_slice / unit) * width, part.data() + from, n);
         from += n;
       }
-      const size_t slice_bytes = static_cast<size_t>(bucket.slice) * width;
+      const size_t slice_bytes = static_cast<size_t>(slice) * width;
       auto* device_slice = static_cast<unsigned char*>(staging.data()) + slice_bytes * static_cast<size_t>(comm_.rank());
       copy_from_host(device_slice, comm_.device(), host.data(), slice_bytes);
-      comm_.all_gather_buffer(TensorView{device_slice, bucket.slice, staged.dtype, staged.device},
-                              TensorView{staging.data(), bucket.slice * layout_.world_size, staged.dtype, staged.device});
+      const auto words = static_cast<int64_t>(slice_bytes / word);
+      comm_.all_gather_buffer(TensorView{device_slice, words, staged.dtype, staged.device},
+                              TensorView{staging.data(), words * layout_.world_size, staged.dtype, staged.device});
       comm_.wait();
       if (!root) continue;
       copy_to_host(host.data(), staging.data(), slice_bytes * static_cast<size_t>(layout_.world_size), comm_.device());
       for (size_t t = bucket.first; t < bucket.last; ++t) {
         std::memcpy(full.data() + static_cast<size_t>(at[t]) * width,
-                    host.data() + static_cast<size_t>(layout_.offsets[t] - bucket.begin) * width,
-                    static_cast<size_t>(layout_.numels[t]) * width);
+                    host.data() + static_cast<size_t>((layout_.offsets[t] - bucket.begin) / unit) * width,
+                    static_cast<size_t>(stored(layout_.numels[t], unit)) * width);
       }
     }
     return full;
@@ -476,12 +527,11 @@ void Sharded<Optimizer>::save_to(StateFile& file) {
 
   // The sections in the order the unsharded optimizer writes them, so that
   // the files are the same byte for byte.
-  const size_t moment = dtype_size(parts_[0].optimizer->exp_avg()[0].dtype);
-  for (std::string_view name : Traits<Optimizer>::sections) {
-    const bool kept = Traits<Optimizer>::keeps(*parts_[0].optimizer, name);
-    file.add(std::string(name), kept ? gather(name, moment) : std::vector<uint8_t>());
+  for (const SplitSection& section : sections) {
+    const bool kept = Traits<Optimizer>::keeps(*parts_[0].optimizer, section.name);
+    file.add(std::string(section.name), kept ? gather(section) : std::vector<uint8_t>());
   }
-  std::vector<uint8_t> masters = mixed_ ? gather("masters", sizeof(float)) : std::vector<uint8_t>();
+  std::vector<uint8_t> masters = mixed_ ? gather({"masters", sizeof(float), 1}) : std::vector<uint8_t>();
   if (!root) return;
   file.add("meta", mine.get("meta"));
   file.add("groups", write_groups(model_shapes_, read_groups("", mine.get("groups"), shard_shapes_[0])));
@@ -513,28 +563,29 @@ typename Sharded<Optimizer>::ShardState Sharded<Optimizer>::shard_state(const st
   // pieces as a state file for each of its optimizers, which check the rest.
   ShardState shard;
   const auto hyper = read_groups(path, file.get("groups"), model_shapes_);
-  const std::vector<int64_t> at = section_offsets(layout_);
-  auto cut = [&](std::string_view name, size_t width, size_t first, size_t last) {
-    const std::vector<uint8_t>& full = file.get(name);
+  auto cut = [&](const SplitSection& section, size_t first, size_t last) {
+    const std::vector<int64_t> at = section_offsets(layout_, section.unit);
+    const size_t width = section.width;
+    const std::vector<uint8_t>& full = file.get(section.name);
     std::vector<uint8_t> part;
-    if (full.empty() && name == "max_exp_avg_sq") return part;  // checked by Adam against its groups
+    if (full.empty() && section.name == "max_exp_avg_sq") return part;  // checked by Adam against its groups
     if (full.size() != static_cast<size_t>(at.back()) * width) {
-      throw Error(ErrorCode::io_error, "state file '" + path + "' section '" + std::string(name) + "' has " +
+      throw Error(ErrorCode::io_error, "state file '" + path + "' section '" + std::string(section.name) + "' has " +
                                            std::to_string(full.size()) + " bytes, expected " +
                                            std::to_string(static_cast<size_t>(at.back()) * width));
     }
     for (size_t k = first; k < last && k < pieces_.size(); ++k) {
       const ShardedLayout::Piece& p = pieces_[k];
-      const auto* from = full.data() + static_cast<size_t>(at[p.tensor] + p.offset) * width;
-      part.insert(part.end(), from, from + static_cast<size_t>(p.count) * width);
+      const auto* from = full.data() + static_cast<size_t>(at[p.tensor] + p.offset / section.unit) * width;
+      part.insert(part.end(), from, from + static_cast<size_t>(stored(p.count, section.unit)) * width);
     }
     return part;
   };
-  const size_t moment = dtype_size(parts_[0].optimizer->exp_avg()[0].dtype);
+  const std::vector<SplitSection> sections = split_sections(*parts_[0].optimizer);
   for (size_t k = 0; k < parts_.size(); ++k) {
     StateFile state;
-    for (std::string_view name : Traits<Optimizer>::sections) {
-      state.add(std::string(name), cut(name, moment, parts_[k].first, parts_[k].last));
+    for (const SplitSection& section : sections) {
+      state.add(std::string(section.name), cut(section, parts_[k].first, parts_[k].last));
     }
     state.add("meta", file.get("meta"));
     state.add("groups", write_groups(shard_shapes_[k], hyper));
@@ -542,7 +593,7 @@ typename Sharded<Optimizer>::ShardState Sharded<Optimizer>::shard_state(const st
     shard.optimizers.push_back(std::move(state));
   }
   if (mixed_) {
-    shard.rest.add("masters", cut("masters", sizeof(float), 0, pieces_.size()));
+    shard.rest.add("masters", cut({"masters", sizeof(float), 1}, 0, pieces_.size()));
     const StateSection masters[] = {{"masters", &masters_}};
     check_sections(path, shard.rest, masters);
   }

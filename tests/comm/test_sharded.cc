@@ -24,6 +24,7 @@
 #include "comm/comm_test_support.h"
 #include "gradkit/comm/gradient_arena.h"
 #include "gradkit/core/error.h"
+#include "gradkit/ops/blockwise.h"
 #include "gradkit/ops/grad_check.h"
 #include "gradkit/optim/mixed_precision.h"
 #include "gradkit/optim/sharded.h"
@@ -145,6 +146,7 @@ struct RunSetup {
   DType grads = DType::f32;
   std::vector<int64_t> model = kModel;
   int64_t bucket_elements = 1500;
+  int64_t alignment = 64;  // the layout's (a multiple of kQuantBlock for 8-bit moments)
   ShardedOptions options;
   bool amsgrad = false;
   uint64_t seed = 1;
@@ -234,7 +236,7 @@ class Pair {
   Pair(Communicator& comm, const RunSetup& s)
       : comm_(comm),
         s_(s),
-        layout_(ShardedLayout::make(s.model, comm.size(), s.bucket_elements)),
+        layout_(ShardedLayout::make(s.model, comm.size(), s.bucket_elements, s.alignment)),
         weights_(comm.device(), s.weights, layout_),
         grads_(comm.device(), s.grads, layout_) {
     std::mt19937_64 rng(s.seed);
@@ -690,6 +692,69 @@ TEST_P(ShardedAdamTest, LambMatchesTheUnshardedLamb) {
       std::remove(unsharded.c_str());
     }
   }
+}
+
+// 8-bit moments on a layout aligned to kQuantBlock: every shard holds whole
+// blocks, so Adam's weights are bitwise the unsharded step's and LAMB's
+// moments (codes and absmax) are; the state file is the unsharded one's
+// (absmax sections included); a layout not aligned to blocks is refused.
+TEST_P(ShardedAdamTest, EightBitMomentsMatchTheUnshardedStep) {
+  const std::vector<int64_t> model = {1000, 37, 3, 4096, 129, 1, 700};
+  const Case cases[] = {{DType::f32, DType::f32, model, LossScaling::none},
+                        {DType::f16, DType::f16, model, LossScaling::dynamic, 2},
+                        {DType::bf16, DType::f32, kTiny, LossScaling::none, 1}};
+  for (bool lamb : {false, true}) {
+    for (const Case& c : cases) {
+      RunSetup s = setup_of(c);
+      s.alignment = kQuantBlock;
+      s.options.adam.moment_dtype = DType::u8;
+      s.options.lamb.moment_dtype = DType::u8;
+      s.options.lamb.eta = 1e-2f;
+      const std::string name = std::string(lamb ? "LAMB " : "Adam ") + "8-bit " + name_of(c);
+      const std::string sharded = shared_path(MPI_COMM_WORLD, "u8_sharded");
+      const std::string unsharded = shared_path(MPI_COMM_WORLD, "u8_unsharded");
+      auto run = [&](auto& pair, double tolerance) {
+        int failures = 0;
+        for (int step = 1; step <= 12 && failures == 0; ++step) {
+          pair.write_gradients(step, step == 7);
+          pair.step(step % 2 == 0);
+          failures += pair.expect_same(name + " step " + std::to_string(step), tolerance);
+        }
+        EXPECT_EQ(pair.sharded().step_count(), 11) << name;
+        pair.sharded().save(sharded);
+        if (comm().rank() == 0) pair.reference().save(unsharded);
+        MPI_Barrier(MPI_COMM_WORLD);
+        const StateFile a = StateFile::read(sharded), b = StateFile::read(unsharded);
+        for (const char* section : {"exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax", "meta", "groups"}) {
+          EXPECT_TRUE(a.get(section) == b.get(section)) << name << ": section " << section;
+        }
+        EXPECT_FALSE(a.get("exp_avg_absmax").empty()) << name;
+        pair.sharded().load(unsharded);  // the unsharded file back into the shards
+        EXPECT_EQ(pair.sharded().step_count(), 11) << name;
+        pair.write_gradients(13);
+        pair.step(false);
+        pair.expect_same(name + " after the load", tolerance);
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (comm().rank() == 0) {
+          std::remove(sharded.c_str());
+          std::remove(unsharded.c_str());
+        }
+      };
+      if (lamb) {
+        Pair<Lamb> pair(comm(), s);
+        run(pair, c.weights == DType::f32 ? 1e-6 : 2 * elementwise_tolerance(c.weights).relative);
+      } else {
+        Pair<> pair(comm(), s);
+        run(pair, 0);
+      }
+    }
+  }
+  const ShardedLayout cutting = ShardedLayout::make(model, comm().size(), 1500, 64);
+  const GradientArena weights(comm().device(), DType::f32, cutting), grads(comm().device(), DType::f32, cutting);
+  ShardedOptions u8;
+  u8.adam.moment_dtype = DType::u8;
+  expect_error([&] { ShardedAdam(comm(), cutting, groups_of(weights.gradients(), grads.gradients(), Kind<Adam>::hyperparameters(false)), u8); },
+               ErrorCode::invalid_argument, {"'layout.alignment'", "is 64", "options.adam.moment_dtype", "multiple of 256"});
 }
 
 GRADKIT_INSTANTIATE_ON_EACH_BACKEND(ShardedAdamTest);

@@ -36,7 +36,10 @@ struct Nearest {
   double distance, runner_up;
 };
 
-inline Nearest nearest_code(const std::vector<double>& code, double x) {
+// `positive_floor`: the unsigned map's rule that a positive value never
+// takes the code 0 (the value 0) but at least the smallest positive code
+// (docs/ops.md); then the code is exact, no near-tie.
+inline Nearest nearest_code(const std::vector<double>& code, double x, bool positive_floor = false) {
   Nearest n{0, INFINITY, INFINITY};
   for (int i = 0; i < static_cast<int>(code.size()); ++i) {
     const double d = std::abs(code[i] - x);
@@ -47,6 +50,7 @@ inline Nearest nearest_code(const std::vector<double>& code, double x) {
       n.runner_up = d;
     }
   }
+  if (positive_floor && x > 0 && code[n.index] == 0) return {n.index + 1, std::abs(code[n.index + 1] - x), INFINITY};
   return n;
 }
 

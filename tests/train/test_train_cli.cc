@@ -269,6 +269,33 @@ TEST(Files, UnwritablePathsAreRefusedBeforeTraining) {
   EXPECT_NE(r.err.find("--csv: cannot write"), std::string::npos) << r.err;
 }
 
+// 3b. --moments and --master: a bad value or a combination that cannot
+// work is refused before any work (status 2); a run with both trains and
+// says how it keeps its state.
+TEST(StateOptions, AreCheckedFirstAndTrain) {
+  Result r = run({"train", "--ranks", "1", "--moments", "int4"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("gradkit train: error: --moments: expected one of f32, bf16, int8, not 'int4'"), std::string::npos)
+      << r.err;
+  r = run({"train", "--ranks", "2", "--master", "remainder", "--device", "cuda"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("--master remainder: needs bf16 weights"), std::string::npos) << r.err;
+  r = run({"train", "--ranks", "1", "--master", "remainder", "--optimizer", "lamb"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--master remainder: needs --optimizer adam"), std::string::npos) << r.err;
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  r = run({"train", "--ranks", "2", "--epochs", "1", "--limit", "1024", "--log", "", "--moments", "int8", "--master",
+           "remainder"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("(bf16 weights, remainder masters), adam with int8 moments"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("epoch 1/1: train loss"), std::string::npos) << r.out;
+  r = run({"train", "--ranks", "2", "--epochs", "1", "--limit", "1024", "--log", "", "--moments", "int8", "--shard",
+           "2", "--optimizer", "lamb"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("lamb with int8 moments, sharded"), std::string::npos) << r.out;
+}
+
 // 4. The progress bar is drawn only when the output of `gradkit train` is a
 // terminal, though under mpiexec every rank's stdout is one.
 TEST(Progress, BarOnlyOnTheLaunchersTerminal) {

@@ -29,9 +29,9 @@ class BenchDevice {
   // now over `bytes`-sized buffers.
   virtual double copy_bandwidth_gbs(size_t bytes, int reps) = 0;
   // STREAM's triad a[i] = b[i] + s * c[i] over three f32 arrays of `bytes`
-  // each, by every core (every SM), in GB/s counting STREAM's way: two
-  // arrays read and one written per element (3 * bytes per run; the
-  // write-allocate read of a is not counted).
+  // each, on every core (CPU) or the whole GPU: the best of `reps` runs, in
+  // GB/s counting 3 * bytes per run (two read, one written), as STREAM does.
+  // The floor a bandwidth-bound kernel is measured against.
   virtual double triad_bandwidth_gbs(size_t bytes, int reps) = 0;
   virtual Stream stream() const = 0;
   virtual void synchronize() = 0;

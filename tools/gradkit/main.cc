@@ -22,7 +22,7 @@ void usage(std::FILE* out) {
 #ifdef GRADKIT_WITH_TRAIN
       "  train   train an MLP on Fashion-MNIST, data-parallel, with gradkit after backward\n"
 #endif
-      "  bench   time gradkit's operations against the copy bandwidth and PyTorch\n\n"
+      "  bench   time gradkit's operations against the copy and triad bandwidths and PyTorch\n\n"
       "'gradkit <command> --help' lists a command's options.\n");
 }
 

@@ -18,10 +18,16 @@ class Buffer {
   // still reports what was asked for). A side effect: memcheck no longer
   // sees an over-read that stays inside the padding.
   Buffer(Device device, size_t bytes);
+  // `bytes` of zero-filled page-locked host memory (device cpu), laid out
+  // as above, for asynchronous copies to and from a GPU. Needs CUDA and a
+  // visible device: otherwise, or when the allocation fails, throws Error
+  // naming the size and the reason (nothing is allocated).
+  static Buffer pinned(size_t bytes);
 
   void* data() const { return data_.get(); }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  bool is_pinned() const { return pinned_; }
   // A view of `numel` elements of `dtype` starting `byte_offset` bytes in.
   TensorView view(DType dtype, size_t byte_offset, int64_t numel) const;
 
@@ -29,6 +35,7 @@ class Buffer {
   std::shared_ptr<void> data_;
   size_t bytes_ = 0;
   Device device_ = Device::cpu();
+  bool pinned_ = false;
 };
 
 // Synchronous copies between host memory and memory on `device` (a plain

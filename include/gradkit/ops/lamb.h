@@ -39,9 +39,14 @@ void validate(const LambHyperparameters& h, std::string_view op, const std::stri
 
 namespace gradkit {
 
-// Weights f32 with gradients f32/f16/bf16, moments f32 or bf16 (both alike),
-// optional model copy f16/bf16; or everything f64. `update` (f32, or f64)
-// receives w_new - w instead of writing the weights, when given.
+// Weights f32 with gradients f32/f16/bf16, moments f32, bf16 or u8 (both
+// alike), optional model copy f16/bf16; or everything f64. `update` (f32, or
+// f64) receives w_new - w instead of writing the weights, when given.
+//
+// u8 moments are 8-bit blockwise exactly as adam_step's (gradkit/ops/
+// blockwise.h): exp_avg with the signed code, exp_avg_sq with the unsigned
+// one, each with its f32 absmax list (quant_blocks(numel) elements per
+// tensor). A block is then the unit of the non-finite rule: docs/ops.md.
 struct LambTensors {
   std::span<const TensorView> weights;
   std::span<const TensorView> grads;
@@ -49,6 +54,8 @@ struct LambTensors {
   std::span<const TensorView> exp_avg_sq;
   std::span<const TensorView> model_copy;  // optional
   std::span<const TensorView> update;      // optional: write the delta here, leave the weights
+  std::span<const TensorView> exp_avg_absmax;     // u8 moments: each block's absmax of m
+  std::span<const TensorView> exp_avg_sq_absmax;  // u8 moments: each block's absmax of v
 };
 
 // A step whose tensors are pieces of larger tensors held by several lists
@@ -106,6 +113,7 @@ class LambPlan {
 
   const MultiTensorPlan& plan() const { return plan_; }
   std::span<const LambHyperparameters> hyperparameters() const { return hyper_.host(); }
+  bool quantized_moments() const { return absmax_list_ >= 0; }
 
  private:
   MultiTensorPlan plan_;
@@ -113,6 +121,8 @@ class LambPlan {
   Buffer scratch_;  // per-chunk partial sums of squares, then per-tensor trust ratios
   int copy_list_ = -1;
   int update_list_ = -1;
+  int absmax_list_ = -1;          // 8-bit moments: m's absmax list, v's at absmax_list_ + 1
+  std::shared_ptr<void> tables_;  // the code tables, on the plan's CUDA device (8-bit moments)
 };
 
 void lamb_step(const LambTensors& tensors, const LambHyperparameters& hyperparameters,

@@ -16,9 +16,13 @@ struct StateSection;  // src/optim/moment_storage.h
 class StateFile;
 
 struct AdamGroup {
-  std::vector<TensorView> params;      // f32 master weights (or f64)
+  std::vector<TensorView> params;      // f32 master weights (or f64), or bf16 weights with weight_remainder
   std::vector<TensorView> grads;       // f32, f16 or bf16 (f64 with f64 params)
   std::vector<TensorView> model_copy;  // optional f16/bf16 copy of params, written in the same pass
+  // Optional: bf16 params' i16 remainders, which complete each to its f32
+  // master (docs/ops.md, "the remainder master"); one per param, or none.
+  // Like the weights, they belong to the caller and are not in Adam's file.
+  std::vector<TensorView> weight_remainder;
   AdamHyperparameters hyperparameters;
 };
 
@@ -76,6 +80,7 @@ class Adam {
  private:
   void upload_lrs();
   std::vector<StateSection> sections() const;
+  std::vector<AdamGroup> file_groups() const;
 
   std::vector<AdamGroup> groups_;
   AdamOptions options_;

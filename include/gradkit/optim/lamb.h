@@ -24,7 +24,7 @@ struct LambGroup {
 
 struct LambOptions {
   float eta = 1e-3f;                // learning rate, shared by every group
-  DType moment_dtype = DType::f32;  // f32, or bf16
+  DType moment_dtype = DType::f32;  // f32; bf16; u8 for 8-bit blockwise moments (as Adam's)
 };
 
 // Per-step inputs of the owning optimizer (all optional).
@@ -53,6 +53,11 @@ class Lamb {
 
   const std::vector<TensorView>& exp_avg() const { return exp_avg_; }
   const std::vector<TensorView>& exp_avg_sq() const { return exp_avg_sq_; }
+  // 8-bit moments: each tensor's per-block absmax of exp_avg and exp_avg_sq (empty otherwise).
+  const std::vector<TensorView>& exp_avg_absmax() const { return exp_avg_absmax_; }
+  const std::vector<TensorView>& exp_avg_sq_absmax() const { return exp_avg_sq_absmax_; }
+  // Bytes of optimizer-owned state (moments, absmax, counter, eta).
+  size_t state_bytes() const { return state_.bytes() + absmax_.bytes() + counter_.bytes() + eta_.bytes(); }
 
   void save(const std::string& path) const;
   void load(const std::string& path);
@@ -69,9 +74,10 @@ class Lamb {
   LambOptions options_;
   Device device_;
   Buffer state_;
+  Buffer absmax_;   // 8-bit moments: every absmax tensor
   Buffer counter_;  // int64: the t of the next update (ONNX Runtime's update_count), from 1
   Buffer eta_;      // float
-  std::vector<TensorView> exp_avg_, exp_avg_sq_;
+  std::vector<TensorView> exp_avg_, exp_avg_sq_, exp_avg_absmax_, exp_avg_sq_absmax_;
   LambPlan plan_;
 };
 

@@ -20,15 +20,26 @@
 
 namespace gradkit {
 
+// Where the f32 master weights live.
+enum class MasterStorage : int32_t {
+  f32 = 0,        // a separate f32 master per weight (4 bytes per parameter)
+  remainder = 1,  // the bf16 weight and an i16 remainder (2 bytes): docs/ops.md, "the remainder master"
+};
+
 struct MixedPrecisionOptions {
   LossScalerOptions scaler;
   float max_norm = 0.0f;  // > 0: clip the global norm of the unscaled gradients (clip_grad_norm_)
   NormType norm = NormType::l2;
+  // remainder: bf16 weights only, with Adam only (lamb_step updates f32
+  // masters); the master is the same bit for bit, the weights the forward
+  // pass sees differ from the f32 path's only on ties (rounded away from 0).
+  MasterStorage master = MasterStorage::f32;
 };
 
 // Optimizer: Adam or Lamb. Each group's `params` are the model's f16 or bf16
 // weights, `grads` its gradients (f16, bf16 or f32), `model_copy` empty (the
-// model's weights are the copy the update writes).
+// model's weights are the copy the update writes; with remainder masters the
+// update writes them directly).
 template <class Optimizer>
 class MixedPrecision {
  public:
@@ -49,11 +60,18 @@ class MixedPrecision {
 
   Optimizer& optimizer() { return *optimizer_; }
   LossScaler& scaler() { return scaler_; }
+  const LossScaler& scaler() const { return scaler_; }
+  // The f32 masters (empty with remainder masters), or the remainders (empty with f32 masters).
   const std::vector<TensorView>& masters() const { return masters_; }
+  const std::vector<TensorView>& weight_remainders() const { return remainders_; }
+  MasterStorage master_storage() const { return master_; }
+  size_t master_bytes() const { return master_storage_.bytes(); }  // what keeping the masters costs
 
   // Masters, optimizer state and scaler in one state file; load checks all
   // of it before writing, then also rewrites the model's weights from the
-  // loaded masters.
+  // loaded masters. The file holds f32 masters either way (remainder masters
+  // joined on save and split on load, through a temporary f32 copy), so a
+  // file loads whichever way the masters are kept.
   void save(const std::string& path) const;
   void load(const std::string& path);
   // As for Adam: the state as sections of a larger file. apply_state also
@@ -64,8 +82,12 @@ class MixedPrecision {
 
  private:
   std::vector<TensorView> model_params_;
-  Buffer master_storage_;
-  std::vector<TensorView> masters_;
+  Buffer master_storage_;  // the f32 masters, or the remainders
+  std::vector<TensorView> masters_, remainders_;
+  MasterStorage master_ = MasterStorage::f32;
+  // The masters as f32 tensors: masters_, or the remainder masters in a
+  // temporary f32 copy held by `storage` (joined when `join`).
+  std::vector<TensorView> f32_masters(Buffer& storage, bool join) const;
   Buffer scalars_;  // found_inf, grad_divisor, global_norm
   GradientCheckPlan check_;
   LossScaler scaler_;

@@ -68,8 +68,10 @@ class Sharded {
   // offsets (a GradientArena made from `layout`); `grads` likewise, in a
   // second such buffer (f32, f16 or bf16); `model_copy` empty. Both buffers
   // hold layout.total elements, on comm.device(), and every rank passes the
-  // same weights. layout.world_size must be comm.size(). Validates all of
-  // it, naming the argument, before allocating the shard's state.
+  // same weights. layout.world_size must be comm.size(); with 8-bit
+  // moments (u8 moment_dtype) layout.alignment a multiple of kQuantBlock,
+  // so that every shard holds whole blocks. Validates all of it, naming the
+  // argument, before allocating the shard's state.
   Sharded(Communicator& comm, const ShardedLayout& layout, std::vector<Group> groups, ShardedOptions options = {});
   ~Sharded();
   Sharded(const Sharded&) = delete;

@@ -16,6 +16,12 @@ Masters of float16/bfloat16 parameters:
   and its remainder give the float32 master back bit for bit (docs/ops.md, "the
   remainder master"), 2 bytes instead of 4.
 
+DTensor parameters (FSDP2) take every form: the state is made like the parameter
+(DTensors), except an 8-bit moment's absmax, a plain tensor over the rank's own
+blocks (they start where the local shard starts); state_dict() hands 8-bit moments
+out decoded to float32 and remainder masters joined into float32 masters
+(StateForm.portable).
+
 Every conversion goes through gradkit's own encoders (quantize_blockwise,
 split_masters, ...): state loaded from another form (torch.optim's float32
 state, a checkpoint of another gradkit configuration) is what the kernels
@@ -24,7 +30,7 @@ themselves would have made of it.
 import torch
 
 import gradkit
-from gradkit.torch._dtensor import is_dtensor, local
+from gradkit.torch._dtensor import DTensor, is_dtensor, local
 
 MOMENT_FORMS = ("float32", "bfloat16", "int8")
 MASTER_FORMS = ("float32", "remainder")
@@ -76,14 +82,10 @@ class StateForm:
             raise TypeError(f"master='remainder' with parameters of dtypes {sorted(str(d) for d in dtypes)}; it "
                             "needs bfloat16 parameters (a float16 weight cannot carry its float32 master in 16 more "
                             "bits; float32 parameters are their own masters)")
-        if self.moments == "int8" or self.master == "remainder":
-            for i, p in enumerate(params):
-                if is_dtensor(p):
-                    raise TypeError(f"params[{i}] is a DTensor; moments='int8' and master='remainder' take plain "
-                                    "tensors for now (FSDP2 shards would cut the quantization blocks)")
 
     def quantized(self, p):
-        """Whether p's moments are 8-bit."""
+        """Whether p's moments are 8-bit (for a DTensor, decided by its whole size, so that
+        every rank decides alike)."""
         return self.moments == "int8" and p.numel() >= self.min_8bit_size
 
     def moment_dtype(self, p):
@@ -106,8 +108,7 @@ class StateForm:
         for name in names:
             state[name] = torch.zeros_like(p, dtype=self.moment_dtype(p), memory_format=torch.contiguous_format)
             if self.quantized(p):
-                state[absmax_name(name)] = torch.zeros(gradkit.quant_blocks(p.numel()), dtype=torch.float32,
-                                                       device=p.device)
+                state[absmax_name(name)] = _new_absmax(p)
         key = self.master_key(p)
         if key == "master_param":
             state[key] = p.detach().to(torch.float32).contiguous()
@@ -118,20 +119,27 @@ class StateForm:
     def convert(self, p, names, state):
         """Brings a loaded state (any form, or torch.optim's) into this form, in place. May
         write p: a float32 master loaded into the remainder form sets p to its rounding."""
+        self.convert_moments(p, names, state)
+        self._convert_master(p, state)
+
+    def convert_moments(self, p, names, state):
+        """convert() for the moments alone (p only gives their shape, dtype and device)."""
         for name in names:
             if self.quantized(p) and _is_8bit(state, name):
                 state[name] = _on(state[name], p, torch.uint8)
                 state[absmax_name(name)] = _on(state[absmax_name(name)], p, torch.float32)
                 continue
-            values = _float_moment(state, name)
+            values = _float_moment(state, name, p)
             if self.quantized(p):
                 codes = torch.empty_like(p, dtype=torch.uint8, memory_format=torch.contiguous_format)
-                absmax = torch.empty(gradkit.quant_blocks(p.numel()), dtype=torch.float32, device=p.device)
-                gradkit.quantize_blockwise(_CODES[name], _on(values, p, torch.float32), codes, absmax)
+                absmax = _new_absmax(p)
+                gradkit.quantize_blockwise(_CODES[name], local(_on(values, p, torch.float32)), local(codes), absmax)
                 state[name], state[absmax_name(name)] = codes, absmax
             else:
                 state[name] = _on(values, p, self.moment_dtype(p))
                 state.pop(absmax_name(name), None)
+
+    def _convert_master(self, p, state):
         key = self.master_key(p)
         if key == "weight_remainder" and "weight_remainder" in state and "master_param" not in state:
             state[key] = _on(state[key], p, torch.int16)
@@ -144,7 +152,7 @@ class StateForm:
         elif key == "weight_remainder":
             # p becomes its master rounded (unchanged when the master came from p).
             state[key] = torch.empty_like(p, dtype=torch.int16, memory_format=torch.contiguous_format)
-            gradkit.split_masters(master, p.detach(), state[key])
+            gradkit.split_masters(local(master), local(p.detach()), local(state[key]))
 
     def to_float32(self, p, names, state):
         """A copy of p's state as the float32 form has it (torch.optim's layout plus
@@ -153,11 +161,48 @@ class StateForm:
                if k not in names and k not in ("master_param", "weight_remainder")
                and not (k.endswith("_absmax") and k[:-len("_absmax")] in names)}
         for name in names:
-            out[name] = _on(_float_moment(state, name), p, torch.float32 if p.dtype != torch.float64 else p.dtype,
+            out[name] = _on(_float_moment(state, name, p), p, torch.float32 if p.dtype != torch.float64 else p.dtype,
                             copy=True)
         if p.dtype in LOW_PRECISION:
             out["master_param"] = float_master(p, state)
         return out
+
+    def portable(self, p, names, state):
+        """A copy of p's state with 8-bit moments decoded to float32 and a remainder master
+        joined into a float32 "master_param" (bfloat16 moments stay): how a DTensor
+        parameter's state leaves state_dict(). An absmax covers the rank's own blocks, which
+        torch.distributed.checkpoint could not reshard, and int16 is no NCCL or gloo type,
+        so a full_tensor() of a remainder would fail; float32 DTensors shaped like the
+        parameter go everywhere. load_state_dict encodes them again: the same codes,
+        absmax and remainders when the sharding is the same (a decoded block encodes back
+        to itself; the parameter is its master's rounding)."""
+        out = {k: v for k, v in state.items() if not (k.endswith("_absmax") and k[:-len("_absmax")] in names)}
+        for name in names:
+            if _is_8bit(state, name):
+                out[name] = _float_moment(state, name, p)
+        if "weight_remainder" in out:
+            del out["weight_remainder"]
+            out["master_param"] = float_master(p, state)
+        return out
+
+    def portable_differs(self, p):
+        """Whether p's state leaves state_dict() in another form (portable) than it is kept in."""
+        return is_dtensor(p) and (self.quantized(p) or self.master_key(p) == "weight_remainder")
+
+
+def _new_absmax(p):
+    """Zero absmax for p's 8-bit blocks: a DTensor's local shard has blocks of its own
+    (they start where the shard starts), so the absmax is a plain tensor of this rank's."""
+    shard = local(p)
+    return torch.zeros(gradkit.quant_blocks(shard.numel()), dtype=torch.float32, device=shard.device)
+
+
+def _like(values, p):
+    """`values` (p's local shape) as p is: a DTensor with p's mesh and placements, or p's shape."""
+    if is_dtensor(p):
+        return DTensor.from_local(values.view(local(p).shape), p.device_mesh, p.placements, run_check=False,
+                                  shape=p.shape, stride=p.stride())
+    return values.view(p.shape)
 
 
 def _on(t, p, dtype, copy=False):
@@ -169,9 +214,9 @@ def _is_8bit(state, name):
     return name in state and state[name].dtype == torch.uint8 and absmax_name(name) in state
 
 
-def _float_moment(state, name):
-    """state[name] as floating point (decoded if it is 8-bit); raises if the state has no
-    such moment or holds it in a form gradkit does not know."""
+def _float_moment(state, name, p):
+    """state[name] as floating point (decoded if it is 8-bit, shaped as p is); raises if the
+    state has no such moment or holds it in a form gradkit does not know."""
     if name not in state:
         raise ValueError(f"the state of a parameter has no '{name}'; expected the state of a gradkit optimizer "
                          "or of torch.optim's counterpart")
@@ -182,7 +227,7 @@ def _float_moment(state, name):
     if t.dtype != torch.uint8 or key not in state:
         raise ValueError(f"the state's '{name}' is {t.dtype} without '{key}'; expected floating-point moments or "
                          "uint8 codes with their float32 absmax")
-    return _decoded(name, local(t), local(state[key]))
+    return _like(_decoded(name, local(t), local(state[key])), p)
 
 
 def _decoded(name, codes, absmax):
@@ -199,6 +244,6 @@ def float_master(p, state):
         return _on(state["master_param"], p, torch.float32)
     if "weight_remainder" in state:
         master = torch.empty_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
-        gradkit.join_masters(p.detach(), _on(state["weight_remainder"], p, torch.int16), master)
+        gradkit.join_masters(local(p.detach()), local(_on(state["weight_remainder"], p, torch.int16)), local(master))
         return master
     return p.detach().to(torch.float32).contiguous()

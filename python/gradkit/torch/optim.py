@@ -162,9 +162,18 @@ class _PlannedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self):
         """torch's layout: per parameter "step" (a float32 tensor) and the state tensors in
-        this optimizer's form (8-bit moments stay 8-bit: it round-trips bit for bit)."""
+        this optimizer's form (8-bit moments stay 8-bit: it round-trips bit for bit). For a
+        DTensor parameter (FSDP2), 8-bit moments and remainder masters leave as float32
+        DTensors shaped like it, which torch.distributed.checkpoint can reshard (each rank's
+        absmax covers its own blocks; int16 is no collective's type); loading encodes them
+        again, into the same codes and remainders when the sharding is the same."""
         self._write_steps_to_state()
-        return super().state_dict()
+        out = super().state_dict()
+        saved_ids = [i for g in out["param_groups"] for i in g["params"]]
+        for key, (p, group) in zip(saved_ids, self._params_with_groups()):
+            if key in out["state"] and self._form.portable_differs(p):
+                out["state"][key] = self._form.portable(p, self._moment_names(group), out["state"][key])
+        return out
 
     def float32_state_dict(self):
         """state_dict() with float32 moments (decoded from 8-bit or bfloat16) and, for
@@ -404,6 +413,12 @@ class _PlannedOptimizer(torch.optim.Optimizer):
             return weights, g, groups, [], self._state_list(indices, key)
         return weights, g, groups, [], []
 
+    def _absmax_lists(self, indices):
+        if not self._form.quantized(self._layout.params[indices[0]]):
+            return {}
+        return {"exp_avg_absmax": self._state_list(indices, "exp_avg_absmax"),
+                "exp_avg_sq_absmax": self._state_list(indices, "exp_avg_sq_absmax")}
+
     def _state_list(self, indices, name):
         """A state tensor of each parameter of `indices`, as gradkit reads it (the local shard)."""
         params = self._layout.params
@@ -511,12 +526,6 @@ class Adam(_PlannedOptimizer):
         """8-bit and float32 moments (min_8bit_size) never share a plan."""
         return self._form.quantized(self._layout.params[index])
 
-    def _absmax_lists(self, indices):
-        if not self._form.quantized(self._layout.params[indices[0]]):
-            return {}
-        return {"exp_avg_absmax": self._state_list(indices, "exp_avg_absmax"),
-                "exp_avg_sq_absmax": self._state_list(indices, "exp_avg_sq_absmax")}
-
     def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
         lr = self._lr_tensor()
         for c in cohorts:
@@ -542,20 +551,25 @@ class Lamb(_PlannedOptimizer):
     """LAMB with ONNX Runtime's semantics (docs/ops.md, lamb_step): Adam's moments,
     a per-tensor trust ratio |w| / |update| clamped to [min_trust, max_trust], and
     weight decay inside the update. `max_grad_norm` > 0 clips by the global norm of
-    all gradients (computed by gradkit's gradient check) as ONNX Runtime does."""
+    all gradients (computed by gradkit's gradient check) as ONNX Runtime does.
+    moments="int8" (or "bfloat16") stores the moments as Adam's do (min_8bit_size
+    likewise); masters stay float32."""
 
     _counter_offset = 1  # LambPlan's counter holds the next t
-    _copied_attributes = ("max_grad_norm",)
+    _copied_attributes = ("max_grad_norm", "_form")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, *,
-                 min_trust=float("-inf"), max_trust=float("inf"), max_grad_norm=None, bias_correction=True):
+                 min_trust=float("-inf"), max_trust=float("inf"), max_grad_norm=None, bias_correction=True,
+                 moments="float32", min_8bit_size=4096):
         _check_betas(betas, eps, weight_decay, lr)
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm is {max_grad_norm}, expected a value > 0 (or None: no clipping)")
+        self._form = StateForm(moments, "float32", min_8bit_size)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, min_trust=min_trust,
                         max_trust=max_trust, bias_correction=bias_correction)
         self.max_grad_norm = max_grad_norm
         super().__init__(params, defaults)
+        self._form.check([p for g in self.param_groups for p in g["params"]], amsgrad=False)
 
     def _init_plans(self):
         super()._init_plans()
@@ -566,7 +580,7 @@ class Lamb(_PlannedOptimizer):
         return ("exp_avg", "exp_avg_sq")
 
     def _cohort_key(self, index):
-        return self._layout.group_of[index]
+        return self._layout.group_of[index], self._form.quantized(self._layout.params[index])
 
     def _hyperparameters(self, g):
         return gradkit.LambHyperparameters(alpha=g["betas"][0], beta=g["betas"][1], lambda_=g["weight_decay"],
@@ -578,7 +592,7 @@ class Lamb(_PlannedOptimizer):
         return gradkit.LambPlan(weights, g, self._state_list(indices, "exp_avg"),
                                 self._state_list(indices, "exp_avg_sq"),
                                 [self._hyperparameters(grp) for grp in self.param_groups], groups,
-                                model_copy=copy, hold_grads=False)
+                                model_copy=copy, hold_grads=False, **self._absmax_lists(indices))
 
     def _clip_norm(self, stream):
         """The global gradient norm on the device, for LAMB's own clipping (None: no clipping)."""

@@ -54,13 +54,16 @@ class ShardedAdamW(torch.optim.Optimizer):
     all-gathered while the next part is updated. `scaler` (a
     gradkit.LossScalerOptions) for float16 models whose loss is scaled:
     multiply the loss by `loss_scale_tensor`; steps with Inf/NaN gradients are
-    skipped either way."""
+    skipped either way. `moments`: "float32", "bfloat16" or "int8" (8-bit blockwise, as
+    gradkit.torch.AdamW's; the shards then start on 256-element block boundaries);
+    None takes `moment_dtype` (a torch dtype) instead."""
 
     def __init__(self, params, comm, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False,
                  maximize=False, *, stage=1, bucket_elements=1 << 24, max_norm=0.0, scaler=None,
-                 moment_dtype=torch.float32, update_parts=8):
+                 moment_dtype=torch.float32, update_parts=8, moments=None):
         if stage not in (1, 2):
             raise ValueError(f"stage is {stage!r}, expected 1 or 2")
+        moment_type = self._moment_type(moments, moment_dtype)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults)
         self.comm = getattr(comm, "comm", comm)  # gradkit.torch.distributed.Communicator, or gradkit's own
@@ -73,7 +76,9 @@ class ShardedAdamW(torch.optim.Optimizer):
         if self._device != torch.device(self.comm.device):
             raise ValueError(f"params are on {self._device}, expected {self.comm.device} (the communicator's device)")
         dtype = gradkit_dtype(params[0].dtype, "params[0]")
-        self.layout = gradkit.ShardedLayout([p.numel() for p in params], self.comm.size, bucket_elements)
+        # 8-bit moments: every shard boundary on a quantization block's, so each rank holds whole blocks.
+        alignment = gradkit.QUANT_BLOCK if moment_type == gradkit.DType.u8 else 64
+        self.layout = gradkit.ShardedLayout([p.numel() for p in params], self.comm.size, bucket_elements, alignment)
         self._weights = gradkit.GradientArena(device_name(self._device), dtype, self.layout)
         with torch.no_grad():
             views = [torch.from_dlpack(a).view(p.shape) for a, p in zip(self._weights.gradients(), params)]
@@ -95,7 +100,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         # update); the step's stream waits for it before the step returns.
         self._side = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
         self._sharded = gradkit.ShardedAdam(self.comm, self.layout, groups, scaler=scaler, max_norm=max_norm,
-                                            moment_dtype=gradkit_dtype(moment_dtype, "moment_dtype"),
+                                            moment_dtype=moment_type,
                                             communication_stream=self._side.cuda_stream if self._side else 0,
                                             update_parts=update_parts)
         self._lrs = [float(g["lr"]) for g in self.param_groups]
@@ -112,6 +117,17 @@ class ShardedAdamW(torch.optim.Optimizer):
             me = weakref.ref(self)
             self._hooks = [p.register_post_accumulate_grad_hook(_ready_marker(me, i)) for i, p in enumerate(params)]
             weakref.finalize(self, _remove_hooks, self._hooks)
+
+    @staticmethod
+    def _moment_type(moments, moment_dtype):
+        """gradkit's moment dtype from `moments` ("float32", "bfloat16", "int8", as gradkit.torch.AdamW's)
+        or, when it is None, from the torch dtype `moment_dtype`."""
+        if moments is None:
+            return gradkit_dtype(moment_dtype, "moment_dtype")
+        forms = {"float32": gradkit.DType.f32, "bfloat16": gradkit.DType.bf16, "int8": gradkit.DType.u8}
+        if moments not in forms:
+            raise ValueError(f"moments is {moments!r}, expected one of 'float32', 'bfloat16', 'int8'")
+        return forms[moments]
 
     @staticmethod
     def _hyperparameters(g):

@@ -6,12 +6,16 @@ that one).
 
     fsdp2.py train DIR   AdamW against torch.optim.AdamW, LAMB against an
                          unsharded run, bfloat16 parameters' float32
-                         masters against an unsharded run, AmpStep's norm and a skip decided on
+                         masters against an unsharded run, 8-bit moments and
+                         remainder masters against plain tensors holding the
+                         local shards, AmpStep's norm and a skip decided on
                          one rank, a Partial placement refused; saves
-                         gradkit's and torch's optimizer state with
+                         gradkit's (float32, and 8-bit with remainders) and
+                         torch's optimizer state with
                          torch.distributed.checkpoint into DIR
-    fsdp2.py load DIR    loads both into gradkit's AdamW (any rank count):
-                         the state equals what was saved, bit for bit
+    fsdp2.py load DIR    loads them into gradkit's AdamW (any rank count):
+                         the state equals what was saved, bit for bit (8-bit
+                         moments on another rank count: within half a code)
 
 Prints "rank R: ok" when every check passed."""
 import os
@@ -29,7 +33,7 @@ from torch.distributed.tensor import DTensor, Partial, init_device_mesh
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import gradkit.torch as gt  # noqa: E402
 from models import TinyGPT, text_batches  # noqa: E402
-from tolerances import FSDP2_NORM, FSDP2_UNSHARDED, TRAINING_LOSS  # noqa: E402
+from tolerances import FSDP2_NORM, FSDP2_UNSHARDED, INT8_RESHARD, TRAINING_LOSS  # noqa: E402
 
 STEPS = 50
 
@@ -113,6 +117,34 @@ def check_bfloat16_masters_against_unsharded(device):
         assert torch.equal(full(p.detach()), q.detach())
 
 
+LOW_BIT = dict(moments="int8", master="remainder", min_8bit_size=0)
+
+
+def check_low_bit_against_local_shards(device, rank):
+    """8-bit moments and remainder masters over bfloat16 DTensor parameters: each rank's
+    update is gradkit's update of plain tensors holding its local shards (the 8-bit
+    blocks start where a shard starts), bit for bit: weights, remainders, codes, absmax."""
+    model = sharded_model(device, seed=8).to(torch.bfloat16)
+    opt = gt.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, **LOW_BIT)
+    params = list(model.parameters())
+    twins = [torch.nn.Parameter(p.detach().to_local().clone()) for p in params]
+    twin_opt = gt.AdamW(twins, lr=1e-3, weight_decay=0.01, **LOW_BIT)
+    for x, y in text_batches(device, 5, batch=8, block=32, seed=50 + rank):
+        opt.zero_grad()
+        model(x, y).backward()
+        for p, t in zip(params, twins):
+            t.grad = p.grad.to_local().clone()
+        opt.step()
+        twin_opt.step()
+    for i, (p, t) in enumerate(zip(params, twins)):
+        assert torch.equal(p.detach().to_local(), t.detach()), f"params[{i}]'s shard differs from its twin"
+        mine, theirs = opt.state[p], twin_opt.state[t]
+        for key in ("weight_remainder", "exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax"):
+            a = mine[key].to_local() if isinstance(mine[key], DTensor) else mine[key]
+            assert torch.equal(a, theirs[key]), f"params[{i}]'s {key} differs from its twin's"
+    assert opt.state_bytes() == twin_opt.state_bytes()
+
+
 def check_amp_step(device, rank):
     """AmpStep's norm is clip_grad_norm_'s over the whole DTensor gradients, and an
     Inf on one rank's shard makes every rank skip."""
@@ -152,11 +184,17 @@ def check_partial_refused(device):
         raise AssertionError("a Partial DTensor parameter was stepped")
 
 
+# The optimizers whose state goes through torch.distributed.checkpoint: each one's
+# maker and its model's dtype.
+CHECKPOINTED = {"gradkit": (gt.AdamW, torch.float32), "torch": (torch.optim.AdamW, torch.float32),
+                "gradkit_low_bit": (lambda params, **kw: gt.AdamW(params, **kw, **LOW_BIT), torch.bfloat16)}
+
+
 def save(directory, device, rank):
-    """gradkit's and torch's AdamW state through DCP, and their full tensors for the check after loading."""
-    states = {}
-    for name, make in (("gradkit", gt.AdamW), ("torch", torch.optim.AdamW)):
-        m = sharded_model(device, seed=4)
+    """The optimizers' states through DCP, and their full tensors for the check after loading."""
+    states = {"world": dist.get_world_size()}
+    for name, (make, dtype) in CHECKPOINTED.items():
+        m = sharded_model(device, seed=4).to(dtype)
         opt = make(m.parameters(), lr=3e-3)
         train(m, opt, device, 5, seed=30 + rank)
         state = {"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt)}
@@ -168,9 +206,10 @@ def save(directory, device, rank):
 
 def load(directory, device):
     saved = torch.load(directory / "full.pt")
-    for name in ("gradkit", "torch"):
-        model = sharded_model(device, seed=5)
-        opt = gt.AdamW(model.parameters(), lr=3e-3)
+    resharded = saved["world"] != dist.get_world_size()
+    for name, (make, dtype) in CHECKPOINTED.items():
+        model = sharded_model(device, seed=5).to(dtype)
+        opt = make(model.parameters(), lr=3e-3) if name == "gradkit_low_bit" else gt.AdamW(model.parameters(), lr=3e-3)
         state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
         dcp.load(state, checkpoint_id=str(directory / name))
         set_model_state_dict(model, state["model"])
@@ -179,6 +218,12 @@ def load(directory, device):
         got = {f"{k}.{s}": full(v).cpu() for k, d in got.items() for s, v in d.items()}
         assert got.keys() == saved[name].keys(), (sorted(got)[:4], sorted(saved[name])[:4])
         for key, value in saved[name].items():
+            if name == "gradkit_low_bit" and resharded and key.rsplit(".", 1)[1] in ("exp_avg", "exp_avg_sq"):
+                # Other shards, other 8-bit blocks: each value encoded again under its new
+                # block's absmax, within half a code gap of it.
+                bound = INT8_RESHARD * value.abs().max()
+                assert (got[key] - value).abs().max() <= bound, f"{name}'s {key} moved past {bound}"
+                continue
             assert torch.equal(got[key].to(value.dtype), value), f"{name}'s {key} changed through the checkpoint"
         x, y = next(text_batches(device, 1, batch=8, block=32, seed=40))
         model(x, y).backward()
@@ -193,6 +238,7 @@ def main():
         check_adamw_against_torch(device, rank)
         check_lamb_against_unsharded(device)
         check_bfloat16_masters_against_unsharded(device)
+        check_low_bit_against_local_shards(device, rank)
         check_amp_step(device, rank)
         check_partial_refused(device)
         save(directory, device, rank)

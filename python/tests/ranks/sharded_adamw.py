@@ -61,10 +61,10 @@ def train_reference():
     return [p.detach().clone() for p in model.parameters()]
 
 
-def train_sharded(comm, stage=1, steps=STEPS, model=None, opt=None, first=0):
+def train_sharded(comm, stage=1, steps=STEPS, model=None, opt=None, first=0, **options):
     if model is None:
         model = make_model()
-        opt = gt.ShardedAdamW(model.parameters(), comm, lr=1e-2, stage=stage, bucket_elements=BUCKET)
+        opt = gt.ShardedAdamW(model.parameters(), comm, lr=1e-2, stage=stage, bucket_elements=BUCKET, **options)
     sched = schedule(opt) if first == 0 else None
     for step in range(first, first + steps):
         opt.zero_grad()
@@ -113,6 +113,19 @@ def run(comm):
         fail(rank, f"holds {opt.state_bytes} bytes of state, expected about 8 x {n} / {size}")
     if opt.step_count != STEPS:
         fail(rank, f"step_count {opt.step_count}, expected {STEPS}")
+
+    # 8-bit moments: shards on 256-element block boundaries, about 2 bytes of state per
+    # parameter, every rank alike, and weights near the float32 moments' (20 steps of lr 1e-2).
+    eight, eight_opt = train_sharded(comm, moments="int8")
+    same_on_every_rank(rank, size, weights(eight), "8-bit moments")
+    if eight_opt.layout.alignment != gradkit.QUANT_BLOCK:
+        fail(rank, f"8-bit moments on a layout aligned to {eight_opt.layout.alignment}, expected {gradkit.QUANT_BLOCK}")
+    held = torch.tensor([eight_opt.state_bytes, opt.state_bytes], dtype=torch.float64, device=DEVICE)
+    dist.all_reduce(held)  # a rank may hold no block of so small a model: the ranks' totals
+    if not 0 < held[0] < held[1] / 2:
+        fail(rank, f"8-bit moments hold {held[0]:.0f} bytes over the ranks, float32 ones {held[1]:.0f}")
+    if not all(torch.allclose(a, b, rtol=0, atol=0.05) for a, b in zip(weights(eight), weights(model))):
+        fail(rank, "8-bit moments moved the weights far from the float32 moments' run")
 
     if hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
         staged, staged_opt = train_sharded(comm, stage=2)

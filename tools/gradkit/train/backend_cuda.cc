@@ -1,5 +1,6 @@
 // The CUDA backend: f16 model (cuBLAS), f32 master weights and dynamic loss
-// scaling through gradkit::MixedPrecision over Adam or LAMB.
+// scaling through gradkit::MixedPrecision over Adam or LAMB, or with
+// --offload gradkit::OffloadedAdam (masters and moments on the host).
 #include <vector>
 
 #include "gradkit/core/half.h"
@@ -57,16 +58,16 @@ class CudaBackend final : public TrainBackend {
                                             std::span<const TensorView> grads, const ShardContext* shard) override {
     MixedPrecisionOptions mp;  // dynamic loss scaling with PyTorch's defaults
     if (shard != nullptr) return make_sharded_optimizer(o, params, grads, *shard, mp.scaler, &loss_scale_);
-    if (o.optimizer == "adam") {
-      auto opt = std::make_unique<OptimizerOf<MixedPrecisionAdam>>(
-          std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, mp);
+    if (o.offload) {  // check_train_options allows only Adam
+      OffloadedAdamOptions options;
+      options.scaler = mp.scaler;
+      options.adam.moment_dtype = moment_dtype(o);  // --moments: the host moments' storage
+      auto opt = std::make_unique<OptimizerOf<OffloadedAdam>>(
+          std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, options);
       loss_scale_ = opt->get().loss_scale_device();
       return opt;
     }
-    auto opt = std::make_unique<OptimizerOf<MixedPrecisionLamb>>(
-        std::vector<LambGroup>{one_group<LambGroup>(o, params, grads)}, mp, LambOptions{.eta = o.lr});
-    loss_scale_ = opt->get().loss_scale_device();
-    return opt;
+    return make_mixed_optimizer(o, params, grads, mp, &loss_scale_);
   }
 
  private:

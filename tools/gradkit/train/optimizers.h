@@ -9,6 +9,7 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/mixed_precision.h"
+#include "gradkit/optim/offloaded.h"
 #include "gradkit/optim/sharded.h"
 #include "train/backend.h"
 
@@ -19,12 +20,17 @@ class OptimizerOf final : public Optimizer {
  public:
   template <class... Args>
   explicit OptimizerOf(Args&&... args) : optimizer_(std::forward<Args>(args)...) {}
-  void step() override { optimizer_.step(); }
+  void step() override {
+    if constexpr (std::is_same_v<T, OffloadedAdam>) optimizer_.finish();  // every bucket at once: no hooks here
+    else optimizer_.step();
+  }
   void mark_ready(size_t tensor) override {
     if constexpr (std::is_same_v<T, ShardedAdam> || std::is_same_v<T, ShardedLamb>) optimizer_.mark_ready(tensor);
   }
   void set_lr(float lr) override {
-    if constexpr (std::is_same_v<T, Adam> || std::is_same_v<T, ShardedAdam>) optimizer_.set_lr(0, lr);
+    if constexpr (std::is_same_v<T, Adam> || std::is_same_v<T, ShardedAdam> || std::is_same_v<T, OffloadedAdam>) {
+      optimizer_.set_lr(0, lr);
+    }
     else if constexpr (std::is_same_v<T, Lamb> || std::is_same_v<T, ShardedLamb>) optimizer_.set_eta(lr);
     else if constexpr (std::is_same_v<T, MixedPrecisionAdam>) optimizer_.optimizer().set_lr(0, lr);
     else optimizer_.optimizer().set_eta(lr);
@@ -34,7 +40,10 @@ class OptimizerOf final : public Optimizer {
   void apply_state(const StateFile& file) override { optimizer_.apply_state(file); }
   std::string note() const override {
     if constexpr (std::is_same_v<T, MixedPrecisionAdam> || std::is_same_v<T, MixedPrecisionLamb>) {
+      if (optimizer_.scaler().options().mode == LossScaling::none) return "";  // bf16 weights: no loss scale
       return "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.loss_scale()));
+    } else if constexpr (std::is_same_v<T, OffloadedAdam>) {
+      return "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.scaler()->state().scale)) + ", offloaded";
     } else if constexpr (std::is_same_v<T, ShardedAdam> || std::is_same_v<T, ShardedLamb>) {
       return optimizer_.masters().empty() ? "" : "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.loss_scale()));
     } else {
@@ -46,6 +55,11 @@ class OptimizerOf final : public Optimizer {
  private:
   T optimizer_;
 };
+
+// The moments' storage dtype --moments names.
+inline DType moment_dtype(const TrainOptions& o) {
+  return o.moments == "int8" ? DType::u8 : o.moments == "bf16" ? DType::bf16 : DType::f32;
+}
 
 // One group over every parameter, with the run's hyperparameters.
 template <class Group>
@@ -72,6 +86,8 @@ inline std::unique_ptr<Optimizer> make_sharded_optimizer(const TrainOptions& o, 
   ShardedOptions options;
   options.scaler = scaler;
   options.lamb.eta = o.lr;
+  options.adam.moment_dtype = moment_dtype(o);
+  options.lamb.moment_dtype = moment_dtype(o);
   auto make = [&]<class S, class Group>() {
     auto opt = std::make_unique<OptimizerOf<S>>(shard.comm, shard.layout,
                                                 std::vector<Group>{one_group<Group>(o, params, grads)}, options);
@@ -82,14 +98,36 @@ inline std::unique_ptr<Optimizer> make_sharded_optimizer(const TrainOptions& o, 
   return make.template operator()<ShardedLamb, LambGroup>();
 }
 
+// MixedPrecision<Adam or Lamb> over the model's f16/bf16 weights with
+// `options` (--master picks how the masters are kept); `loss_scale`
+// receives the scale on the device.
+inline std::unique_ptr<Optimizer> make_mixed_optimizer(const TrainOptions& o, std::span<const TensorView> params,
+                                                       std::span<const TensorView> grads, MixedPrecisionOptions options,
+                                                       const float** loss_scale = nullptr) {
+  options.master = o.master == "remainder" ? MasterStorage::remainder : MasterStorage::f32;
+  auto finish = [&](auto opt) {
+    if (loss_scale != nullptr) *loss_scale = opt->get().loss_scale_device();
+    return std::unique_ptr<Optimizer>(std::move(opt));
+  };
+  if (o.optimizer == "adam") {
+    return finish(std::make_unique<OptimizerOf<MixedPrecisionAdam>>(
+        std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, options,
+        AdamOptions{.moment_dtype = moment_dtype(o)}));
+  }
+  return finish(std::make_unique<OptimizerOf<MixedPrecisionLamb>>(
+      std::vector<LambGroup>{one_group<LambGroup>(o, params, grads)}, options,
+      LambOptions{.eta = o.lr, .moment_dtype = moment_dtype(o)}));
+}
+
 inline std::unique_ptr<Optimizer> make_plain_optimizer(const TrainOptions& o, std::span<const TensorView> params,
                                                        std::span<const TensorView> grads, const ShardContext* shard) {
   if (shard != nullptr) return make_sharded_optimizer(o, params, grads, *shard, {.mode = LossScaling::none});
   if (o.optimizer == "adam") {
-    return std::make_unique<OptimizerOf<Adam>>(std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)});
+    return std::make_unique<OptimizerOf<Adam>>(std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)},
+                                               AdamOptions{.moment_dtype = moment_dtype(o)});
   }
   return std::make_unique<OptimizerOf<Lamb>>(std::vector<LambGroup>{one_group<LambGroup>(o, params, grads)},
-                                             LambOptions{.eta = o.lr});
+                                             LambOptions{.eta = o.lr, .moment_dtype = moment_dtype(o)});
 }
 
 }  // namespace gradkit::train

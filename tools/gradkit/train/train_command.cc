@@ -103,6 +103,14 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
   app.add_option("--batch", o.batch, "images per micro-batch per rank")->check(tool::integer(1, 1 << 16));
   app.add_option("--accumulate", o.accumulate, "micro-batches accumulated per step")->check(tool::integer(1, 1 << 16));
   app.add_option("--optimizer", o.optimizer, "adam or lamb")->check(tool::one_of({"adam", "lamb"}));
+  app.add_option("--moments", o.moments,
+                 "optimizer moments: f32; bf16; int8 (8-bit blockwise, about 2 bytes per parameter)")
+      ->check(tool::one_of({"f32", "bf16", "int8"}));
+  app.add_option("--master", o.master,
+                 "f32 master weights: f32 (the cpu backend trains f32 weights, cuda keeps f32 masters of its f16 "
+                 "ones); remainder (cpu: bf16 weights, each completed to its f32 master by a 16-bit remainder; "
+                 "--optimizer adam, --shard 0)")
+      ->check(tool::one_of({"f32", "remainder"}));
   app.add_option("--lr", lr, "learning rate (auto: 1e-3 for adam, 5e-3 for lamb)")
       ->type_name("FLOAT|auto")
       ->check(tool::number(0, 10, /*allow_auto=*/true));
@@ -114,6 +122,9 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
                  "ZeRO stage: 0 off; 1 optimizer state split across ranks; 2 also gradients reduce-scattered per "
                  "bucket as they are ready (--reduce allreduce)")
       ->check(tool::integer(0, 2));
+  app.add_flag("--offload", o.offload,
+               "keep the optimizer state in host memory and run the Adam step on the CPU, overlapped with the "
+               "copies (--device cuda, --optimizer adam)");
   app.add_option("--seed", o.seed, "seed of the initial weights and the data order")
       ->check(tool::integer(0, INT64_MAX));
   app.add_option("--limit", o.limit, "train on the first N images only (0: all 60,000)")

@@ -20,6 +20,7 @@
 #include "gradkit/comm/communicator.h"
 #include "gradkit/comm/gradient_arena.h"
 #include "gradkit/core/error.h"
+#include "gradkit/ops/blockwise.h"
 #include "gradkit/ops/gradient.h"
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
@@ -174,8 +175,39 @@ void check_train_options(const TrainOptions& o, bool writes) {
                                                  std::to_string(o.epochs) + "), not '" +
                                                  std::to_string(o.stop_after) + "'");
   }
+  if (o.moments != "f32" && o.moments != "bf16" && o.moments != "int8") {
+    throw Error(ErrorCode::invalid_argument, "--moments: expected f32, bf16 or int8, not '" + o.moments + "'");
+  }
+  if (o.master != "f32" && o.master != "remainder") {
+    throw Error(ErrorCode::invalid_argument, "--master: expected f32 or remainder, not '" + o.master + "'");
+  }
+  if (o.master == "remainder") {
+    // A remainder completes a bf16 weight to its f32 master (docs/ops.md).
+    if (o.device == "cuda") {
+      throw Error(ErrorCode::invalid_argument,
+                  "--master remainder: needs bf16 weights, and --device cuda trains f16 ones (16 bits cannot hold "
+                  "what rounding an f32 master to f16 loses); use --device cpu, which then trains bf16 weights");
+    }
+    if (o.optimizer != "adam") {
+      throw Error(ErrorCode::invalid_argument, "--master remainder: needs --optimizer adam (LAMB updates f32 masters)");
+    }
+    if (o.shard > 0) {
+      throw Error(ErrorCode::invalid_argument, "--master remainder: needs --shard 0 (the sharded step keeps f32 masters)");
+    }
+  }
   if (o.shard > 0 && o.reduce != "allreduce") {
     throw Error(ErrorCode::invalid_argument, "--shard: needs --reduce allreduce (the sharded step reduce-scatters)");
+  }
+  if (o.offload && o.device != "cuda") {
+    throw Error(ErrorCode::invalid_argument, "--offload: needs --device cuda (the model stays on the GPU, the "
+                                             "optimizer state goes to the host); a CPU run keeps it there already");
+  }
+  if (o.offload && o.optimizer != "adam") {
+    throw Error(ErrorCode::invalid_argument, "--offload: needs --optimizer adam (LAMB is not offloaded)");
+  }
+  if (o.offload && o.shard > 0) {
+    throw Error(ErrorCode::invalid_argument, "--offload: cannot be combined with --shard (each rank offloads "
+                                             "the whole state)");
   }
   if (!o.plot.empty() && o.log.empty()) {
     throw Error(ErrorCode::invalid_argument, "--plot: needs --log (the curves are drawn from the log)");
@@ -221,7 +253,9 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
   // reduce-scattered bucket by bucket when sharded: then both are laid out
   // for the ranks' shards), and one micro-batch's gradients, each in one
   // allocation.
-  const ShardedLayout layout = ShardedLayout::make(sizes, ranks, kShardBucketElements);
+  // 8-bit moments: shards of whole quantization blocks (docs/ops.md).
+  const ShardedLayout layout =
+      ShardedLayout::make(sizes, ranks, kShardBucketElements, o.moments == "int8" ? kQuantBlock : 64);
   auto arena = [&](DType dtype) {
     return o.shard > 0 ? GradientArena(device, dtype, layout) : GradientArena(device, dtype, sizes);
   };
@@ -253,11 +287,13 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
                           std::to_string(layout.shard_elements()) + " of " + std::to_string(layout.total) +
                           " elements per rank)"
                     : "";
-    std::printf("gradkit train: MLP %s on Fashion-MNIST, %d rank(s) on %s%s, %s%s, %s, batch %d x %d micro-batch(es) "
-                "per rank, %lld steps per epoch\n",
-                widths.c_str(), ranks, cuda ? "cuda" : "cpu", cuda ? " (f16, dynamic loss scaling)" : "",
-                o.optimizer.c_str(), sharding.c_str(), o.reduce.c_str(), o.batch, o.accumulate,
-                static_cast<long long>(steps));
+    const std::string weights = cuda ? " (f16, dynamic loss scaling)"
+                                : o.master == "remainder" ? " (bf16 weights, remainder masters)"
+                                                          : "";
+    std::printf("gradkit train: MLP %s on Fashion-MNIST, %d rank(s) on %s%s, %s with %s moments%s, %s, batch %d x %d "
+                "micro-batch(es) per rank, %lld steps per epoch\n",
+                widths.c_str(), ranks, cuda ? "cuda" : "cpu", weights.c_str(), o.optimizer.c_str(), o.moments.c_str(),
+                sharding.c_str(), o.reduce.c_str(), o.batch, o.accumulate, static_cast<long long>(steps));
   }
   if (lead && !o.log.empty()) start_log(o.log, /*resumed=*/!o.resume.empty());
 

@@ -19,6 +19,11 @@ struct TrainOptions {
   int batch = 64;          // images per micro-batch per rank
   int accumulate = 1;      // micro-batches per step
   std::string optimizer = "adam";   // adam | lamb
+  std::string moments = "f32";      // f32 | bf16 | int8 (8-bit blockwise moments)
+  // f32 | remainder: bf16 weights whose f32 master is the weight plus an
+  // i16 remainder (the CPU backend then trains bf16 weights through
+  // MixedPrecision<Adam>); Adam only, unsharded, not on cuda (f16 weights).
+  std::string master = "f32";
   float lr = 1e-3f;
   float weight_decay = 0.0f;
   std::string reduce = "allreduce";  // allreduce | adasum
@@ -26,6 +31,9 @@ struct TrainOptions {
   // (Sharded<Adam or Lamb>); 2 also each bucket reduce-scattered once its gradients
   // are final (mark_ready).
   int shard = 0;
+  // The optimizer state in host memory and the Adam step on the CPU
+  // (gradkit::OffloadedAdam); needs --device cuda and --optimizer adam.
+  bool offload = false;
   uint64_t seed = 1;
   int64_t limit = 0;       // use only the first `limit` training images (0: all)
   std::string save;        // checkpoint after every epoch (atomic)

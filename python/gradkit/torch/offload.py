@@ -1,0 +1,321 @@
+"""Adam and AdamW with the optimizer state in host memory and the step on the CPU
+(gradkit.OffloadedAdam): for models whose state does not fit next to them on the GPU.
+
+The model's parameters and gradients stay on one CUDA device; float32 masters
+and moments live on the host (0 bytes of optimizer state on the GPU). This
+module only says when a bucket of gradients is complete; every number is
+computed by gradkit (docs/offload.md):
+
+- With torch >= 2.1, each parameter gets a post-accumulate-grad hook. From
+  the second step on, a bucket is handed to gradkit as soon as all its
+  gradients are final (each parameter's hook has fired as often as in the
+  first step: a tied weight or gradient accumulation fires it more than
+  once), so its copy to the host, its CPU step and the copy back overlap the
+  rest of backward. The first step, and any torch without the hook, hands
+  every bucket in step().
+- Without a loss scaler and clipping, each bucket is updated as soon as it
+  has arrived. With either, the copies still overlap backward, but step()
+  first checks the whole gradient on the GPU (overflow, norm) and the
+  updates follow it, bucket by bucket.
+- Every parameter is updated at every step: a parameter without a gradient
+  at step() is an error (torch.optim skips it; one step counter here).
+- moments="float32" (default), "bfloat16" or "int8" sets the host moments'
+  form, as gradkit.torch.AdamW's `moments` does (8-bit here for every
+  tensor: the host has no launch to save). Fewer bytes per parameter are
+  fewer for the CPU step to move.
+- state_dict() is torch.optim.AdamW's layout ("step", "exp_avg",
+  "exp_avg_sq" per parameter, on the CPU; "master_param" for float16/bfloat16
+  parameters, as gradkit.torch.AdamW's) with the moments in this optimizer's
+  form: gradkit.torch.AdamW loads it, and so does torch.optim.AdamW for
+  float32 moments; float32_state_dict() gives float32 moments whatever the
+  form. load_state_dict takes any of those forms.
+"""
+import functools
+import weakref
+
+import torch
+
+import gradkit
+from gradkit.torch._device import common_device, stream_handle
+from gradkit.torch._state_forms import StateForm, absmax_name
+
+_MOMENT_DTYPES = {"float32": gradkit.DType.f32, "bfloat16": gradkit.DType.bf16, "int8": gradkit.DType.u8}
+
+_HAS_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+
+
+def _on_grad(ref, index, _param):
+    """A parameter's post-accumulate-grad hook (holds the optimizer weakly)."""
+    optimizer = ref()
+    if optimizer is not None:
+        optimizer._gradient_accumulated(index)
+
+
+class _OffloadedAdamBase(torch.optim.Optimizer):
+    _decay = None  # gradkit.WeightDecay, set by the subclass
+
+    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize, *, moments="float32", bucket_mb=32.0,
+                 piece_mb=32.0, buckets=None, loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
+        self._form = StateForm(moments=moments, min_8bit_size=0)  # raises on an unknown form, naming it
+        super().__init__(params, defaults)
+        self._params = [p for g in self.param_groups for p in g["params"]]
+        if not self._params:
+            raise ValueError("the optimizer has no parameters")
+        self._form.check(self._params, any(g["amsgrad"] for g in self.param_groups))
+        self._device = common_device(self._params, "params")
+        if self._device.type != "cuda":
+            raise TypeError(f"params[0] is on {self._device}, expected a CUDA device: the offloaded optimizer keeps "
+                            "the model on the GPU and its state on the host (gradkit.torch.AdamW steps CPU models)")
+        for i, p in enumerate(self._params):
+            if not p.is_contiguous():
+                raise ValueError(f"params[{i}] is not contiguous; expected contiguous parameters")
+        if not (bucket_mb > 0):
+            raise ValueError(f"bucket_mb is {bucket_mb}, expected > 0")
+        if not (piece_mb > 0):
+            raise ValueError(f"piece_mb is {piece_mb}, expected > 0")
+        # The C++ optimizer needs the gradients' shapes and dtypes now, when
+        # torch may not have made them: the parameters stand in (torch's
+        # gradients have their parameter's shape and dtype), and every
+        # bucket_ready below passes the gradients of the moment.
+        groups = [{"params": [p.detach() for p in g["params"]], "grads": [p.detach() for p in g["params"]],
+                   "hyperparameters": self._hyperparameters(g)} for g in self.param_groups]
+        self._native = gradkit.OffloadedAdam(groups, moment_dtype=_MOMENT_DTYPES[moments], buckets=buckets,
+                                             bucket_bytes=int(bucket_mb * 2 ** 20),
+                                             piece_bytes=max(1, int(piece_mb * 2 ** 20)),
+                                             scaler=loss_scaler, max_norm=float(max_norm),
+                                             host_threads=int(host_threads))
+        self._bucket_of = self._native.bucket_of_tensor
+        self._bucket_tensors = [self._native.bucket_tensors(b) for b in range(self._native.num_buckets)]
+        self._lrs = [g["lr"] for g in self.param_groups]
+        self._loss_scale = None
+        self._refresh = False  # the masters are to be taken from the weights before the next step's first bucket
+        self._expected = None  # how often each parameter's hook fires in a step (learned at the first)
+        self._new_step()
+        self._hooks = []
+        if overlap and _HAS_HOOK:
+            ref = weakref.ref(self)
+            self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_on_grad, ref, i))
+                           for i, p in enumerate(self._params) if p.requires_grad]
+
+    def _hyperparameters(self, g):
+        return gradkit.AdamHyperparameters(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
+                                           weight_decay=g["weight_decay"], decay=self._decay, amsgrad=g["amsgrad"],
+                                           maximize=g["maximize"])
+
+    def _new_step(self):
+        self._counts = [0] * len(self._params)
+        self._handed = [False] * len(self._bucket_tensors)
+        self._remaining = [len(t) for t in self._bucket_tensors]
+
+    # -- handing buckets ---------------------------------------------------------
+
+    def _gradient_accumulated(self, index):
+        self._counts[index] += 1
+        if self._expected is None or self._counts[index] != self._expected[index]:
+            return
+        bucket = self._bucket_of[index]
+        self._remaining[bucket] -= 1
+        if self._remaining[bucket] == 0:
+            self._hand(bucket)
+
+    def _hand(self, bucket):
+        grads = []
+        for t in self._bucket_tensors[bucket]:
+            g = self._params[t].grad
+            if g is None:
+                raise ValueError(f"params[{t}] has no gradient; the offloaded optimizer updates every parameter "
+                                 "at every step")
+            if g.device != self._device or g.dtype != self._params[t].dtype or not g.is_contiguous():
+                raise TypeError(f"params[{t}].grad is {g.dtype} on {g.device}, expected a contiguous "
+                                f"{self._params[t].dtype} gradient on {self._device}")
+            grads.append(g.detach())
+        if self._refresh:
+            self._native.refresh_masters()
+            self._refresh = False
+        self._native.bucket_ready(bucket, stream_handle(self._device), grads)
+        self._handed[bucket] = True
+
+    # -- torch.optim.Optimizer ---------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Hands the buckets backward has not handed, and makes the current stream wait for
+        every updated weight (the host waits for the CPU steps)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for g, group in enumerate(self.param_groups):
+            if group["lr"] != self._lrs[g]:  # an lr scheduler's change
+                self._native.set_lr(g, float(group["lr"]))
+                self._lrs[g] = group["lr"]
+        for b, handed in enumerate(self._handed):
+            if not handed:
+                self._hand(b)
+        self._native.finish(stream_handle(self._device))
+        late = []
+        if self._expected is None:
+            self._expected = [max(c, 1) for c in self._counts]
+        else:
+            late = [i for i, c in enumerate(self._counts) if c > self._expected[i]]
+        self._new_step()
+        if late:
+            raise RuntimeError(f"params{late[:8]} got gradients after their bucket was handed (their hooks fired "
+                               "more often than at the first step), so this step used partial gradients; pass "
+                               "overlap=False when the number of backward passes per step changes")
+        return loss
+
+    @property
+    def loss_scale(self):
+        """The loss scale S as a 0-dim float32 tensor on the GPU (multiply the loss by it), or None."""
+        if self._loss_scale is None and self._native.loss_scale_device is not None:
+            self._loss_scale = torch.from_dlpack(self._native.loss_scale_device).view(())
+        return self._loss_scale
+
+    @property
+    def last_step_skipped(self):
+        return self._native.last_step_skipped
+
+    @property
+    def native(self):
+        """The gradkit.OffloadedAdam underneath (host_bytes, device_bytes, save, load)."""
+        return self._native
+
+    def _moment_names(self):
+        return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if any(g["amsgrad"] for g in self.param_groups) else [])
+
+    def _host_arrays(self):
+        """The native optimizer's host arrays by state key (masters as "master_param")."""
+        arrays = {name: getattr(self._native, name) for name in self._moment_names()}
+        if self._form.moments == "int8":
+            for name in ("exp_avg", "exp_avg_sq"):
+                arrays[absmax_name(name)] = getattr(self._native, absmax_name(name))
+        if self._params[0].dtype in (torch.float16, torch.bfloat16):
+            arrays["master_param"] = self._native.masters
+        return arrays
+
+    def state_dict(self):
+        """torch.optim.AdamW's layout, the state on the CPU (copies of the host state), the
+        moments in this optimizer's form."""
+        self._native.synchronize()
+        step = torch.tensor(float(self._native.step_count))
+        arrays = self._host_arrays()
+        for i, p in enumerate(self._params):
+            s = {"step": step.clone()}
+            for name, values in arrays.items():
+                t = torch.from_dlpack(values[i])
+                s[name] = (t if name.endswith("_absmax") else t.view(p.shape)).clone()
+            self.state[p] = s
+        out = super().state_dict()
+        self.state.clear()  # the state lives in gradkit's host memory
+        scaler = self._native.scaler_state()
+        if scaler is not None:
+            out["gradkit_loss_scaler"] = list(scaler)
+        return out
+
+    def float32_state_dict(self):
+        """state_dict() with float32 moments (decoded from 8-bit or bfloat16): torch.optim.AdamW's
+        layout, plus "master_param" for float16/bfloat16 parameters."""
+        out = self.state_dict()
+        names = self._moment_names()
+        keys = [k for g in out["param_groups"] for k in g["params"]]
+        for key, p in zip(keys, self._params):
+            out["state"][key] = self._form.to_float32(_host_proxy(p), names, out["state"][key])
+        return out
+
+    def load_state_dict(self, state_dict):
+        """Loads torch.optim.AdamW's layout (from this class, gradkit.torch.AdamW or torch.optim.AdamW),
+        the moments in any form (float32, bfloat16, 8-bit), converted into this optimizer's by
+        gradkit's encoders. Everything is checked and converted before anything is written. The
+        masters of float32 weights are the weights: they are taken from the model at the next step
+        (load the model's weights first or after, either works); float16/bfloat16 masters come from
+        "master_param", or from the weights when the state has none (torch.optim's)."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"state_dict has {len(saved_groups)} param groups, expected {len(self.param_groups)}")
+        keys = [k for g in saved_groups for k in g["params"]]
+        if len(keys) != len(self._params):
+            raise ValueError(f"state_dict has {len(keys)} params, expected {len(self._params)}")
+        names = ["exp_avg", "exp_avg_sq"]
+        if any(g.get("amsgrad", False) for g in saved_groups):
+            names.append("max_exp_avg_sq")
+        low = self._params[0].dtype in (torch.float16, torch.bfloat16)
+        steps, masters = set(), []
+        converted = []
+        for i, (key, p) in enumerate(zip(keys, self._params)):
+            s = state_dict["state"].get(key)
+            if s is None:
+                raise ValueError(f"state_dict has no state for params[{i}]; expected the state of a stepped optimizer")
+            for name in names + (["master_param"] if low and "master_param" in s else []):
+                if name not in s or s[name].numel() != p.numel():
+                    raise ValueError(f"state_dict's state of params[{i}] has no '{name}' of {p.numel()} elements")
+            masters.append(s.get("master_param"))
+            steps.add(int(s["step"]))
+            moments = {k: v for k, v in s.items() if k in names or k.endswith("_absmax")}
+            self._form.convert_moments(_host_proxy(p), names, moments)  # into this form, on the host
+            for name in names:
+                blocks = moments.get(absmax_name(name))
+                if blocks is not None and blocks.numel() != gradkit.quant_blocks(p.numel()):
+                    raise ValueError(f"state_dict's state of params[{i}] has a '{absmax_name(name)}' of "
+                                     f"{blocks.numel()} elements, expected {gradkit.quant_blocks(p.numel())}")
+            converted.append(moments)
+        if len(steps) != 1:
+            raise ValueError(f"state_dict's params have step counts {sorted(steps)}; the offloaded optimizer "
+                             "keeps one count for all")
+        if any(g.get("amsgrad", False) for g in saved_groups) and not any(g["amsgrad"] for g in self.param_groups):
+            raise ValueError("state_dict uses amsgrad, but this optimizer was made without it")
+        self._native.step_count = steps.pop()
+        targets = {k: v for k, v in self._host_arrays().items() if k != "master_param"}
+        for i, moments in enumerate(converted):
+            for name, array in targets.items():
+                if name in moments:
+                    torch.from_dlpack(array[i]).copy_(moments[name].reshape(-1))
+        if low and all(m is not None for m in masters):
+            for array, m in zip(self._native.masters, masters):
+                torch.from_dlpack(array).copy_(m.reshape(-1))
+        else:
+            self._refresh = True  # f32: the weights are the masters; f16/bf16 without masters: start from them
+        for group, saved in zip(self.param_groups, saved_groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        scaler = state_dict.get("gradkit_loss_scaler")
+        if scaler is not None and self._native.scaler_state() is not None:
+            self._native.set_scaler_state(*scaler)
+
+    def __getstate__(self):
+        raise TypeError(f"{type(self).__name__} cannot be pickled or deep-copied (its state is in gradkit's "
+                        "host memory); use state_dict()")
+
+
+def _host_proxy(p):
+    """A host tensor standing in for p where a state conversion needs only its shape and dtype
+    (and puts what it makes on the host, where the offloaded state lives)."""
+    return torch.empty(p.shape, dtype=p.dtype)
+
+
+class OffloadedAdamW(_OffloadedAdamBase):
+    """torch.optim.AdamW's update (decoupled weight decay) with the state on the host and the
+    step on the CPU. Keyword-only: moments ("float32", "bfloat16" or "int8": the host moments'
+    form), bucket_mb (gradient bytes per bucket, buckets cut from the
+    last parameter to the first), piece_mb (within a bucket, the copies and the CPU step go in
+    pieces of this many gradient bytes, so that they overlap each other), buckets (each
+    parameter's bucket instead), loss_scaler
+    (gradkit.LossScalerOptions: the loss scale is .loss_scale), max_norm (clip the global norm),
+    overlap (hand buckets from backward's hooks; torch >= 2.1), host_threads (threads of the CPU
+    step; 0: every core but two)."""
+
+    _decay = gradkit.WeightDecay.decoupled
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False,
+                 maximize=False, **offload):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize, **offload)
+
+
+class OffloadedAdam(_OffloadedAdamBase):
+    """torch.optim.Adam's update (L2 weight decay) with the state on the host; as OffloadedAdamW."""
+
+    _decay = gradkit.WeightDecay.l2
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False,
+                 maximize=False, **offload):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize, **offload)

@@ -1,0 +1,76 @@
+// LAMB with 8-bit blockwise moments: the pieces both backends share, so that
+// the CPU and CUDA steps are the same bit for bit. The moments are decoded,
+// updated and encoded with adam_step's code (backend/blockwise_math.h); the
+// direction d that the norms and pass 2 use is computed from the encoded
+// (stored) moments, as the f32 path computes it from the rounded ones.
+//
+// The non-finite rule works on whole blocks: a block is encoded as a whole
+// (one absmax), so one element cannot keep its old moments while the rest
+// of its block takes new ones. Where d is not finite for any element of a
+// block, pass 1 leaves the block's codes and absmax as they were, adds none
+// of its d^2, and marks it by flipping the sign of its exp_avg absmax (never
+// negative otherwise); pass 2 flips it back and leaves the block's weights.
+// So no Inf or NaN ever reaches the stored moments.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/blockwise_math.h"
+#include "backend/lamb_math.h"
+#include "backend/master_math.h"  // float_bits
+
+namespace gradkit::backend {
+
+// The CUDA kernels give each warp one quantization block at a time, lane k
+// elements [k * kLaneElements, (k + 1) * kLaneElements); the CPU walks a
+// block in the same pieces, so that the sums of squares are added in the
+// same order.
+constexpr int kWarpLanes = 32;
+constexpr int kLaneElements = kQuantBlock / kWarpLanes;
+static_assert(kQuantBlock % kWarpLanes == 0);
+
+// The value lane 0 holds after cuda::warp_reduce with + over the lanes'
+// values (shfl_down by 16, 8, 4, 2, 1): lane i adds lane i + offset.
+inline double warp_tree_sum(double (&lanes)[kWarpLanes]) {
+  for (int offset = kWarpLanes / 2; offset > 0; offset /= 2) {
+    for (int i = 0; i < offset; ++i) lanes[i] = lanes[i] + lanes[i + offset];
+  }
+  return lanes[0];
+}
+
+// values[0], values[stride], ... (count of them) added as the ratio kernel
+// of src/cuda/lamb.cu adds a tensor's chunk partials: lane k takes k,
+// k + 32, ... in order, then the warp's tree.
+inline double lane_strided_sum(const double* values, int64_t count, int64_t stride) {
+  double lanes[kWarpLanes] = {};
+  for (int64_t i = 0; i < count; ++i) lanes[i % kWarpLanes] += values[i * stride];
+  return warp_tree_sum(lanes);
+}
+
+// One element's moments after the step, from its codes (pass 1).
+GRADKIT_HD void lamb_8bit_moments(float g, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
+                                  const QuantTables& t, const LambCoefficients<float>& c, float& m, float& v) {
+  m = dequantize(t.table[0], qm, absmax_m);
+  v = dequantize(t.table[1], qv, absmax_v);
+  lamb_moments(g, m, v, c);
+}
+
+// The direction from the stored codes and the weight.
+GRADKIT_HD float lamb_8bit_direction(float w, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
+                                     const QuantTables& t, const LambCoefficients<float>& c) {
+  return lamb_direction(w, dequantize(t.table[0], qm, absmax_m), dequantize(t.table[1], qv, absmax_v), c);
+}
+
+// The block mark (see above): set by pass 1, cleared by pass 2; both flip.
+GRADKIT_HD float lamb_flip_mark(float absmax) { return -absmax; }
+GRADKIT_HD bool lamb_marked(float absmax) { return (float_bits(absmax) >> 31) != 0; }
+
+// Pass 2 for an element of an unmarked block: the new weight, or the old
+// one where the new one would not be finite.
+GRADKIT_HD float lamb_8bit_update(float w, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
+                                  const QuantTables& t, float step, const LambCoefficients<float>& c) {
+  const float updated = lamb_apply(w, step, lamb_8bit_direction(w, qm, qv, absmax_m, absmax_v, t, c));
+  return finite(updated) ? updated : w;
+}
+
+}  // namespace gradkit::backend

@@ -1,0 +1,61 @@
+// What the kernels over 8-bit moments share (cuda/adam_8bit.cu,
+// cuda/lamb_8bit.cu): a warp owns one quantization block at a time, lane k
+// the kPerLane consecutive elements from k * kPerLane; the code tables are
+// copied into shared memory once per thread block.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/blockwise_math.h"
+#include "cuda/multi_tensor.cuh"
+
+namespace gradkit::cuda {
+
+constexpr int kLanes = 32;
+constexpr int kPerLane = kQuantBlock / kLanes;  // 8
+static_assert(kQuantBlock % kLanes == 0 && kPerLane >= 1 && kPerLane <= 16);
+
+// kPerLane consecutive elements from p (n of them valid), one vector load
+// when the block is whole and the address allows it.
+template <class T>
+__device__ __forceinline__ void load_lane(T (&dst)[kPerLane], const T* p, int n, bool vectorized) {
+  if (vectorized && n == kPerLane) return load<kPerLane>(dst, p, true);
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) dst[k] = k < n ? p[k] : T{};
+}
+
+template <class T>
+__device__ __forceinline__ void store_lane(T* p, const T (&src)[kPerLane], int n, bool vectorized) {
+  if (vectorized && n == kPerLane) return store<kPerLane>(p, src, true);
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    if (k < n) p[k] = src[k];
+  }
+}
+
+// Calls body(b, at, n) for each quantization block b of a chunk of `length`
+// elements that this thread's warp owns (warp w: blocks w, w + warps, ...):
+// `at` is the lane's first element, `n` how many of its kPerLane elements
+// lie in the chunk (0 to kPerLane). Every lane of the warp calls body for the
+// same blocks, so body may use the warp's shuffles.
+template <class Body>
+__device__ __forceinline__ void for_each_warp_block(int length, Body&& body) {
+  const int lane = threadIdx.x % kLanes, warps = blockDim.x / kLanes;
+  const int blocks = (length + kQuantBlock - 1) / kQuantBlock;
+  for (int b = threadIdx.x / kLanes; b < blocks; b += warps) {
+    const int at = b * kQuantBlock + lane * kPerLane;
+    body(b, at, min(kPerLane, max(0, length - at)));
+  }
+}
+
+// Copies both tables into `to` (shared memory) with the block's threads;
+// the caller synchronizes before reading them.
+__device__ __forceinline__ void copy_tables(backend::QuantTables& to, const backend::QuantTables* from) {
+  const auto* src = reinterpret_cast<const float*>(from);
+  auto* dst = reinterpret_cast<float*>(&to);
+  for (int k = threadIdx.x; k < static_cast<int>(sizeof(backend::QuantTables) / sizeof(float)); k += blockDim.x) {
+    dst[k] = src[k];
+  }
+}
+
+}  // namespace gradkit::cuda

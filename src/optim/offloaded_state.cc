@@ -1,0 +1,91 @@
+// OffloadedAdam's state file: the non-offloaded optimizer's format, so that
+// a checkpoint moves between the two (docs/state-format.md).
+#include <string>
+
+#include "gradkit/core/error.h"
+#include "gradkit/optim/state_file.h"
+#include "optim/hyperparameter_io.h"
+#include "optim/moment_storage.h"
+#include "optim/offloaded_parts.h"
+
+namespace gradkit {
+namespace {
+
+// f32 weights: Adam's file; f16/bf16 weights: MixedPrecisionAdam's (it
+// adds the masters, which the model's weights cannot give back).
+std::string_view kind(bool low_precision) { return low_precision ? "mixed_precision_adam" : "adam"; }
+
+}  // namespace
+
+void OffloadedAdam::save(const std::string& path) {
+  StateFile file;
+  const std::string_view k = kind(low_precision_);
+  file.add("kind", std::vector<uint8_t>(k.begin(), k.end()));
+  save_to(file);
+  file.write(path);
+}
+
+void OffloadedAdam::load(const std::string& path) {
+  const StateFile file = read_state(path, kind(low_precision_));
+  check_state(path, file);
+  apply_state(file);
+}
+
+void OffloadedAdam::save_to(StateFile& file) {
+  synchronize();
+  adam_->save_to(file);
+  if (low_precision_) {
+    const StateSection masters[] = {{"masters", &masters_}};
+    add_sections(file, masters);
+  }
+  if (scaler_) {
+    file.add("scaler", scaler_section(*scaler_));
+  } else if (low_precision_) {
+    // MixedPrecisionAdam's file has a scaler: a scale of 1 that nothing
+    // has changed stands for none (ignored when loaded here).
+    SectionWriter none;
+    none.put(LossScalerState{1.0f, 0, 1});
+    file.add("scaler", none.take());
+  }
+}
+
+void OffloadedAdam::check_state(const std::string& path, const StateFile& file) const {
+  adam_->check_state(path, file);
+  if (low_precision_) {
+    const StateSection masters[] = {{"masters", &masters_}};
+    check_sections(path, file, masters);
+  }
+  if (scaler_ && file.has("scaler")) read_scaler_section(path, file, *scaler_);
+  (void)read_groups(path, file.get("groups"), groups_);
+}
+
+void OffloadedAdam::apply_state(const StateFile& file) {
+  synchronize();
+  const std::vector<AdamHyperparameters> hyper = read_groups("", file.get("groups"), groups_);
+  adam_->apply_state(file);
+  for (Piece& p : pieces_) p.plan.set_hyperparameters(hyper);
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];
+  if (scaler_ && file.has("scaler")) scaler_->set_state(read_scaler_section("", file, *scaler_));
+  if (low_precision_) {
+    const StateSection masters[] = {{"masters", &masters_}};
+    apply_sections(file, masters);
+    cast_into(staged_copies_, masters_);
+    copy_weights_to_device();
+  } else {
+    refresh_masters();  // the model's weights are the masters: loaded with the model
+  }
+}
+
+void OffloadedAdam::refresh_masters() {
+  if (worker_) synchronize();  // the constructor calls it before the worker exists
+  const std::vector<TensorView>& into = low_precision_ ? staged_copies_ : masters_;
+  for (size_t i = 0; i < params_.size(); ++i) copy_to_host(into[i].data, params_[i].data, params_[i].bytes(), device_);
+  if (low_precision_) cast_into(masters_, staged_copies_);
+}
+
+void OffloadedAdam::copy_weights_to_device() {
+  const std::vector<TensorView>& from = low_precision_ ? staged_copies_ : masters_;
+  for (size_t i = 0; i < params_.size(); ++i) copy_from_host(params_[i].data, device_, from[i].data, params_[i].bytes());
+}
+
+}  // namespace gradkit
