@@ -58,11 +58,18 @@ def main():
             params = [torch.nn.Parameter(b) for b in bufs]
             for p in params:
                 p.grad = torch.rand(p.numel(), device=device, generator=gen) * 2 - 1
+            # On the CPU fused=True exists from PyTorch 2.4; before it, the
+            # fastest there is foreach. The note says which one ran.
             try:
                 opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True)
-            except (TypeError, RuntimeError):
-                opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
-            opt.step()  # creates the state
+                opt.step()  # creates the state
+                kind = "fused=True"
+            except (RuntimeError, TypeError, ValueError):
+                opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, foreach=True)
+                opt.step()
+                kind = "foreach=True (this PyTorch has no fused AdamW on the CPU)"
+            threads = f", {torch.get_num_threads()} threads" if not cuda else ""
+            print(f"note case {index} adam: torch {torch.__version__} AdamW({kind}){threads}", flush=True)
             fn = opt.step
         elif op == "fp16-adam" and cuda:
             # PyTorch's AMP sequence after backward, as a user writes it:

@@ -51,7 +51,7 @@ GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, d
 // The per-launch flags of the update, from two sources. AdamFlags fixes them
 // at compile time, so that the element function below has no branch and a
 // loop over it vectorizes (the CPU backend instantiates one loop per flag
-// combination, picked once per chunk: src/cpu/adam_strip.h); RuntimeAdamFlags
+// combination, picked once per chunk: src/cpu/adam_kernel.h); RuntimeAdamFlags
 // reads them from the coefficients, a branch that is uniform across a launch
 // (the CUDA kernels, where that costs nothing). Both run the same formula.
 template <WeightDecay Decay, bool Amsgrad, bool Maximize>
@@ -79,7 +79,7 @@ GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficie
   using exact::mul;
   using exact::sub;
   const bool hugging_face = f.decay == static_cast<int32_t>(WeightDecay::hugging_face);
-  if (f.maximize) g = -g;
+  if (f.maximize) g = exact::neg(g);
   if (f.decay == static_cast<int32_t>(WeightDecay::l2)) g = add(g, mul(c.weight_decay, w));
   if (f.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
   m = hugging_face ? add(mul(m, c.beta1), mul(c.one_minus_beta1, g)) : add(m, mul(c.one_minus_beta1, sub(g, m)));

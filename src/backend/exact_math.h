@@ -30,6 +30,32 @@ GRADKIT_HD double add(double a, double b) { return a + b; }
 GRADKIT_HD double sub(double a, double b) { return a - b; }
 #endif
 
+// -x, as a flip of the sign bit that no compiler folds away. Host compilers
+// rewrite (-x) + y as y - x, which is the same number for every x but a
+// NaN, whose sign the flip changes and the subtraction keeps; CUDA's
+// negation is the flip itself (and its _rn operations are never rewritten).
+#if defined(__CUDA_ARCH__)
+GRADKIT_HD float neg(float x) { return -x; }
+GRADKIT_HD double neg(double x) { return -x; }
+#else
+GRADKIT_HD float neg(float x) {
+  unsigned int bits;
+  static_assert(sizeof bits == sizeof x);
+  __builtin_memcpy(&bits, &x, sizeof bits);
+  bits ^= 0x80000000u;
+  __builtin_memcpy(&x, &bits, sizeof x);
+  return x;
+}
+GRADKIT_HD double neg(double x) {
+  unsigned long long bits;
+  static_assert(sizeof bits == sizeof x);
+  __builtin_memcpy(&bits, &x, sizeof bits);
+  bits ^= 0x8000000000000000ull;
+  __builtin_memcpy(&x, &bits, sizeof x);
+  return x;
+}
+#endif
+
 // x^n for n >= 0 by repeated squaring: the same roundings on every backend
 // (the libraries' pow functions may differ in the last bit).
 GRADKIT_HD double power(double x, long long n) {

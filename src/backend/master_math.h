@@ -41,12 +41,11 @@ GRADKIT_HD float bits_float(uint32_t bits) { return bits_as<float>(bits); }
 // (its top 16 bits with the quiet bit set) and its low 16 bits.
 GRADKIT_HD void split_master(float master, uint16_t& weight, int16_t& remainder) {
   const uint32_t bits = float_bits(master);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    weight = static_cast<uint16_t>((bits >> 16) | 0x40u);
-    remainder = static_cast<int16_t>(bits & 0xffffu);
-    return;
-  }
-  weight = static_cast<uint16_t>((bits + 0x8000u) >> 16);
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  // Selects, not branches, so that a CPU loop over elements vectorizes.
+  weight = nan ? static_cast<uint16_t>((bits >> 16) | 0x40u) : static_cast<uint16_t>((bits + 0x8000u) >> 16);
+  // The weight's bits end in 16 zeros, so the remainder is the master's low
+  // 16 bits in both cases.
   remainder = static_cast<int16_t>(static_cast<uint16_t>(bits - (static_cast<uint32_t>(weight) << 16)));
 }
 
@@ -54,8 +53,8 @@ GRADKIT_HD void split_master(float master, uint16_t& weight, int16_t& remainder)
 // (a NaN weight gives a NaN, quiet, with the remainder as its low bits).
 GRADKIT_HD float join_master(uint16_t weight, int16_t remainder) {
   const uint32_t high = static_cast<uint32_t>(weight) << 16;
-  if ((weight & 0x7fffu) > 0x7f80u) return bits_float(high | static_cast<uint16_t>(remainder));
-  return bits_float(high + static_cast<uint32_t>(static_cast<int32_t>(remainder)));
+  const bool nan = (weight & 0x7fffu) > 0x7f80u;
+  return bits_float(nan ? high | static_cast<uint16_t>(remainder) : high + static_cast<uint32_t>(static_cast<int32_t>(remainder)));
 }
 
 }  // namespace gradkit::backend

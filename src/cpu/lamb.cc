@@ -1,6 +1,8 @@
 // LAMB on the CPU: the same two passes and the same per-element formulas as
 // the CUDA backend (backend/lamb.h, backend/lamb_math.h), and each tensor's
-// chunk sums added in the CUDA ratio kernel's order.
+// chunk sums added in the CUDA ratio kernel's order. The element loops of
+// float moments are templates on their dtypes and choices, run in the copy
+// for the active instruction set (isa.h); 8-bit moments: cpu/lamb_8bit.h.
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "backend/lamb.h"
 #include "backend/lamb_blockwise.h"
 #include "backend/lamb_math.h"
+#include "cpu/isa.h"
 #include "cpu/lamb_8bit.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
@@ -15,61 +18,96 @@
 namespace gradkit::backend {
 namespace {
 
-// The element loops of both passes for moments stored as M (f32, bf16; f64
-// with f64 weights); 8-bit moments: cpu/lamb_8bit.h.
+struct NoCopy {};  // pass 2 writes no model copy
+
+// Pass 1 over one chunk: new moments, and the chunk's sums of w^2 and d^2.
+// The element work runs as vector loops over blocks of kBlock, leaving each
+// element's squares in small buffers; the sums then add them in element
+// order (an element whose d is not finite adds +0 to d^2, which leaves the
+// sum as it was: it starts at +0 and only grows).
+template <class W, class G, class M>
+struct Pass1 {
+  using C = cpu::compute_t<W>;
+  static constexpr int kBlock = 512;
+  static void run(int64_t n, const W* __restrict w, const G* __restrict g, M* __restrict m, M* __restrict v,
+                  LambCoefficients<C> c, double* sums) {
+    double w2 = 0, d2 = 0;
+    alignas(64) double w_squares[kBlock], d_squares[kBlock];
+    for (int64_t base = 0; base < n; base += kBlock) {
+      const int count = static_cast<int>(n - base < kBlock ? n - base : kBlock);
+      for (int k = 0; k < count; ++k) {
+        const int64_t i = base + k;
+        const C wc = cpu::to_compute<C>(w[i]);
+        const M m_old = m[i], v_old = v[i];
+        C mc = cpu::to_compute<C>(m_old), vc = cpu::to_compute<C>(v_old);
+        lamb_moments(cpu::to_compute<C>(g[i]), mc, vc, c);
+        const M m_stored = cpu::from_compute<M>(mc), v_stored = cpu::from_compute<M>(vc);
+        const C d = lamb_direction(wc, cpu::to_compute<C>(m_stored), cpu::to_compute<C>(v_stored), c);
+        const bool ok = finite(d);
+        m[i] = ok ? m_stored : m_old;
+        v[i] = ok ? v_stored : cpu::from_compute<M>(-cpu::to_compute<C>(v_old));  // mark (see backend/lamb.h)
+        d_squares[k] = ok ? static_cast<double>(d) * d : 0.0;
+        w_squares[k] = static_cast<double>(wc) * wc;
+      }
+      for (int k = 0; k < count; ++k) {
+        w2 += w_squares[k];
+        d2 += d_squares[k];
+      }
+    }
+    sums[0] = w2;
+    sums[1] = d2;
+  }
+};
+
+// Pass 2 over one chunk: the weights (or their update), the model copy, and
+// the marks cleared.
+template <class W, class M, class Copy, bool Update>
+struct Pass2 {
+  using C = cpu::compute_t<W>;
+  static void run(int64_t n, W* __restrict w, W* __restrict update, const M* __restrict m, M* __restrict v,
+                  Copy* __restrict copy, LambCoefficients<C> c, C step_size) {
+    for (int64_t i = 0; i < n; ++i) {
+      const C w_old = cpu::to_compute<C>(w[i]);
+      const C vc = cpu::to_compute<C>(v[i]);
+      const bool marked = std::signbit(vc);
+      if (marked) v[i] = cpu::from_compute<M>(-vc);
+      const C updated = lamb_apply(w_old, step_size, lamb_direction(w_old, cpu::to_compute<C>(m[i]), vc, c));
+      const C w_new = !marked && finite(updated) ? updated : w_old;
+      if constexpr (Update) update[i] = cpu::from_compute<W>(w_new - w_old);
+      else w[i] = cpu::from_compute<W>(w_new);
+      if constexpr (!std::is_same_v<Copy, NoCopy>) copy[i] = cpu::from_compute<Copy>(static_cast<float>(w_new));
+    }
+  }
+};
+
+// Float moments stored as M (f32, bf16; f64 with f64 weights), both passes
+// in the active instruction set's copy.
 template <class W, class G, class M>
 struct PlainMoments {
   using C = cpu::compute_t<W>;
   using Weight = W;
 
-  // Pass 1 over a chunk: new moments, and the chunk's sums of w^2 and d^2.
-  static void norms(const cpu::ChunkView& chunk, const LambLaunch&, const LambCoefficients<C>& c, double& w2c,
-                    double& d2c) {
-    const W* w = chunk.tensor<W>(0);
-    const G* g = chunk.tensor<G>(1);
-    M* m = chunk.tensor<M>(2);
-    M* v = chunk.tensor<M>(3);
-    for (int i = 0; i < chunk.chunk.length; ++i) {
-      const C wc = cpu::to_compute<C>(w[i]);
-      C mc = cpu::to_compute<C>(m[i]), vc = cpu::to_compute<C>(v[i]);
-      lamb_moments(cpu::to_compute<C>(g[i]), mc, vc, c);
-      const M m_stored = cpu::from_compute<M>(mc), v_stored = cpu::from_compute<M>(vc);
-      const C d = lamb_direction(wc, cpu::to_compute<C>(m_stored), cpu::to_compute<C>(v_stored), c);
-      if (finite(d)) {
-        m[i] = m_stored;
-        v[i] = v_stored;
-        d2c += static_cast<double>(d) * d;
-      } else {
-        v[i] = cpu::from_compute<M>(-cpu::to_compute<C>(v[i]));  // mark (see backend/lamb.h)
-      }
-      w2c += static_cast<double>(wc) * wc;
-    }
+  static void norms(const cpu::ChunkView& chunk, const LambLaunch&, const LambCoefficients<C>& c, double* sums,
+                    cpu::Isa isa) {
+    cpu::run_kernel<Pass1<W, G, M>>(isa, int64_t{chunk.chunk.length}, static_cast<const W*>(chunk.tensor<W>(0)),
+                                    static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<M>(2), chunk.tensor<M>(3),
+                                    c, sums);
   }
 
-  // Pass 2 over a chunk: store(i, w_old, w_new) for each element.
-  template <class Store>
-  static void update(const cpu::ChunkView& chunk, const LambLaunch&, const LambCoefficients<C>& c, C step_size,
-                     const Store& store) {
-    const W* w = chunk.tensor<W>(0);
-    const M* m = chunk.tensor<M>(2);
-    M* v = chunk.tensor<M>(3);
-    for (int i = 0; i < chunk.chunk.length; ++i) {
-      const C w_old = cpu::to_compute<C>(w[i]);
-      const C vc = cpu::to_compute<C>(v[i]);
-      C w_new = w_old;
-      if (std::signbit(vc)) {
-        v[i] = cpu::from_compute<M>(-vc);
-      } else {
-        const C updated = lamb_apply(w_old, step_size, lamb_direction(w_old, cpu::to_compute<C>(m[i]), vc, c));
-        if (finite(updated)) w_new = updated;
-      }
-      store(i, w_old, w_new);
-    }
+  template <class Copy, bool Update>
+  static void update(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<C>& c, C step_size,
+                     cpu::Isa isa) {
+    Copy* copy = nullptr;
+    if constexpr (!std::is_same_v<Copy, NoCopy>) copy = chunk.tensor<Copy>(l.copy_list);
+    cpu::run_kernel<Pass2<W, M, Copy, Update>>(isa, int64_t{chunk.chunk.length}, chunk.tensor<W>(0),
+                                               Update ? chunk.tensor<W>(l.update_list) : static_cast<W*>(nullptr),
+                                               static_cast<const M*>(chunk.tensor<M>(2)), chunk.tensor<M>(3), copy, c,
+                                               step_size);
   }
 };
 
 template <class Moments>
-void run(const MultiTensorPlan& plan, const LambLaunch& l) {
+void run(const MultiTensorPlan& plan, const LambLaunch& l, cpu::Isa isa) {
   using W = typename Moments::Weight;
   using C = typename Moments::C;
   const LambStepInputs& in = l.inputs;
@@ -96,10 +134,7 @@ void run(const MultiTensorPlan& plan, const LambLaunch& l) {
   } else {
     // Pass 1: moments, and per-chunk sums of squares.
     cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
-      double w2c = 0, d2c = 0;
-      Moments::norms(chunk, l, coefficients(chunk), w2c, d2c);
-      l.partials[2 * chunk.index] = w2c;
-      l.partials[2 * chunk.index + 1] = d2c;
+      Moments::norms(chunk, l, coefficients(chunk), &l.partials[2 * chunk.index], isa);
     });
     // Each tensor's chunks (stored in tensor order) added in the CUDA ratio kernel's order.
     for (size_t first = 0, last = 0; first < chunks.size(); first = last) {
@@ -118,41 +153,38 @@ void run(const MultiTensorPlan& plan, const LambLaunch& l) {
   }
   for (size_t t = 0; t < plan.num_tensors(); ++t) l.ratios[t] = lamb_ratio(w2[t], d2[t], l.groups[plan.groups()[t]]);
 
-  // Pass 2: the weights.
-  cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
-    const LambCoefficients<C> c = coefficients(chunk);
-    const C step_size = exact::mul(c.eta, static_cast<C>(l.ratios[chunk.chunk.tensor]));
-    W* w = chunk.tensor<W>(0);
-    Moments::update(chunk, l, c, step_size, [&](int i, C w_old, C w_new) {
-      if (l.update_list >= 0) chunk.tensor<W>(l.update_list)[i] = cpu::from_compute<W>(w_new - w_old);
-      else w[i] = cpu::from_compute<W>(w_new);
-      if (l.copy_list >= 0) {
-        dispatch_dtype(plan.dtype(l.copy_list), [&]<class Copy>() {
-          if constexpr (std::is_same_v<Copy, half> || std::is_same_v<Copy, bfloat16>) {
-            chunk.tensor<Copy>(l.copy_list)[i] = cpu::from_compute<Copy>(static_cast<float>(w_new));
-          }
-        });
-      }
+  // Pass 2: the weights, with the update list and the copy's type fixed for the launch.
+  auto pass2 = [&]<class Copy, bool Update>() {
+    cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
+      const LambCoefficients<C> c = coefficients(chunk);
+      const C step_size = exact::mul(c.eta, static_cast<C>(l.ratios[chunk.chunk.tensor]));
+      Moments::template update<Copy, Update>(chunk, l, c, step_size, isa);
     });
+  };
+  if (l.update_list >= 0) return pass2.template operator()<NoCopy, true>();  // no model copy with an update list
+  if (l.copy_list < 0) return pass2.template operator()<NoCopy, false>();
+  dispatch_dtype(plan.dtype(l.copy_list), [&]<class Copy>() {
+    if constexpr (std::is_same_v<Copy, half> || std::is_same_v<Copy, bfloat16>) pass2.template operator()<Copy, false>();
   });
 }
 
 }  // namespace
 
 void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& l) {
+  const cpu::Isa isa = cpu::active_isa();  // before anything is written: it may throw
   if (l.do_update != nullptr && !*l.do_update) return;
   if (l.inputs.found_inf != nullptr && *l.inputs.found_inf) return;
   if (!plan.empty()) {
     if (plan.dtype(0) == DType::f64) {
-      run<PlainMoments<double, double, double>>(plan, l);
+      run<PlainMoments<double, double, double>>(plan, l, isa);
     } else {
       dispatch_dtype(plan.dtype(1), [&]<class G>() {
         if constexpr (!std::is_same_v<G, double>) {
-          if (l.absmax_list >= 0) return run<BlockwiseMoments<G>>(plan, l);
+          if (l.absmax_list >= 0) return run<BlockwiseMoments<G>>(plan, l, isa);
         }
         dispatch_dtype(plan.dtype(2), [&]<class M>() {
           if constexpr (!std::is_same_v<G, double> && (std::is_same_v<M, float> || std::is_same_v<M, bfloat16>)) {
-            run<PlainMoments<float, G, M>>(plan, l);
+            run<PlainMoments<float, G, M>>(plan, l, isa);
           }
         });
       });

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/lamb.h"
 #include "backend/lamb_blockwise.h"
 #include "backend/quant_tables.h"
+#include "cpu/isa.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
@@ -21,9 +23,11 @@ struct BlockwiseMoments {
   using Weight = float;
 
   // Pass 1: each block's moments encoded anew (or the block kept and
-  // marked), and the chunk's sums: each block's, in block order.
-  static void norms(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<float>& c, double& w2c,
-                    double& d2c) {
+  // marked), and the chunk's sums (sums[0]: w^2, sums[1]: d^2): each
+  // block's, in block order. Scalar loops: `isa` is not used.
+  static void norms(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<float>& c, double* sums,
+                    cpu::Isa) {
+    double w2c = 0, d2c = 0;
     const QuantTables& t = *l.tables;
     const float* w = chunk.tensor<float>(0);
     const G* g = chunk.tensor<G>(1);
@@ -62,15 +66,22 @@ struct BlockwiseMoments {
         absmax_m[b] = lamb_flip_mark(absmax_m[b]);
       }
     }
+    sums[0] = w2c;
+    sums[1] = d2c;
   }
 
-  // Pass 2: store(i, w_old, w_new) for each element; a marked block's
-  // weights stay and its mark is cleared.
-  template <class Store>
+  // Pass 2: the weights (or, with Update, their change in the update list)
+  // and the model copy when Copy is f16 or bf16; a marked block's weights
+  // stay and its mark is cleared.
+  template <class Copy, bool Update>
   static void update(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<float>& c, float step,
-                     const Store& store) {
+                     cpu::Isa) {
+    constexpr bool kCopy = std::is_same_v<Copy, half> || std::is_same_v<Copy, bfloat16>;
     const QuantTables& t = *l.tables;
-    const float* w = chunk.tensor<float>(0);
+    float* w = chunk.tensor<float>(0);
+    float* update_list = Update ? chunk.tensor<float>(l.update_list) : nullptr;
+    Copy* copy = nullptr;
+    if constexpr (kCopy) copy = chunk.tensor<Copy>(l.copy_list);
     const uint8_t* qm = chunk.tensor<uint8_t>(2);
     const uint8_t* qv = chunk.tensor<uint8_t>(3);
     float* absmax_m = chunk.block_tensor<float>(l.absmax_list, kQuantBlock);
@@ -81,8 +92,11 @@ struct BlockwiseMoments {
       const bool marked = lamb_marked(absmax_m[b]);
       for (int k = 0; k < n; ++k) {
         const int64_t i = base + k;
-        store(static_cast<int>(i), w[i],
-              marked ? w[i] : lamb_8bit_update(w[i], qm[i], qv[i], absmax_m[b], absmax_v[b], t, step, c));
+        const float w_old = w[i];
+        const float w_new = marked ? w_old : lamb_8bit_update(w_old, qm[i], qv[i], absmax_m[b], absmax_v[b], t, step, c);
+        if constexpr (Update) update_list[i] = w_new - w_old;
+        else w[i] = w_new;
+        if constexpr (kCopy) copy[i] = cpu::from_compute<Copy>(w_new);
       }
       if (marked) absmax_m[b] = lamb_flip_mark(absmax_m[b]);
     }

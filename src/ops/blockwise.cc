@@ -114,14 +114,6 @@ const QuantTables& quant_tables() {
   return tables;
 }
 
-void encode_block(const QuantTable& table, const float* values, int n, uint8_t* codes, float* absmax) {
-  float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = absmax_fold(amax, values[i]);
-  const float scale = quant_scale(amax);
-  for (int i = 0; i < n; ++i) codes[i] = quantize(table, exact::mul(values[i], scale));
-  *absmax = amax;
-}
-
 }  // namespace backend
 
 void quantize_blockwise(QuantCode code, const TensorView& values, const TensorView& codes, const TensorView& absmax) {

@@ -17,6 +17,7 @@
 #include "bench_device.h"
 #include "gradkit/core/error.h"
 #include "gradkit/ops/adam.h"
+#include "gradkit/ops/blockwise.h"
 #include "gradkit/ops/gradient.h"
 #include "gradkit/ops/lamb.h"
 #include "gradkit/optim/mixed_precision.h"
@@ -41,7 +42,13 @@ TensorList carve(BenchDevice& dev, const Workload& w, DType dtype, uint64_t seed
     total += (static_cast<size_t>(n) * element + 255) / 256 * 256;
   }
   auto* base = static_cast<unsigned char*>(dev.allocate(total));
-  dev.fill_random(base, static_cast<int64_t>(total / element), dtype, seed, positive);
+  if (dtype == DType::u8 || dtype == DType::i16) {
+    // Storage dtypes (8-bit codes, remainders): random bits will do, and
+    // fill_random knows only the floating-point ones.
+    dev.fill_random(base, static_cast<int64_t>(total / 4), DType::f32, seed);
+  } else {
+    dev.fill_random(base, static_cast<int64_t>(total / element), dtype, seed, positive);
+  }
   TensorList list;
   for (size_t i = 0; i < w.sizes.size(); ++i) list.push_back({base + offsets[i], w.sizes[i], dtype, dev.device()});
   return list;
@@ -66,6 +73,44 @@ std::function<void()> prepare_adam(BenchDevice& dev, const Workload& w, DType gr
     lists->push_back(carve(dev, w, copy, 5));
     tensors.model_copy = (*lists)[4];
   }
+  AdamHyperparameters h;
+  h.weight_decay = 0.01f;
+  auto plan = std::make_shared<AdamPlan>(tensors, std::span(&h, 1));
+  auto step = std::make_shared<int64_t>(0);
+  return [&dev, lists, plan, step] { plan->step({.step = ++*step}, dev.stream()); };
+}
+
+// 8-bit blockwise moments (gradkit/ops/blockwise.h), f32 weights and
+// gradients: read w 4, g 4, m 1, v 1; write w 4, m 1, v 1 (and each block's
+// two absmax values, 16 bytes per 256 elements).
+std::function<void()> prepare_adam_8bit(BenchDevice& dev, const Workload& w) {
+  Workload blocks{w.name, {}};
+  for (int64_t n : w.sizes) blocks.sizes.push_back(quant_blocks(n));
+  auto lists = std::make_shared<std::vector<TensorList>>();
+  lists->push_back(carve(dev, w, DType::f32, 1));
+  lists->push_back(carve(dev, w, DType::f32, 2));
+  lists->push_back(carve(dev, w, DType::u8, 3));
+  lists->push_back(carve(dev, w, DType::u8, 4));
+  lists->push_back(carve(dev, blocks, DType::f32, 5, /*positive=*/true));
+  lists->push_back(carve(dev, blocks, DType::f32, 6, /*positive=*/true));
+  AdamTensors tensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}, (*lists)[4], (*lists)[5], {}};
+  AdamHyperparameters h;
+  h.weight_decay = 0.01f;
+  auto plan = std::make_shared<AdamPlan>(tensors, std::span(&h, 1));
+  auto step = std::make_shared<int64_t>(0);
+  return [&dev, lists, plan, step] { plan->step({.step = ++*step}, dev.stream()); };
+}
+
+// bf16 weights whose f32 master is completed by a 16-bit remainder, bf16
+// gradients, f32 moments: read w 2, r 2, g 2, m 4, v 4; write w 2, r 2, m 4, v 4.
+std::function<void()> prepare_adam_remainder(BenchDevice& dev, const Workload& w) {
+  auto lists = std::make_shared<std::vector<TensorList>>();
+  lists->push_back(carve(dev, w, DType::bf16, 1));
+  lists->push_back(carve(dev, w, DType::bf16, 2));
+  lists->push_back(carve(dev, w, DType::f32, 3));
+  lists->push_back(carve(dev, w, DType::f32, 4, /*positive=*/true));
+  lists->push_back(carve(dev, w, DType::i16, 5));
+  AdamTensors tensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}, {}, {}, (*lists)[4]};
   AdamHyperparameters h;
   h.weight_decay = 0.01f;
   auto plan = std::make_shared<AdamPlan>(tensors, std::span(&h, 1));
@@ -118,6 +163,8 @@ const std::vector<BenchOp>& bench_ops() {
       // m 4, v 4; write w 4, m 4, v 4, copy 2.
       {"adam-mixed", 28,
        [](BenchDevice& dev, const Workload& w) { return prepare_adam(dev, w, DType::bf16, DType::bf16); }},
+      {"adam-8bit", 16 + 16.0 / kQuantBlock, prepare_adam_8bit},
+      {"adam-bf16", 28, prepare_adam_remainder},
       // f32 LAMB, two passes: read w, g, m, v and write m, v; then read w, m, v and write w.
       {"lamb", 40, prepare_lamb},
       // Mixed precision: read f16 grads in the check (2), then Adam on f32
@@ -161,9 +208,10 @@ Workload make_workload(const std::string& name, int64_t scale) {
   Workload w;
   if (name == "big") w = single_tensor(int64_t{256} << 20);
   else if (name == "bert") w = bert_large();
+  else if (name == "gpt2") w = gpt2_small();
   else if (name == "small") w = small_tensors(10000);
   else throw Error(ErrorCode::invalid_argument, "--workloads: has '" + name +
-                                                    "', expected big, bert or small");
+                                                    "', expected big, gpt2, bert or small");
   return scale > 1 ? scaled(w, scale) : w;
 }
 
@@ -195,7 +243,9 @@ bool run_torch(const Settings& s, std::vector<Row>& rows, const std::map<std::st
     std::istringstream fields(text);
     size_t index;
     double ms;
-    if (fields >> word && word == "case" && fields >> index >> ms && index < rows.size()) {
+    if (text.rfind("note ", 0) == 0) {
+      std::printf("PyTorch: %s\n", text.c_str() + 5);  // which implementation each case ran
+    } else if (fields >> word && word == "case" && fields >> index >> ms && index < rows.size()) {
       rows[index].torch_ms = ms;
       any = true;
     } else if (text.find("failed") != std::string::npos) {
@@ -260,7 +310,7 @@ double host_us_per_launch(BenchDevice& dev, const BenchOp& op, int count) {
 }  // namespace
 
 int run_bench(const std::vector<std::string>& args) {
-  std::string device = "cpu", ops = "zero,accumulate,adam,adam-mixed,lamb,fp16-adam", workload_names = "big,bert,small",
+  std::string device = "cpu", ops = "zero,accumulate,adam,adam-mixed,adam-8bit,adam-bf16,lamb,fp16-adam", workload_names = "big,bert,small",
               scale = "auto", reps = "auto";
   Settings s;
   s.torch = "auto";
@@ -281,12 +331,15 @@ int run_bench(const std::vector<std::string>& args) {
             }
           },
           ""));
-  app.add_option("--ops", ops, "comma-separated: zero, accumulate, adam, adam-mixed, lamb, fp16-adam")
+  std::string op_list;
+  for (const std::string& name : op_names) op_list += (op_list.empty() ? "" : ", ") + name;
+  app.add_option("--ops", ops, "comma-separated: " + op_list)
       ->check(list_of(one_of(op_names)));
   app.add_option("--workloads", workload_names,
-                 "comma-separated: big (256M elements), bert (BERT-large, 389 tensors), small (10,000 tensors of "
+                 "comma-separated: big (256M elements), gpt2 (GPT-2 small, 148 tensors), bert (BERT-large, 389 "
+                 "tensors), small (10,000 tensors of "
                  "1K-64K)")
-      ->check(list_of(one_of({"big", "bert", "small"})));
+      ->check(list_of(one_of({"big", "gpt2", "bert", "small"})));
   app.add_option("--scale", scale, "divide every tensor size by this (auto: 1 on CUDA, 8 on the CPU)")
       ->type_name("INT|auto")
       ->check(integer(1, 1 << 20, /*allow_auto=*/true));

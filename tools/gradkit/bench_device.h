@@ -1,5 +1,6 @@
 // What the benchmark needs of a device: memory, random fill, a median timer
-// and the measured copy bandwidth that every row is compared with.
+// and the measured bandwidths (copy, and the STREAM-like triad that every
+// row is compared with).
 #pragma once
 
 #include <cstdint>

@@ -37,6 +37,23 @@ Workload bert_large() {
   return w;
 }
 
+Workload gpt2_small() {
+  constexpr int64_t width = 768, vocab = 50257, positions = 1024, hidden = 4 * width;
+  Workload w{"GPT-2", {vocab * width, positions * width}};
+  for (int layer = 0; layer < 12; ++layer) {
+    for (int64_t n : {width, width,                            // layer norm 1
+                      width * 3 * width, 3 * width,            // attention: q, k, v
+                      width * width, width,                    // attention output
+                      width, width,                            // layer norm 2
+                      width * hidden, hidden, hidden * width, width}) {  // MLP
+      w.sizes.push_back(n);
+    }
+  }
+  w.sizes.push_back(width);  // final layer norm
+  w.sizes.push_back(width);
+  return w;
+}
+
 Workload small_tensors(int count, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> exponent(10.0, 16.0);  // 2^10 .. 2^16 elements

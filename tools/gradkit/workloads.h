@@ -1,5 +1,5 @@
-// The tensor lists the benchmarks run on: one big tensor, a BERT-large-like
-// list, and many small tensors.
+// The tensor lists the benchmarks run on: one big tensor, GPT-2 small's and
+// BERT-large's lists, and many small tensors.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,10 @@ Workload single_tensor(int64_t elements);
 // BERT-large's 389 parameter tensors (334,092,288 elements): embeddings and
 // their layer norm, then 24 layers of attention, feed-forward and layer norms.
 Workload bert_large();
+// GPT-2 small's 148 parameter tensors (124,439,808 elements): token and
+// position embeddings, 12 layers of layer norm, attention and MLP, the
+// final layer norm.
+Workload gpt2_small();
 // `count` tensors of 1K to 64K elements, log-uniform, from a fixed seed.
 Workload small_tensors(int count, uint64_t seed = 2026);
 // The same lists with every size divided by `divisor` (at least 1 element):

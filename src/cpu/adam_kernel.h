@@ -1,0 +1,115 @@
+// What the CPU Adam kernels share: how weights are stored, the optional
+// model copy, the per-launch values and the compile-time mode. The element
+// loops (adam.cc, adam_8bit.cc) are templates on all of these, so that no
+// per-launch choice is left inside them and GCC vectorizes them (isa.h).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/adam.h"
+#include "backend/adam_math.h"
+#include "backend/master_math.h"
+#include "cpu/isa.h"
+#include "cpu/multi_tensor.h"
+#include "cpu/types.h"
+
+namespace gradkit::backend {
+namespace cpu_adam {
+
+// Weights stored as they are (f32, f64).
+template <class W>
+struct PlainWeights {
+  using C = cpu::compute_t<W>;
+  using Stored = W;
+  static C load(const W* w, const int16_t*, int64_t i) { return cpu::to_compute<C>(w[i]); }
+  static void store(W* w, int16_t*, int64_t i, C x) { w[i] = cpu::from_compute<W>(x); }
+};
+
+// bf16 weights (their bits) whose f32 master is completed by the remainder
+// list (master_math.h).
+struct RemainderWeights {
+  using C = float;
+  using Stored = uint16_t;
+  static float load(const uint16_t* w, const int16_t* r, int64_t i) { return join_master(w[i], r[i]); }
+  static void store(uint16_t* w, int16_t* r, int64_t i, float x) { split_master(x, w[i], r[i]); }
+};
+
+// The model copy's type, or NoCopy when the launch writes none.
+struct NoCopy {};
+template <class Copy, class C>
+inline void store_copy(Copy* copy, int64_t i, C x) {
+  if constexpr (!std::is_same_v<Copy, NoCopy>) copy[i] = cpu::from_compute<Copy>(x);
+}
+
+// The launch's per-step values: the gradient scale and the step count
+// (device scalars are host memory on the CPU).
+template <class C>
+struct StepValues {
+  C scale;
+  bool scaled;  // scale != 1
+  int64_t step;
+  explicit StepValues(const AdamStepInputs& in)
+      : scale(static_cast<C>(in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale)),
+        scaled(scale != C(1)),
+        step(in.step_device != nullptr ? *in.step_device : in.step) {}
+
+  AdamCoefficients<C> coefficients(const MultiTensorPlan& plan, const AdamLaunch& launch, const PlanChunk& chunk) const {
+    const int group = plan.groups()[chunk.tensor];
+    const AdamHyperparameters& h = launch.groups[group];
+    const double lr = launch.inputs.lr_device != nullptr ? launch.inputs.lr_device[group] : h.lr;
+    return adam_coefficients<C>(h, lr, step);
+  }
+};
+
+// The gradient divided by the scale, unless the scale is 1, as the CUDA
+// kernel does. Not "always divide": g / 1 is g, but the compiler may then
+// fold maximize's negation into the division (g / -1), which gives a NaN
+// gradient the other sign. The choice is a select on a loop-invariant value
+// (GCC unswitches the loop or blends), not a branch per element.
+template <class C, class G>
+inline C unscaled(G g, C scale, bool scaled) {
+  const C x = cpu::to_compute<C>(g);
+  return scaled ? x / scale : x;
+}
+
+// Calls f.template operator()<Mode>() with the group's choices as an
+// AdamFlags (12 instances per kernel).
+template <class C, class F>
+void with_mode(const AdamCoefficients<C>& c, const F& f) {
+  auto with_decay = [&]<WeightDecay D>() {
+    if (c.amsgrad) {
+      if (c.maximize) f.template operator()<AdamFlags<D, true, true>>();
+      else f.template operator()<AdamFlags<D, true, false>>();
+    } else {
+      if (c.maximize) f.template operator()<AdamFlags<D, false, true>>();
+      else f.template operator()<AdamFlags<D, false, false>>();
+    }
+  };
+  switch (static_cast<WeightDecay>(c.decay)) {
+    case WeightDecay::l2: return with_decay.template operator()<WeightDecay::l2>();
+    case WeightDecay::decoupled: return with_decay.template operator()<WeightDecay::decoupled>();
+    case WeightDecay::hugging_face: return with_decay.template operator()<WeightDecay::hugging_face>();
+  }
+}
+
+// The chunk's model copy, or null.
+template <class Copy>
+Copy* copy_of(const cpu::ChunkView& chunk, const AdamLaunch& launch) {
+  if constexpr (std::is_same_v<Copy, NoCopy>) return nullptr;
+  else return chunk.tensor<Copy>(launch.copy_list);
+}
+
+// The chunk's remainder list, or null for plain weights.
+template <class Weights>
+int16_t* remainder_of(const cpu::ChunkView& chunk, const AdamLaunch& launch) {
+  if constexpr (std::is_same_v<Weights, RemainderWeights>) return chunk.tensor<int16_t>(launch.remainder_list);
+  else return nullptr;
+}
+
+}  // namespace cpu_adam
+
+// 8-bit moments (launch.absmax_list >= 0): adam_8bit.cc.
+void adam_8bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa);
+
+}  // namespace gradkit::backend

@@ -1,0 +1,88 @@
+// The 8-bit moments' table lookups with AVX-512 gathers, for the AVX-512
+// copy of the CPU Adam kernel (adam_8bit.cc). GCC 12 vectorizes these loops
+// but, under its generic tuning, emulates each gather with 16 scalar loads;
+// the explicit gathers here compute the same codes and values as
+// quantize() and dequantize() (backend/blockwise_math.h), bit for bit
+// (tests/test_cpu_isa_adam.cc). Compiled only where isa.h has its copies.
+#pragma once
+
+#include "cpu/isa.h"
+
+#if GRADKIT_CPU_MULTI_ISA
+// GCC 12's AVX-512 intrinsics initialise a value from itself (__Y = __Y),
+// which -W(maybe-)uninitialized reports in every function that inlines them.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "backend/blockwise_math.h"
+
+namespace gradkit::cpu {
+
+#define GRADKIT_AVX512 __attribute__((target("arch=x86-64-v4")))
+
+// out[i] = codes[q[i]] * absmax for i < n.
+GRADKIT_AVX512 inline void decode_avx512(const backend::QuantTable& t, const uint8_t* q, float absmax, int n,
+                                         float* out) {
+  const __m512 scale = _mm512_set1_ps(absmax);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_i32gather_ps(index, t.codes, 4), scale));
+  }
+  for (; i < n; ++i) out[i] = backend::dequantize(t, q[i], absmax);
+}
+
+// encode_block (backend/quant_tables.h) with the search's table reads
+// gathered: the absmax as the integer max of the magnitudes' bits, then
+// each code from its bucket's start and kQuantSpan comparisons, then the
+// positive floor and the NaN rule.
+GRADKIT_AVX512 inline void encode_avx512(const backend::QuantTable& t, const float* values, int n, uint8_t* codes,
+                                         float* absmax) {
+  const __m512i sign_off = _mm512_set1_epi32(0x7fffffff);
+  __m512i top16 = _mm512_setzero_si512();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    top16 = _mm512_max_epu32(top16, _mm512_and_si512(_mm512_loadu_si512(values + i), sign_off));
+  }
+  uint32_t top = _mm512_reduce_max_epu32(top16);
+  for (; i < n; ++i) top = backend::absmax_bits_fold(top, backend::magnitude_bits(values[i]));
+  const float amax = backend::bits_float(top);
+  const float scale = backend::quant_scale(amax);
+
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const __m512i one_bits = _mm512_set1_epi32(0x3f800000), lowest = _mm512_set1_epi32(backend::kQuantLowestBits);
+  const __m512i buckets = _mm512_set1_epi32(backend::kQuantBuckets), low_byte = _mm512_set1_epi32(0xff);
+  const __m512i one = _mm512_set1_epi32(1), floor = _mm512_set1_epi32(t.positive_floor);
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + i), vscale);
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i magnitude = _mm512_min_epu32(_mm512_and_si512(bits, sign_off), one_bits);
+    // quant_bucket: magnitude > lowest ? magnitude - lowest : 0, shifted.
+    const __m512i above = _mm512_sub_epi32(_mm512_max_epu32(magnitude, lowest), lowest);
+    const __m512i bucket = _mm512_add_epi32(_mm512_srli_epi32(above, 23 - backend::kQuantMantissaBits),
+                                            _mm512_mullo_epi32(_mm512_srli_epi32(bits, 31), buckets));
+    // start[] is bytes: a 4-byte gather at each byte's address, the low byte
+    // kept (the buckets in use lie far below the array's end).
+    __m512i q = _mm512_and_si512(_mm512_i32gather_epi32(bucket, t.start, 1), low_byte);
+    for (int k = 0; k < backend::kQuantSpan; ++k) {
+      const __mmask16 above_point = _mm512_cmp_ps_mask(x, _mm512_i32gather_ps(q, t.midpoints, 4), _CMP_GT_OQ);
+      q = _mm512_mask_add_epi32(q, above_point, q, one);
+    }
+    // A positive x takes at least the table's positive_floor (quantize's rule): max(q, floor).
+    q = _mm512_mask_max_epi32(q, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), q, floor);
+    q = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), q);  // NaN gives 0
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(q));
+  }
+  for (; i < n; ++i) codes[i] = backend::quantize(t, backend::exact::mul(values[i], scale));
+  *absmax = amax;
+}
+
+#undef GRADKIT_AVX512
+
+}  // namespace gradkit::cpu
+#pragma GCC diagnostic pop
+#endif
