@@ -85,7 +85,6 @@ struct Pass2 {
 template <class W, class G, class M>
 struct PlainMoments {
   using C = cpu::compute_t<W>;
-  using Weight = W;
 
   static void norms(const cpu::ChunkView& chunk, const LambLaunch&, const LambCoefficients<C>& c, double* sums,
                     cpu::Isa isa) {
@@ -108,7 +107,6 @@ struct PlainMoments {
 
 template <class Moments>
 void run(const MultiTensorPlan& plan, const LambLaunch& l, cpu::Isa isa) {
-  using W = typename Moments::Weight;
   using C = typename Moments::C;
   const LambStepInputs& in = l.inputs;
   const double eta = in.eta_device != nullptr ? *in.eta_device : in.eta;

@@ -20,7 +20,6 @@ namespace gradkit::backend {
 template <class G>
 struct BlockwiseMoments {
   using C = float;
-  using Weight = float;
 
   // Pass 1: each block's moments encoded anew (or the block kept and
   // marked), and the chunk's sums (sums[0]: w^2, sums[1]: d^2): each
