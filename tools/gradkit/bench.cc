@@ -62,6 +62,17 @@ struct BenchOp {
   std::function<std::function<void()>(BenchDevice&, const Workload&)> prepare;
 };
 
+// AdamW steps (weight decay 0.01, the step count advancing) over `tensors`,
+// carved from `lists`, which the returned function keeps alive.
+std::function<void()> adam_steps(BenchDevice& dev, std::shared_ptr<std::vector<TensorList>> lists,
+                                 const AdamTensors& tensors) {
+  AdamHyperparameters h;
+  h.weight_decay = 0.01f;
+  auto plan = std::make_shared<AdamPlan>(tensors, std::span(&h, 1));
+  auto step = std::make_shared<int64_t>(0);
+  return [&dev, lists, plan, step] { plan->step({.step = ++*step}, dev.stream()); };
+}
+
 std::function<void()> prepare_adam(BenchDevice& dev, const Workload& w, DType grad, DType copy) {
   auto lists = std::make_shared<std::vector<TensorList>>();
   lists->push_back(carve(dev, w, DType::f32, 1));
@@ -73,11 +84,7 @@ std::function<void()> prepare_adam(BenchDevice& dev, const Workload& w, DType gr
     lists->push_back(carve(dev, w, copy, 5));
     tensors.model_copy = (*lists)[4];
   }
-  AdamHyperparameters h;
-  h.weight_decay = 0.01f;
-  auto plan = std::make_shared<AdamPlan>(tensors, std::span(&h, 1));
-  auto step = std::make_shared<int64_t>(0);
-  return [&dev, lists, plan, step] { plan->step({.step = ++*step}, dev.stream()); };
+  return adam_steps(dev, std::move(lists), tensors);
 }
 
 // 8-bit blockwise moments (gradkit/ops/blockwise.h), f32 weights and
@@ -94,11 +101,7 @@ std::function<void()> prepare_adam_8bit(BenchDevice& dev, const Workload& w) {
   lists->push_back(carve(dev, blocks, DType::f32, 5, /*positive=*/true));
   lists->push_back(carve(dev, blocks, DType::f32, 6, /*positive=*/true));
   AdamTensors tensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}, (*lists)[4], (*lists)[5], {}};
-  AdamHyperparameters h;
-  h.weight_decay = 0.01f;
-  auto plan = std::make_shared<AdamPlan>(tensors, std::span(&h, 1));
-  auto step = std::make_shared<int64_t>(0);
-  return [&dev, lists, plan, step] { plan->step({.step = ++*step}, dev.stream()); };
+  return adam_steps(dev, std::move(lists), tensors);
 }
 
 // bf16 weights whose f32 master is completed by a 16-bit remainder, bf16
@@ -111,11 +114,7 @@ std::function<void()> prepare_adam_remainder(BenchDevice& dev, const Workload& w
   lists->push_back(carve(dev, w, DType::f32, 4, /*positive=*/true));
   lists->push_back(carve(dev, w, DType::i16, 5));
   AdamTensors tensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}, {}, {}, (*lists)[4]};
-  AdamHyperparameters h;
-  h.weight_decay = 0.01f;
-  auto plan = std::make_shared<AdamPlan>(tensors, std::span(&h, 1));
-  auto step = std::make_shared<int64_t>(0);
-  return [&dev, lists, plan, step] { plan->step({.step = ++*step}, dev.stream()); };
+  return adam_steps(dev, std::move(lists), tensors);
 }
 
 std::function<void()> prepare_lamb(BenchDevice& dev, const Workload& w) {
