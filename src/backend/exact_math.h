@@ -6,6 +6,9 @@
 // where one rounding apart can be one code apart) compute with these.
 #pragma once
 
+#include <bit>
+#include <cstdint>
+
 #if defined(__CUDACC__)
 #define GRADKIT_HD __host__ __device__ __forceinline__
 #else
@@ -38,22 +41,8 @@ GRADKIT_HD double sub(double a, double b) { return a - b; }
 GRADKIT_HD float neg(float x) { return -x; }
 GRADKIT_HD double neg(double x) { return -x; }
 #else
-GRADKIT_HD float neg(float x) {
-  unsigned int bits;
-  static_assert(sizeof bits == sizeof x);
-  __builtin_memcpy(&bits, &x, sizeof bits);
-  bits ^= 0x80000000u;
-  __builtin_memcpy(&x, &bits, sizeof x);
-  return x;
-}
-GRADKIT_HD double neg(double x) {
-  unsigned long long bits;
-  static_assert(sizeof bits == sizeof x);
-  __builtin_memcpy(&bits, &x, sizeof bits);
-  bits ^= 0x8000000000000000ull;
-  __builtin_memcpy(&x, &bits, sizeof x);
-  return x;
-}
+GRADKIT_HD float neg(float x) { return std::bit_cast<float>(std::bit_cast<uint32_t>(x) ^ 0x80000000u); }
+GRADKIT_HD double neg(double x) { return std::bit_cast<double>(std::bit_cast<uint64_t>(x) ^ 0x8000000000000000ull); }
 #endif
 
 // x^n for n >= 0 by repeated squaring: the same roundings on every backend

@@ -12,17 +12,17 @@ namespace cpu_adam {
 namespace {
 
 // One chunk with moments stored as M (f32, bf16, f64).
-template <class Weights, class G, class M, class Copy, class Mode>
+template <class Weights, class G, class M, class Copy, class Mode, bool Scaled>
 struct Span {
   using C = typename Weights::C;
   using W = typename Weights::Stored;
   static void run(int64_t n, W* __restrict w, int16_t* __restrict r, const G* __restrict g, M* __restrict m,
-                  M* __restrict v, M* __restrict vmax, Copy* __restrict copy, AdamCoefficients<C> c, C scale, bool scaled) {
+                  M* __restrict v, M* __restrict vmax, Copy* __restrict copy, AdamCoefficients<C> c, C scale) {
     for (int64_t i = 0; i < n; ++i) {
       C wc = Weights::load(w, r, i);
       C mc = cpu::to_compute<C>(m[i]), vc = cpu::to_compute<C>(v[i]), vmaxc = 0;
       if constexpr (Mode::amsgrad) vmaxc = cpu::to_compute<C>(vmax[i]);
-      adam_element(wc, unscaled(g[i], scale, scaled), mc, vc, vmaxc, c, Mode{});
+      adam_element(wc, unscaled<Scaled>(g[i], scale), mc, vc, vmaxc, c, Mode{});
       Weights::store(w, r, i, wc);
       m[i] = cpu::from_compute<M>(mc);
       v[i] = cpu::from_compute<M>(vc);
@@ -40,11 +40,13 @@ void run(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
   cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
     const AdamCoefficients<C> c = values.coefficients(plan, launch, chunk.chunk);
     with_mode(c, [&]<class Mode>() {
-      cpu::run_kernel<Span<Weights, G, M, Copy, Mode>>(
-          isa, int64_t{chunk.chunk.length}, chunk.tensor<W>(0), remainder_of<Weights>(chunk, launch),
-          static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<M>(2), chunk.tensor<M>(3),
-          Mode::amsgrad ? chunk.tensor<M>(launch.max_list) : static_cast<M*>(nullptr), copy_of<Copy>(chunk, launch),
-          c, values.scale, values.scaled);
+      with_scaling(values.scaled, [&]<bool Scaled>() {
+        cpu::run_kernel<Span<Weights, G, M, Copy, Mode, Scaled>>(
+            isa, int64_t{chunk.chunk.length}, chunk.tensor<W>(0), remainder_of<Weights>(chunk, launch),
+            static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<M>(2), chunk.tensor<M>(3),
+            Mode::amsgrad ? chunk.tensor<M>(launch.max_list) : static_cast<M*>(nullptr), copy_of<Copy>(chunk, launch),
+            c, values.scale);
+      });
     });
   });
 }

@@ -33,12 +33,12 @@ inline void encode(const QuantTable& t, const float* values, int n, uint8_t* cod
 }
 
 // One chunk (whole blocks: the plan's chunks are multiples of kQuantBlock).
-template <class Weights, class G, class Copy, class Mode>
+template <class Weights, class G, class Copy, class Mode, bool Scaled>
 struct Span8bit {
   using W = typename Weights::Stored;
   static void run(int64_t n, W* __restrict w, int16_t* __restrict r, const G* __restrict g, uint8_t* __restrict qm,
                   uint8_t* __restrict qv, float* __restrict absmax_m, float* __restrict absmax_v,
-                  Copy* __restrict copy, const QuantTables* tables, AdamCoefficients<float> c, float scale, bool scaled,
+                  Copy* __restrict copy, const QuantTables* tables, AdamCoefficients<float> c, float scale,
                   bool gathers) {
     const QuantTable& code_m = tables->table[0];
     const QuantTable& code_v = tables->table[1];
@@ -52,7 +52,7 @@ struct Span8bit {
         const int64_t i = base + k;
         float wc = Weights::load(w, r, i);
         float mc = m_old[k], vc = v_old[k], unused = 0;
-        adam_element(wc, unscaled(g[i], scale, scaled), mc, vc, unused, c, Mode{});
+        adam_element(wc, unscaled<Scaled>(g[i], scale), mc, vc, unused, c, Mode{});
         Weights::store(w, r, i, wc);
         store_copy(copy, i, wc);
         m_new[k] = mc;
@@ -74,12 +74,14 @@ void run(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
     // any launch), so its modes have no instance here.
     with_mode(c, [&]<class Mode>() {
       if constexpr (!Mode::amsgrad) {
-        cpu::run_kernel<Span8bit<Weights, G, Copy, Mode>>(
-            isa, int64_t{chunk.chunk.length}, chunk.tensor<W>(0), remainder_of<Weights>(chunk, launch),
-            static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<uint8_t>(2), chunk.tensor<uint8_t>(3),
-            chunk.block_tensor<float>(launch.absmax_list, kQuantBlock),
-            chunk.block_tensor<float>(launch.absmax_list + 1, kQuantBlock), copy_of<Copy>(chunk, launch),
-            launch.tables, c, values.scale, values.scaled, isa == cpu::Isa::avx512);
+        with_scaling(values.scaled, [&]<bool Scaled>() {
+          cpu::run_kernel<Span8bit<Weights, G, Copy, Mode, Scaled>>(
+              isa, int64_t{chunk.chunk.length}, chunk.tensor<W>(0), remainder_of<Weights>(chunk, launch),
+              static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<uint8_t>(2), chunk.tensor<uint8_t>(3),
+              chunk.block_tensor<float>(launch.absmax_list, kQuantBlock),
+              chunk.block_tensor<float>(launch.absmax_list + 1, kQuantBlock), copy_of<Copy>(chunk, launch),
+              launch.tables, c, values.scale, isa == cpu::Isa::avx512);
+        });
       }
     });
   });

@@ -65,12 +65,23 @@ struct StepValues {
 // The gradient divided by the scale, unless the scale is 1, as the CUDA
 // kernel does. Not "always divide": g / 1 is g, but the compiler may then
 // fold maximize's negation into the division (g / -1), which gives a NaN
-// gradient the other sign. The choice is a select on a loop-invariant value
-// (GCC unswitches the loop or blends), not a branch per element.
-template <class C, class G>
-inline C unscaled(G g, C scale, bool scaled) {
+// gradient the other sign. The choice is a template parameter: the kernels
+// pick the loop once per chunk (with_scaling), so no element loop carries
+// it. (A select on a loop-invariant bool is unswitched by GCC only while the
+// loop is small; maximize with 16-bit gradients was past that size, and its
+// loops kept a branch and did not vectorize.)
+template <bool Scaled, class C, class G>
+inline C unscaled(G g, C scale) {
   const C x = cpu::to_compute<C>(g);
-  return scaled ? x / scale : x;
+  if constexpr (Scaled) return x / scale;
+  else return x;
+}
+
+// Calls f.template operator()<true or false>() as `scaled` says.
+template <class F>
+void with_scaling(bool scaled, const F& f) {
+  if (scaled) f.template operator()<true>();
+  else f.template operator()<false>();
 }
 
 // Calls f.template operator()<Mode>() with the group's choices as an

@@ -4,12 +4,14 @@
 // float moments are templates on their dtypes and choices, run in the copy
 // for the active instruction set (isa.h); 8-bit moments: cpu/lamb_8bit.h.
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
 #include "backend/lamb.h"
 #include "backend/lamb_blockwise.h"
 #include "backend/lamb_math.h"
+#include "backend/master_math.h"  // bits_as
 #include "cpu/isa.h"
 #include "cpu/lamb_8bit.h"
 #include "cpu/multi_tensor.h"
@@ -19,6 +21,16 @@ namespace gradkit::backend {
 namespace {
 
 struct NoCopy {};  // pass 2 writes no model copy
+
+// x where `keep`, else +0: a select on the bits. (GCC 12 does not vectorize a
+// loop in which a float select feeds a conversion to double: it leaves a
+// branch; an integer mask it does vectorize.)
+template <class C>
+inline C kept_or_zero(C x, bool keep) {
+  using Bits = std::conditional_t<sizeof(C) == 4, uint32_t, uint64_t>;
+  const Bits mask = Bits{0} - static_cast<Bits>(keep);
+  return bits_as<C>(bits_as<Bits>(x) & mask);
+}
 
 // Pass 1 over one chunk: new moments, and the chunk's sums of w^2 and d^2.
 // The element work runs as vector loops over blocks of kBlock, leaving each
@@ -46,7 +58,8 @@ struct Pass1 {
         const bool ok = finite(d);
         m[i] = ok ? m_stored : m_old;
         v[i] = ok ? v_stored : cpu::from_compute<M>(-cpu::to_compute<C>(v_old));  // mark (see backend/lamb.h)
-        d_squares[k] = ok ? static_cast<double>(d) * d : 0.0;
+        const C d_kept = kept_or_zero(d, ok);
+        d_squares[k] = static_cast<double>(d_kept) * d_kept;
         w_squares[k] = static_cast<double>(wc) * wc;
       }
       for (int k = 0; k < count; ++k) {
@@ -70,7 +83,7 @@ struct Pass2 {
       const C w_old = cpu::to_compute<C>(w[i]);
       const C vc = cpu::to_compute<C>(v[i]);
       const bool marked = std::signbit(vc);
-      if (marked) v[i] = cpu::from_compute<M>(-vc);
+      if (marked) v[i] = cpu::from_compute<M>(-vc);  // a masked store where the ISA has one: no bytes for the rest
       const C updated = lamb_apply(w_old, step_size, lamb_direction(w_old, cpu::to_compute<C>(m[i]), vc, c));
       const C w_new = !marked && finite(updated) ? updated : w_old;
       if constexpr (Update) update[i] = cpu::from_compute<W>(w_new - w_old);
