@@ -1,8 +1,9 @@
-// MixedPrecision<Adam> with remainder masters (MasterStorage::remainder):
-// the master (weight, remainder) is the f32-master path's master bit for bit
-// over 100 steps with overflows and clipping, the weights differ only on
-// ties, state files load across the two ways of keeping the masters, and
-// what cannot work is refused naming the argument.
+// MixedPrecision<Adam> and MixedPrecision<Lamb> with remainder masters
+// (MasterStorage::remainder): the master (weight, remainder) is the
+// f32-master path's master bit for bit over 100 steps with overflows and
+// clipping, the weights differ only on ties, state files load across the
+// two ways of keeping the masters, and what cannot work is refused naming
+// the argument.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gradkit/core/error.h"
@@ -35,10 +37,15 @@ struct Bf16Model {
       grads.emplace_back(device, DType::bf16, random_values(rng, n));
     }
   }
-  std::vector<AdamGroup> groups() const {
-    AdamGroup g;
-    g.hyperparameters.lr = 1e-2f;
-    g.hyperparameters.weight_decay = 0.01f;
+  template <class Group = AdamGroup>
+  std::vector<Group> groups() const {
+    Group g;
+    if constexpr (std::is_same_v<Group, AdamGroup>) {
+      g.hyperparameters.lr = 1e-2f;
+      g.hyperparameters.weight_decay = 0.01f;
+    } else {
+      g.hyperparameters.lambda = 0.01f;
+    }
     for (size_t i = 0; i < params.size(); ++i) {
       g.params.push_back(params[i].view());
       g.grads.push_back(grads[i].view());
@@ -68,7 +75,8 @@ std::vector<uint32_t> bits_of(const TensorView& t) {
 }
 
 // The remainder optimizer's masters, joined.
-std::vector<uint32_t> joined(const MixedPrecisionAdam& opt, const Bf16Model& model, size_t i) {
+template <class Optimizer>
+std::vector<uint32_t> joined(const MixedPrecision<Optimizer>& opt, const Bf16Model& model, size_t i) {
   TestTensor out(model.params[i].view().device, DType::f32, std::vector<double>(model.params[i].numel(), 0.0));
   join_masters(model.params[i].view(), opt.weight_remainders()[i], out.view());
   return bits_of(out.view());
@@ -83,20 +91,25 @@ uint16_t round_even(uint32_t bits) {
 using RemainderMaster = OnEachDevice;
 
 // 100 steps with Inf, NaN and overflowing gradients, clipping and a dynamic
-// scale, f32 and 8-bit moments: the same steps are skipped and the masters
-// agree bit for bit after every step. The model's weights are the f32
-// path's (round to nearest even) except where a master's low 16 bits are
-// exactly 0x8000 (a tie, rounded away from zero instead).
-TEST_P(RemainderMaster, EqualsTheF32MasterBitForBitOver100Steps) {
-  for (DType moments : {DType::f32, DType::u8}) {
-    Bf16Model f32_model(device(), 5), rem_model(device(), 5);
+// scale, with moments of dtype `moments`: the same steps are skipped and the
+// masters agree bit for bit after every step. The model's weights are the
+// f32 path's (round to nearest even) except where a master's low 16 bits
+// are exactly 0x8000 (a tie, rounded away from zero instead).
+template <class Optimizer>
+void expect_f32_masters_over_100_steps(Device device, DType moments) {
+  using Group = typename Optimizer::Group;
+  typename Optimizer::Options optimizer_options;
+  optimizer_options.moment_dtype = moments;
+  if constexpr (std::is_same_v<Optimizer, Lamb>) optimizer_options.eta = 1e-2f;
+  {
+    Bf16Model f32_model(device, 5), rem_model(device, 5);
     MixedPrecisionOptions options;
     options.scaler.initial_scale = 1024.0f;
     options.scaler.growth_interval = 8;
     options.max_norm = 1.0f;
-    MixedPrecisionAdam f32(f32_model.groups(), options, {.moment_dtype = moments});
+    MixedPrecision<Optimizer> f32(f32_model.groups<Group>(), options, optimizer_options);
     options.master = MasterStorage::remainder;
-    MixedPrecisionAdam rem(rem_model.groups(), options, {.moment_dtype = moments});
+    MixedPrecision<Optimizer> rem(rem_model.groups<Group>(), options, optimizer_options);
     EXPECT_TRUE(rem.masters().empty());
     EXPECT_LT(rem.master_bytes(), f32.master_bytes() / 2 + 1024) << "2 bytes per parameter, not 4";
     std::mt19937_64 ra(6), rb(6);
@@ -112,7 +125,7 @@ TEST_P(RemainderMaster, EqualsTheF32MasterBitForBitOver100Steps) {
         ASSERT_EQ(got, want) << dtype_name(moments) << " step " << step << " tensor " << i;
         if (step % 20 != 19) continue;
         std::vector<uint16_t> weights(want.size());
-        copy_to_host(weights.data(), rem_model.params[i].view().data, weights.size() * 2, device());
+        copy_to_host(weights.data(), rem_model.params[i].view().data, weights.size() * 2, device);
         for (size_t k = 0; k < want.size(); ++k) {
           const bool tie = (want[k] & 0xffffu) == 0x8000u;
           if (!tie) ASSERT_EQ(weights[k], round_even(want[k])) << "element " << k;
@@ -126,14 +139,25 @@ TEST_P(RemainderMaster, EqualsTheF32MasterBitForBitOver100Steps) {
   }
 }
 
+TEST_P(RemainderMaster, EqualsTheF32MasterBitForBitOver100Steps) {
+  for (DType moments : {DType::f32, DType::u8}) expect_f32_masters_over_100_steps<Adam>(device(), moments);
+}
+
+// LAMB takes float moments with remainder masters (f32 and bf16).
+TEST_P(RemainderMaster, LambEqualsTheF32MasterBitForBitOver100Steps) {
+  for (DType moments : {DType::f32, DType::bf16}) expect_f32_masters_over_100_steps<Lamb>(device(), moments);
+}
+
 // A file saved with remainder masters loads into an f32-master optimizer
 // and back (the file holds the f32 masters either way); resuming equals the
 // straight run.
-TEST_P(RemainderMaster, StateFilesLoadAcrossTheTwoWaysOfKeepingMasters) {
+template <class Optimizer>
+void expect_state_files_load_across_master_storage(Device device) {
+  using Group = typename Optimizer::Group;
   MixedPrecisionOptions rem_options;
   rem_options.master = MasterStorage::remainder;
-  Bf16Model straight(device(), 9), as_f32(device(), 10), back(device(), 11);
-  MixedPrecisionAdam a(straight.groups(), rem_options);
+  Bf16Model straight(device, 9), as_f32(device, 10), back(device, 11);
+  MixedPrecision<Optimizer> a(straight.groups<Group>(), rem_options);
   std::mt19937_64 rng(12);
   for (int s = 0; s < 4; ++s) {
     straight.set_gradients(rng, a.loss_scale(), 0.0);
@@ -142,11 +166,11 @@ TEST_P(RemainderMaster, StateFilesLoadAcrossTheTwoWaysOfKeepingMasters) {
   const std::string path = ::testing::TempDir() + "gradkit_mp_rem_" + std::to_string(::getpid());
   const std::string path2 = path + "_f32";
   a.save(path);
-  MixedPrecisionAdam b(as_f32.groups());  // f32 masters
+  MixedPrecision<Optimizer> b(as_f32.groups<Group>());  // f32 masters
   b.load(path);
   for (size_t i = 0; i < kSizes.size(); ++i) EXPECT_EQ(bits_of(b.masters()[i]), joined(a, straight, i)) << i;
   b.save(path2);
-  MixedPrecisionAdam c(back.groups(), rem_options);
+  MixedPrecision<Optimizer> c(back.groups<Group>(), rem_options);
   c.load(path2);
   EXPECT_EQ(back.bits(), straight.bits()) << "load writes the weights from the masters";
   for (size_t i = 0; i < kSizes.size(); ++i) EXPECT_EQ(joined(c, back, i), joined(a, straight, i)) << i;
@@ -163,6 +187,14 @@ TEST_P(RemainderMaster, StateFilesLoadAcrossTheTwoWaysOfKeepingMasters) {
   std::remove(path2.c_str());
 }
 
+TEST_P(RemainderMaster, StateFilesLoadAcrossTheTwoWaysOfKeepingMasters) {
+  expect_state_files_load_across_master_storage<Adam>(device());
+}
+
+TEST_P(RemainderMaster, LambStateFilesLoadAcrossTheTwoWaysOfKeepingMasters) {
+  expect_state_files_load_across_master_storage<Lamb>(device());
+}
+
 TEST_P(RemainderMaster, RefusesWhatCannotWorkNamingIt) {
   MixedPrecisionOptions options;
   options.master = MasterStorage::remainder;
@@ -173,13 +205,11 @@ TEST_P(RemainderMaster, RefusesWhatCannotWorkNamingIt) {
   expect_error([&] { MixedPrecisionAdam({half}, options); }, ErrorCode::dtype_unsupported,
                {"groups[0].params[0]", "expected bf16", "remainder"});
   Bf16Model model(device(), 13);
-  LambGroup lamb;
-  for (size_t i = 0; i < model.params.size(); ++i) {
-    lamb.params.push_back(model.params[i].view());
-    lamb.grads.push_back(model.grads[i].view());
-  }
-  expect_error([&] { MixedPrecisionLamb({lamb}, options); }, ErrorCode::invalid_argument,
-               {"options.master", "LAMB", "expected f32"});
+  const auto before = model.bits();
+  // LAMB's remainder master takes float moments only.
+  expect_error([&] { MixedPrecisionLamb(model.groups<LambGroup>(), options, {.moment_dtype = DType::u8}); },
+               ErrorCode::invalid_argument, {"options.moment_dtype", "u8 with weight_remainder", "f32 or bf16"});
+  EXPECT_EQ(model.bits(), before);
   MixedPrecisionOptions bad;
   bad.master = static_cast<MasterStorage>(7);
   expect_error([&] { MixedPrecisionAdam(model.groups(), bad); }, ErrorCode::invalid_argument,
@@ -189,6 +219,10 @@ TEST_P(RemainderMaster, RefusesWhatCannotWorkNamingIt) {
   std::vector<AdamGroup> groups = model.groups();
   groups[0].weight_remainder = {r.view()};
   expect_error([&] { Adam adam(groups); }, ErrorCode::size_mismatch, {"groups[0].weight_remainder", "expected 3"});
+  // And the owning Lamb.
+  std::vector<LambGroup> lamb_groups = model.groups<LambGroup>();
+  lamb_groups[0].weight_remainder = {r.view()};
+  expect_error([&] { Lamb lamb(lamb_groups); }, ErrorCode::size_mismatch, {"groups[0].weight_remainder", "expected 3"});
 }
 
 GRADKIT_INSTANTIATE_ON_EACH_DEVICE(RemainderMaster);

@@ -67,12 +67,14 @@ struct PyAdamPlan {
 };
 
 struct PyLambPlan {
-  ViewList weights, grads, exp_avg, exp_avg_sq, model_copy, update, exp_avg_absmax, exp_avg_sq_absmax;
+  ViewList weights, grads, exp_avg, exp_avg_sq, model_copy, update, exp_avg_absmax, exp_avg_sq_absmax,
+      weight_remainder;
   LambPlan plan;
   Buffer tensor_index;  // 0 .. n-1 on the plan's device, for a step in two passes (made at the first)
   PyLambPlan(const Arrays& w, const Arrays& g, const Arrays& m, const Arrays& v,
              const std::vector<LambHyperparameters>& hyper, const std::vector<int32_t>& groups, const Arrays& copy,
-             const Arrays& upd, const Arrays& m_absmax, const Arrays& v_absmax, bool hold_grads)
+             const Arrays& upd, const Arrays& m_absmax, const Arrays& v_absmax, const Arrays& remainder,
+             bool hold_grads)
       : weights(to_views(w, "weights")),
         grads(to_views(g, "grads")),
         exp_avg(to_views(m, "exp_avg")),
@@ -81,8 +83,9 @@ struct PyLambPlan {
         update(to_views(upd, "update")),
         exp_avg_absmax(to_views(m_absmax, "exp_avg_absmax")),
         exp_avg_sq_absmax(to_views(v_absmax, "exp_avg_sq_absmax")),
+        weight_remainder(to_views(remainder, "weight_remainder")),
         plan({weights.views, grads.views, exp_avg.views, exp_avg_sq.views, model_copy.views, update.views,
-              exp_avg_absmax.views, exp_avg_sq_absmax.views},
+              exp_avg_absmax.views, exp_avg_sq_absmax.views, weight_remainder.views},
              hyper, groups) {
     if (!hold_grads) grads.arrays.clear();
   }
@@ -285,12 +288,14 @@ void bind_ops(nb::module_& m) {
 
   nb::class_<PyLambPlan>(m, "LambPlan", "LAMB (ONNX Runtime's semantics) over tensor lists planned once.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const Arrays&, const std::vector<LambHyperparameters>&,
-                    const std::vector<int32_t>&, const Arrays&, const Arrays&, const Arrays&, const Arrays&, bool>(),
+                    const std::vector<int32_t>&, const Arrays&, const Arrays&, const Arrays&, const Arrays&,
+                    const Arrays&, bool>(),
            nb::arg("weights"), nb::arg("grads"), nb::arg("exp_avg"), nb::arg("exp_avg_sq"),
            nb::arg("hyperparameters"), nb::arg("groups") = std::vector<int32_t>{}, nb::arg("model_copy") = Arrays{},
            nb::arg("update") = Arrays{}, nb::arg("exp_avg_absmax") = Arrays{}, nb::arg("exp_avg_sq_absmax") = Arrays{},
-           nb::arg("hold_grads") = true,
-           "uint8 moments are 8-bit blockwise, each with its float32 absmax list (quant_blocks(numel) per tensor).")
+           nb::arg("weight_remainder") = Arrays{}, nb::arg("hold_grads") = true,
+           "uint8 moments are 8-bit blockwise, each with its float32 absmax list (quant_blocks(numel) per tensor); "
+           "bfloat16 weights with weight_remainder (int16; float moments only) hold their float32 master exactly.")
       .def(
           "step",
           [](PyLambPlan& p, float eta, nb::handle eta_device, float loss_scale,
@@ -324,7 +329,8 @@ void bind_ops(nb::module_& m) {
       .def("set_hyperparameters",
            [](PyLambPlan& p, const std::vector<LambHyperparameters>& h) { p.plan.set_hyperparameters(h); },
            nb::arg("hyperparameters"))
-      .def_prop_ro("num_tensors", [](const PyLambPlan& p) { return p.plan.plan().num_tensors(); });
+      .def_prop_ro("num_tensors", [](const PyLambPlan& p) { return p.plan.plan().num_tensors(); })
+      .def_prop_ro("has_weight_remainder", [](const PyLambPlan& p) { return p.plan.has_weight_remainder(); });
 
   nb::enum_<NormType>(m, "NormType").value("l2", NormType::l2).value("infinity", NormType::infinity);
 

@@ -1,5 +1,5 @@
 """gradkit.torch.Adam/AdamW with 8-bit moments (moments="int8") and remainder
-masters (master="remainder"): one step against a float64 reference written
+masters (master="remainder"), and Lamb with both (apart): one step against a float64 reference written
 here from docs/ops.md (decode, update, encode with the nearest code), the
 remainder master against the float32-master path bit for bit, state_dict
 round trips and conversions, skipped steps, flat gradients, bad arguments,
@@ -84,12 +84,13 @@ def test_one_int8_step_matches_the_float64_reference(device):
             assert np.abs(ours - nearest_codes(ref, name)).max() <= INT8_CODE_DISTANCE, name
 
 
-@pytest.mark.parametrize("moments", ["float32", "int8"])
-def test_remainder_master_equals_the_float32_master_bit_for_bit(device, moments):
+def assert_remainder_keeps_the_float32_masters(make_optimizer, device, steps=100):
+    """Two bfloat16 models, one with float32 masters and one with remainder masters
+    (make_optimizer(params, master)), fed the same gradients: after `steps` steps the
+    masters are the same bits, and the weights differ only by the rounding rule."""
     a, b = make_params(device, torch.bfloat16), make_params(device, torch.bfloat16)
-    opt_a = gt.AdamW(a, lr=LR, weight_decay=WD, moments=moments)
-    opt_b = gt.AdamW(b, lr=LR, weight_decay=WD, moments=moments, master="remainder")
-    for s in range(100):
+    opt_a, opt_b = make_optimizer(a, "float32"), make_optimizer(b, "remainder")
+    for s in range(steps):
         for pa, pb, g in zip(a, b, grads_for(s, device, torch.bfloat16)):
             pa.grad, pb.grad = g, g.clone()
         opt_a.step()
@@ -107,19 +108,35 @@ def test_remainder_master_equals_the_float32_master_bit_for_bit(device, moments)
     assert "master_param" not in state_b and state_b["weight_remainder"].dtype == torch.int16
 
 
-@pytest.mark.parametrize("form", [{"moments": "int8", "min_8bit_size": 0}, {"moments": "bfloat16"},
-                                  {"moments": "int8", "master": "remainder", "min_8bit_size": 0}], ids=str)
-def test_resume_from_state_dict_equals_the_straight_run(device, form):
+@pytest.mark.parametrize("moments", ["float32", "int8"])
+def test_remainder_master_equals_the_float32_master_bit_for_bit(device, moments):
+    assert_remainder_keeps_the_float32_masters(
+        lambda params, master: gt.AdamW(params, lr=LR, weight_decay=WD, moments=moments, master=master), device)
+
+
+@pytest.mark.parametrize("moments", ["float32", "bfloat16"])
+def test_lamb_remainder_master_equals_the_float32_master_bit_for_bit(device, moments):
+    assert_remainder_keeps_the_float32_masters(
+        lambda params, master: gt.Lamb(params, lr=LR, weight_decay=WD, moments=moments, master=master), device)
+
+
+@pytest.mark.parametrize("optimizer,form", [(gt.AdamW, {"moments": "int8", "min_8bit_size": 0}),
+                                            (gt.AdamW, {"moments": "bfloat16"}),
+                                            (gt.AdamW, {"moments": "int8", "master": "remainder", "min_8bit_size": 0}),
+                                            (gt.Lamb, {"master": "remainder"}),
+                                            (gt.Lamb, {"moments": "bfloat16", "master": "remainder"})],
+                         ids=lambda x: getattr(x, "__name__", str(x)))
+def test_resume_from_state_dict_equals_the_straight_run(device, optimizer, form):
     dtype = torch.bfloat16 if form.get("master") == "remainder" else torch.float32
     straight = make_params(device, dtype)
-    opt = gt.AdamW(straight, lr=LR, weight_decay=WD, **form)
+    opt = optimizer(straight, lr=LR, weight_decay=WD, **form)
     run(straight, opt, 20, device)
 
     resumed = make_params(device, dtype)
-    first = gt.AdamW(resumed, lr=LR, weight_decay=WD, **form)
+    first = optimizer(resumed, lr=LR, weight_decay=WD, **form)
     run(resumed, first, 10, device)
     saved = copy.deepcopy(first.state_dict())
-    second = gt.AdamW(resumed, lr=1.0, **form)
+    second = optimizer(resumed, lr=1.0, **form)
     second.load_state_dict(saved)
     for name, t in second.state[resumed[0]].items():  # the compact state comes back bit for bit
         assert t.dtype == saved["state"][0][name].dtype and torch.equal(t.cpu(), saved["state"][0][name].cpu()), name
@@ -154,17 +171,23 @@ def test_torch_optim_state_loads_quantized_and_exports_back(device):
     run(ours, back, 2, device, start=10)  # torch.optim goes on from it
 
 
-def test_float32_master_state_loads_into_the_remainder_form(device):
+@pytest.mark.parametrize("optimizer", [gt.AdamW, gt.Lamb], ids=lambda x: x.__name__)
+def test_float32_master_state_loads_into_the_remainder_form(device, optimizer):
     a = make_params(device, torch.bfloat16)
-    opt_a = gt.AdamW(a, lr=LR)
+    opt_a = optimizer(a, lr=LR)
     run(a, opt_a, 10, device)
     b = [torch.nn.Parameter(p.detach().clone()) for p in a]
-    opt_b = gt.AdamW(b, lr=LR, master="remainder")
+    opt_b = optimizer(b, lr=LR, master="remainder")
     opt_b.load_state_dict(opt_a.state_dict())
     for ma, mb in zip(opt_a.master_params(), opt_b.master_params()):
         assert torch.equal(ma, mb)
     exported = opt_b.float32_state_dict()["state"][0]
     assert exported["master_param"].dtype == torch.float32 and "weight_remainder" not in exported
+    # Both go on alike: the remainder form's steps keep the float32 form's masters.
+    run(a, opt_a, 5, device, start=10)
+    run(b, opt_b, 5, device, start=10)
+    for ma, mb in zip(opt_a.master_params(), opt_b.master_params()):
+        assert torch.equal(ma.view(torch.int32), mb.view(torch.int32))
 
 
 def test_an_inf_gradient_skips_the_amp_step_and_writes_nothing(device):
@@ -231,6 +254,20 @@ def test_bad_arguments_are_refused_naming_them():
         gt.AdamW(make_params("cpu", torch.float16), master="remainder")
     with pytest.raises(TypeError, match="float64 parameters take"):
         gt.AdamW(make_params("cpu", torch.float64), moments="int8")
+    bf16 = make_params("cpu", torch.bfloat16)
+    with pytest.raises(ValueError, match="moments='int8' with master='remainder'.*float moments"):
+        gt.Lamb(bf16, moments="int8", master="remainder")
+    with pytest.raises(TypeError, match="master='remainder'.*float32"):
+        gt.Lamb(f32, master="remainder")
+    with pytest.raises(TypeError, match="master='remainder'.*float16"):
+        gt.Lamb(make_params("cpu", torch.float16), master="remainder")
+    with pytest.raises(ValueError, match="master is 'half'"):
+        gt.Lamb(bf16, master="half")
+    with pytest.raises(ValueError, match="weight_remainder.*8-bit moments"):
+        gradkit.LambPlan([bf16[0].detach()], [torch.zeros_like(bf16[0])], [torch.zeros(300, dtype=torch.uint8)],
+                         [torch.zeros(300, dtype=torch.uint8)], [gradkit.LambHyperparameters()],
+                         exp_avg_absmax=[torch.zeros(2)], exp_avg_sq_absmax=[torch.zeros(2)],
+                         weight_remainder=[torch.zeros(300, dtype=torch.int16)])
     opt = gt.AdamW(f32, moments="int8", min_8bit_size=0)
     run(f32, opt, 1, "cpu")
     saved = opt.state_dict()

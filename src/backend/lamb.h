@@ -1,6 +1,6 @@
 // The LAMB kernels each backend implements over a validated plan whose lists
-// are weights, grads, exp_avg, exp_avg_sq, then model_copy and update where
-// present (their list index, or -1).
+// are weights, grads, exp_avg, exp_avg_sq, then model_copy, update, the two
+// absmax lists and weight_remainder where present (their list index, or -1).
 //
 // Pass 1 reads w, g, m, v; writes the new m, v; and leaves per-chunk partial
 // sums of w^2 and d^2. Where d is not finite, it keeps the old m and v and
@@ -15,6 +15,11 @@
 // With 8-bit moments (absmax_list >= 0) the passes work block by block and
 // the mark is per block (backend/lamb_blockwise.h); the per-chunk partials
 // are each block's sums (in the order of a warp) added in block order.
+//
+// With a remainder list (bf16 weights, float moments), w is the f32 master
+// join_master(weight, remainder) wherever the passes read it, and pass 2
+// writes split_master(w_new) to both lists: every operation is the f32
+// master's, in the same order, so the master is the f32 path's bit for bit.
 #pragma once
 
 #include "gradkit/core/multi_tensor_plan.h"
@@ -34,6 +39,7 @@ struct LambLaunch {
   int update_list = -1;
   int absmax_list = -1;                 // 8-bit moments: m's absmax list, v's at absmax_list + 1
   const QuantTables* tables = nullptr;  // the code tables, on the plan's device
+  int remainder_list = -1;              // bf16 weights: the remainder list (float moments only)
 };
 
 void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& launch);

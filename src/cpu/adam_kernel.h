@@ -9,31 +9,17 @@
 
 #include "backend/adam.h"
 #include "backend/adam_math.h"
-#include "backend/master_math.h"
 #include "cpu/isa.h"
+#include "cpu/master_weights.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
 namespace gradkit::backend {
 namespace cpu_adam {
 
-// Weights stored as they are (f32, f64).
-template <class W>
-struct PlainWeights {
-  using C = cpu::compute_t<W>;
-  using Stored = W;
-  static C load(const W* w, const int16_t*, int64_t i) { return cpu::to_compute<C>(w[i]); }
-  static void store(W* w, int16_t*, int64_t i, C x) { w[i] = cpu::from_compute<W>(x); }
-};
-
-// bf16 weights (their bits) whose f32 master is completed by the remainder
-// list (master_math.h).
-struct RemainderWeights {
-  using C = float;
-  using Stored = uint16_t;
-  static float load(const uint16_t* w, const int16_t* r, int64_t i) { return join_master(w[i], r[i]); }
-  static void store(uint16_t* w, int16_t* r, int64_t i, float x) { split_master(x, w[i], r[i]); }
-};
+using cpu_master::PlainWeights;
+using cpu_master::remainder_of;
+using cpu_master::RemainderWeights;
 
 // The model copy's type, or NoCopy when the launch writes none.
 struct NoCopy {};
@@ -109,13 +95,6 @@ template <class Copy>
 Copy* copy_of(const cpu::ChunkView& chunk, const AdamLaunch& launch) {
   if constexpr (std::is_same_v<Copy, NoCopy>) return nullptr;
   else return chunk.tensor<Copy>(launch.copy_list);
-}
-
-// The chunk's remainder list, or null for plain weights.
-template <class Weights>
-int16_t* remainder_of(const cpu::ChunkView& chunk, const AdamLaunch& launch) {
-  if constexpr (std::is_same_v<Weights, RemainderWeights>) return chunk.tensor<int16_t>(launch.remainder_list);
-  else return nullptr;
 }
 
 }  // namespace cpu_adam

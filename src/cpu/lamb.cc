@@ -1,7 +1,8 @@
 // LAMB on the CPU: the same two passes and the same per-element formulas as
 // the CUDA backend (backend/lamb.h, backend/lamb_math.h), and each tensor's
 // chunk sums added in the CUDA ratio kernel's order. The element loops of
-// float moments are templates on their dtypes and choices, run in the copy
+// float moments are templates on their dtypes and choices (the weights plain
+// or completed by their remainders: cpu/master_weights.h), run in the copy
 // for the active instruction set (isa.h); 8-bit moments: cpu/lamb_8bit.h.
 #include <cmath>
 #include <cstdint>
@@ -14,11 +15,16 @@
 #include "backend/master_math.h"  // bits_as
 #include "cpu/isa.h"
 #include "cpu/lamb_8bit.h"
+#include "cpu/master_weights.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
 namespace gradkit::backend {
 namespace {
+
+using cpu_master::PlainWeights;
+using cpu_master::remainder_of;
+using cpu_master::RemainderWeights;
 
 struct NoCopy {};  // pass 2 writes no model copy
 
@@ -37,19 +43,20 @@ inline C kept_or_zero(C x, bool keep) {
 // element's squares in small buffers; the sums then add them in element
 // order (an element whose d is not finite adds +0 to d^2, which leaves the
 // sum as it was: it starts at +0 and only grows).
-template <class W, class G, class M>
+template <class Weights, class G, class M>
 struct Pass1 {
-  using C = cpu::compute_t<W>;
+  using C = typename Weights::C;
+  using W = typename Weights::Stored;
   static constexpr int kBlock = 512;
-  static void run(int64_t n, const W* __restrict w, const G* __restrict g, M* __restrict m, M* __restrict v,
-                  LambCoefficients<C> c, double* sums) {
+  static void run(int64_t n, const W* __restrict w, const int16_t* __restrict r, const G* __restrict g,
+                  M* __restrict m, M* __restrict v, LambCoefficients<C> c, double* sums) {
     double w2 = 0, d2 = 0;
     alignas(64) double w_squares[kBlock], d_squares[kBlock];
     for (int64_t base = 0; base < n; base += kBlock) {
       const int count = static_cast<int>(n - base < kBlock ? n - base : kBlock);
       for (int k = 0; k < count; ++k) {
         const int64_t i = base + k;
-        const C wc = cpu::to_compute<C>(w[i]);
+        const C wc = Weights::load(w, r, i);
         const M m_old = m[i], v_old = v[i];
         C mc = cpu::to_compute<C>(m_old), vc = cpu::to_compute<C>(v_old);
         lamb_moments(cpu::to_compute<C>(g[i]), mc, vc, c);
@@ -73,37 +80,41 @@ struct Pass1 {
 };
 
 // Pass 2 over one chunk: the weights (or their update), the model copy, and
-// the marks cleared.
-template <class W, class M, class Copy, bool Update>
+// the marks cleared. (No update list or copy with remainder weights.)
+template <class Weights, class M, class Copy, bool Update>
 struct Pass2 {
-  using C = cpu::compute_t<W>;
-  static void run(int64_t n, W* __restrict w, W* __restrict update, const M* __restrict m, M* __restrict v,
-                  Copy* __restrict copy, LambCoefficients<C> c, C step_size) {
+  using C = typename Weights::C;
+  using W = typename Weights::Stored;
+  static void run(int64_t n, W* __restrict w, int16_t* __restrict r, W* __restrict update, const M* __restrict m,
+                  M* __restrict v, Copy* __restrict copy, LambCoefficients<C> c, C step_size) {
     for (int64_t i = 0; i < n; ++i) {
-      const C w_old = cpu::to_compute<C>(w[i]);
+      const C w_old = Weights::load(w, r, i);
       const C vc = cpu::to_compute<C>(v[i]);
       const bool marked = std::signbit(vc);
       if (marked) v[i] = cpu::from_compute<M>(-vc);  // a masked store where the ISA has one: no bytes for the rest
       const C updated = lamb_apply(w_old, step_size, lamb_direction(w_old, cpu::to_compute<C>(m[i]), vc, c));
       const C w_new = !marked && finite(updated) ? updated : w_old;
       if constexpr (Update) update[i] = cpu::from_compute<W>(w_new - w_old);
-      else w[i] = cpu::from_compute<W>(w_new);
+      else Weights::store(w, r, i, w_new);
       if constexpr (!std::is_same_v<Copy, NoCopy>) copy[i] = cpu::from_compute<Copy>(static_cast<float>(w_new));
     }
   }
 };
 
-// Float moments stored as M (f32, bf16; f64 with f64 weights), both passes
-// in the active instruction set's copy.
-template <class W, class G, class M>
+// Float moments stored as M (f32, bf16; f64 with f64 weights) beside
+// Weights (plain f32 or f64, or bf16 with remainders), both passes in the
+// active instruction set's copy.
+template <class Weights, class G, class M>
 struct PlainMoments {
-  using C = cpu::compute_t<W>;
+  using C = typename Weights::C;
+  using W = typename Weights::Stored;
 
-  static void norms(const cpu::ChunkView& chunk, const LambLaunch&, const LambCoefficients<C>& c, double* sums,
+  static void norms(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<C>& c, double* sums,
                     cpu::Isa isa) {
-    cpu::run_kernel<Pass1<W, G, M>>(isa, int64_t{chunk.chunk.length}, static_cast<const W*>(chunk.tensor<W>(0)),
-                                    static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<M>(2), chunk.tensor<M>(3),
-                                    c, sums);
+    cpu::run_kernel<Pass1<Weights, G, M>>(isa, int64_t{chunk.chunk.length}, static_cast<const W*>(chunk.tensor<W>(0)),
+                                          static_cast<const int16_t*>(remainder_of<Weights>(chunk, l)),
+                                          static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<M>(2),
+                                          chunk.tensor<M>(3), c, sums);
   }
 
   template <class Copy, bool Update>
@@ -111,12 +122,18 @@ struct PlainMoments {
                      cpu::Isa isa) {
     Copy* copy = nullptr;
     if constexpr (!std::is_same_v<Copy, NoCopy>) copy = chunk.tensor<Copy>(l.copy_list);
-    cpu::run_kernel<Pass2<W, M, Copy, Update>>(isa, int64_t{chunk.chunk.length}, chunk.tensor<W>(0),
-                                               Update ? chunk.tensor<W>(l.update_list) : static_cast<W*>(nullptr),
-                                               static_cast<const M*>(chunk.tensor<M>(2)), chunk.tensor<M>(3), copy, c,
-                                               step_size);
+    cpu::run_kernel<Pass2<Weights, M, Copy, Update>>(
+        isa, int64_t{chunk.chunk.length}, chunk.tensor<W>(0), remainder_of<Weights>(chunk, l),
+        Update ? chunk.tensor<W>(l.update_list) : static_cast<W*>(nullptr), static_cast<const M*>(chunk.tensor<M>(2)),
+        chunk.tensor<M>(3), copy, c, step_size);
   }
 };
+
+// Whether a moment storage's weights are bf16 with remainders.
+template <class Moments>
+constexpr bool kRemainderMoments = false;
+template <class G, class M>
+constexpr bool kRemainderMoments<PlainMoments<RemainderWeights, G, M>> = true;
 
 template <class Moments>
 void run(const MultiTensorPlan& plan, const LambLaunch& l, cpu::Isa isa) {
@@ -172,11 +189,15 @@ void run(const MultiTensorPlan& plan, const LambLaunch& l, cpu::Isa isa) {
       Moments::template update<Copy, Update>(chunk, l, c, step_size, isa);
     });
   };
-  if (l.update_list >= 0) return pass2.template operator()<NoCopy, true>();  // no model copy with an update list
-  if (l.copy_list < 0) return pass2.template operator()<NoCopy, false>();
-  dispatch_dtype(plan.dtype(l.copy_list), [&]<class Copy>() {
-    if constexpr (std::is_same_v<Copy, half> || std::is_same_v<Copy, bfloat16>) pass2.template operator()<Copy, false>();
-  });
+  if constexpr (kRemainderMoments<Moments>) {
+    return pass2.template operator()<NoCopy, false>();  // neither copy nor update list with remainders
+  } else {
+    if (l.update_list >= 0) return pass2.template operator()<NoCopy, true>();  // no model copy with an update list
+    if (l.copy_list < 0) return pass2.template operator()<NoCopy, false>();
+    dispatch_dtype(plan.dtype(l.copy_list), [&]<class Copy>() {
+      if constexpr (std::is_same_v<Copy, half> || std::is_same_v<Copy, bfloat16>) pass2.template operator()<Copy, false>();
+    });
+  }
 }
 
 }  // namespace
@@ -187,7 +208,7 @@ void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& l) {
   if (l.inputs.found_inf != nullptr && *l.inputs.found_inf) return;
   if (!plan.empty()) {
     if (plan.dtype(0) == DType::f64) {
-      run<PlainMoments<double, double, double>>(plan, l, isa);
+      run<PlainMoments<PlainWeights<double>, double, double>>(plan, l, isa);
     } else {
       dispatch_dtype(plan.dtype(1), [&]<class G>() {
         if constexpr (!std::is_same_v<G, double>) {
@@ -195,7 +216,8 @@ void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& l) {
         }
         dispatch_dtype(plan.dtype(2), [&]<class M>() {
           if constexpr (!std::is_same_v<G, double> && (std::is_same_v<M, float> || std::is_same_v<M, bfloat16>)) {
-            run<PlainMoments<float, G, M>>(plan, l, isa);
+            if (l.remainder_list >= 0) run<PlainMoments<RemainderWeights, G, M>>(plan, l, isa);
+            else run<PlainMoments<PlainWeights<float>, G, M>>(plan, l, isa);
           }
         });
       });

@@ -18,7 +18,6 @@ namespace {
 
 constexpr std::string_view kOp = "lamb_step";
 
-
 }  // namespace
 
 void validate(const LambHyperparameters& h, std::string_view, const std::string& arg) {
@@ -45,6 +44,11 @@ LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hy
                          "update is returned)");
   }
   const bool quantized = !t.exp_avg.empty() && t.exp_avg[0].dtype == DType::u8;
+  if (quantized && !t.weight_remainder.empty()) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "weight_remainder",
+                         "is given with 8-bit moments (exp_avg u8); expected f32 or bf16 moments with "
+                         "weight_remainder (LAMB's remainder master takes float moments only)");
+  }
   ops::check_absmax_lists(kOp, t.weights.size(), t.exp_avg_absmax.size(), t.exp_avg_sq_absmax.size(), quantized);
   std::vector<PlanList> lists = {{"weights", t.weights, true},
                                  {"grads", t.grads, false},
@@ -63,9 +67,17 @@ LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hy
     lists.push_back({"exp_avg_absmax", t.exp_avg_absmax, true, kQuantBlock});
     lists.push_back({"exp_avg_sq_absmax", t.exp_avg_sq_absmax, true, kQuantBlock});
   }
+  if (!t.weight_remainder.empty()) {
+    remainder_list_ = static_cast<int>(lists.size());
+    lists.push_back({"weight_remainder", t.weight_remainder, true, 1, true});
+  }
   plan_ = MultiTensorPlan(kOp, lists, MultiTensorPlan::kDefaultChunkElements, groups,
                           static_cast<int32_t>(hyperparameters.size()));
-  ops::check_optimizer_dtypes(kOp, plan_, {.model_copy = copy_list_, .update = update_list_, .u8_moments = true});
+  ops::check_optimizer_dtypes(kOp, plan_,
+                              {.model_copy = copy_list_,
+                               .update = update_list_,
+                               .weight_remainder = remainder_list_,
+                               .u8_moments = true});
   if (quantized && plan_.device().is_cuda()) {
     tables_ = backend::upload(plan_.device(), &backend::quant_tables(), sizeof(backend::QuantTables));
   }
@@ -119,6 +131,7 @@ void LambPlan::step(const LambStepInputs& in, Stream stream) const {
   launch.copy_list = copy_list_;
   launch.update_list = update_list_;
   launch.absmax_list = absmax_list_;
+  launch.remainder_list = remainder_list_;
   launch.tables = plan_.device().is_cuda() ? static_cast<const backend::QuantTables*>(tables_.get())
                                            : &backend::quant_tables();
   launch.groups = hyper_.on(plan_.device());

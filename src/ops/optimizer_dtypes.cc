@@ -14,6 +14,11 @@ void check_optimizer_dtypes(std::string_view op, const MultiTensorPlan& plan, co
     throw_argument_error(ErrorCode::dtype_unsupported, op, arg,
                          "has dtype " + std::string(dtype_name(got)) + ", expected " + expected);
   };
+  if (lists.weight_remainder >= 0 && lists.update >= 0) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "update",
+                         "is given with weight_remainder; expected none (the step writes the f32 master as the "
+                         "weights and their remainders, which a returned update would leave alone)");
+  }
   if (lists.update >= 0 && plan.dtype(lists.update) != w) {
     fail("update", plan.dtype(lists.update), std::string(dtype_name(w)) + " (the dtype of the weights)");
   }

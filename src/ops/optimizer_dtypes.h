@@ -12,7 +12,7 @@ struct OptionalLists {
   int max_exp_avg_sq = -1;  // must match the moments
   int model_copy = -1;      // f16 or bf16
   int update = -1;          // the weights' dtype
-  int weight_remainder = -1;  // i16, with bf16 weights (and no model copy)
+  int weight_remainder = -1;  // i16, with bf16 weights (and no model copy, no update)
   bool u8_moments = false;    // does the op take 8-bit moments?
 };
 

@@ -45,22 +45,10 @@ Adam::Adam(std::vector<AdamGroup> groups, AdamOptions options)
 
   counter_ = Buffer(device_, sizeof(int64_t));
   lrs_ = Buffer(device_, sizeof(float) * groups_.size());
-  // Remainders are given for every param or for none (as model copies).
-  std::vector<TensorView> remainders;
-  bool any_remainder = false;
-  for (const AdamGroup& g : groups_) any_remainder = any_remainder || !g.weight_remainder.empty();
-  for (size_t g = 0; g < groups_.size() && any_remainder; ++g) {
-    const AdamGroup& group = groups_[g];
-    if (group.weight_remainder.size() != group.params.size()) {
-      throw_argument_error(ErrorCode::size_mismatch, kOp, "groups[" + std::to_string(g) + "].weight_remainder",
-                           "has " + std::to_string(group.weight_remainder.size()) + " tensors, expected " +
-                               std::to_string(group.params.size()) + " (one per param: another group gives them)");
-    }
-    remainders.insert(remainders.end(), group.weight_remainder.begin(), group.weight_remainder.end());
-  }
   AdamTensors tensors{lists.params, lists.grads, exp_avg_, exp_avg_sq_, max_exp_avg_sq_, lists.copies, {}, {}, {}};
   tensors.exp_avg_absmax = exp_avg_absmax_;
   tensors.exp_avg_sq_absmax = exp_avg_sq_absmax_;
+  const std::vector<TensorView> remainders = flatten_remainders(kOp, groups_);
   tensors.weight_remainder = remainders;
   plan_ = AdamPlan(tensors, hyper, lists.group_of_tensor);
   upload_lrs();
@@ -72,18 +60,6 @@ std::vector<StateSection> Adam::sections() const {
   if (!exp_avg_absmax_.empty()) {  // 8-bit moments (format version 2)
     out.push_back({"exp_avg_absmax", &exp_avg_absmax_});
     out.push_back({"exp_avg_sq_absmax", &exp_avg_sq_absmax_});
-  }
-  return out;
-}
-
-// The groups as the state file records them: each tensor with the dtype of
-// the master the step updates (f32 for bf16 weights with a remainder), so
-// that a file loads whichever way the masters are kept.
-std::vector<AdamGroup> Adam::file_groups() const {
-  std::vector<AdamGroup> out = groups_;
-  for (AdamGroup& g : out) {
-    if (g.weight_remainder.empty()) continue;
-    for (TensorView& p : g.params) p.dtype = DType::f32;
   }
   return out;
 }
@@ -152,14 +128,14 @@ void Adam::save_to(StateFile& file) const {
     hyper.push_back(groups_[g].hyperparameters);
     hyper.back().lr = lr(static_cast<int>(g));
   }
-  file.add("groups", write_groups(file_groups(), hyper));
+  file.add("groups", write_groups(master_groups(groups_), hyper));
 }
 
 void Adam::check_state(const std::string& path, const StateFile& file) const {
   SectionReader meta(file.get("meta"), "meta");
   read_step_and_moment(meta, path, exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype);
   if (!meta.done()) throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has trailing bytes");
-  const std::vector<AdamHyperparameters> hyper = read_groups(path, file.get("groups"), file_groups());
+  const std::vector<AdamHyperparameters> hyper = read_groups(path, file.get("groups"), master_groups(groups_));
   for (size_t g = 0; g < hyper.size(); ++g) {
     if (hyper[g].amsgrad && max_exp_avg_sq_.empty()) {
       throw Error(ErrorCode::io_error, "state file '" + path + "' uses amsgrad in group " + std::to_string(g) +
@@ -172,7 +148,7 @@ void Adam::check_state(const std::string& path, const StateFile& file) const {
 void Adam::apply_state(const StateFile& file) {
   SectionReader meta(file.get("meta"), "meta");
   const auto step = meta.get<int64_t>();
-  const std::vector<AdamHyperparameters> hyper = read_groups("", file.get("groups"), file_groups());
+  const std::vector<AdamHyperparameters> hyper = read_groups("", file.get("groups"), master_groups(groups_));
   apply_sections(file, sections());
   copy_from_host(counter_.data(), device_, &step, sizeof step);
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];

@@ -25,6 +25,12 @@ Lamb::Lamb(std::vector<LambGroup> groups, LambOptions options) : groups_(std::mo
   }
   check_value(options_.eta >= 0 && options_.eta < INFINITY, kOp, "options.eta", options_.eta, "a finite value >= 0");
   const ParameterLists lists = flatten_groups(kOp, groups_);
+  const std::vector<TensorView> remainders = flatten_remainders(kOp, groups_);
+  if (!remainders.empty() && md == DType::u8) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "options.moment_dtype",
+                         "is u8 with weight_remainder; expected f32 or bf16 (LAMB's remainder master takes float "
+                         "moments only)");
+  }
   device_ = lists.device;
   const DType moment = lists.params.empty() || lists.params[0].dtype != DType::f64 ? options_.moment_dtype : DType::f64;
   state_ = allocate_moments(device_, lists.params, moment, 2);
@@ -34,7 +40,7 @@ Lamb::Lamb(std::vector<LambGroup> groups, LambOptions options) : groups_(std::mo
   std::vector<LambHyperparameters> hyper;
   for (const LambGroup& g : groups_) hyper.push_back(g.hyperparameters);
   plan_ = LambPlan(LambTensors{lists.params, lists.grads, exp_avg_, exp_avg_sq_, lists.copies, {}, exp_avg_absmax_,
-                               exp_avg_sq_absmax_},
+                               exp_avg_sq_absmax_, remainders},
                    hyper, lists.group_of_tensor);
   counter_ = Buffer(device_, sizeof(int64_t));
   const int64_t first = 1;
@@ -104,7 +110,7 @@ void Lamb::save_to(StateFile& file) const {
   file.add("meta", meta.take());
   std::vector<LambHyperparameters> hyper;
   for (const LambGroup& g : groups_) hyper.push_back(g.hyperparameters);
-  file.add("groups", write_groups(groups_, hyper));
+  file.add("groups", write_groups(master_groups(groups_), hyper));
 }
 
 void Lamb::check_state(const std::string& path, const StateFile& file) const {
@@ -117,7 +123,7 @@ void Lamb::check_state(const std::string& path, const StateFile& file) const {
     throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has a bad eta: " + e.what());
   }
   if (!meta.done()) throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has trailing bytes");
-  read_groups(path, file.get("groups"), groups_);
+  read_groups(path, file.get("groups"), master_groups(groups_));
   check_sections(path, file, sections());
 }
 
@@ -126,7 +132,7 @@ void Lamb::apply_state(const StateFile& file) {
   const auto completed = meta.get<int64_t>();
   meta.get<uint32_t>();
   const auto eta = meta.get<float>();
-  const std::vector<LambHyperparameters> hyper = read_groups("", file.get("groups"), groups_);
+  const std::vector<LambHyperparameters> hyper = read_groups("", file.get("groups"), master_groups(groups_));
   apply_sections(file, sections());
   const int64_t next = completed + 1;
   copy_from_host(counter_.data(), device_, &next, sizeof next);

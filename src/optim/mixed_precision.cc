@@ -1,7 +1,6 @@
 #include "gradkit/optim/mixed_precision.h"
 
 #include <string>
-#include <type_traits>
 
 #include "gradkit/core/error.h"
 #include "gradkit/ops/master.h"
@@ -49,10 +48,6 @@ MixedPrecision<Optimizer>::MixedPrecision(std::vector<Group> groups, MixedPrecis
                          "is " + std::to_string(static_cast<int32_t>(master_)) + ", expected f32 or remainder");
   }
   const bool remainder = master_ == MasterStorage::remainder;
-  if (remainder && std::is_same_v<Optimizer, Lamb>) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, "options.master",
-                         "is remainder with LAMB; expected f32 (lamb_step updates f32 master weights only)");
-  }
   for (size_t g = 0; g < groups.size(); ++g) {
     const std::string name = "groups[" + std::to_string(g) + "]";
     if (!groups[g].model_copy.empty()) {
@@ -94,12 +89,10 @@ MixedPrecision<Optimizer>::MixedPrecision(std::vector<Group> groups, MixedPrecis
 
   size_t at = 0;
   for (Group& group : groups) {
-    if constexpr (std::is_same_v<Optimizer, Adam>) {
-      if (remainder) {
-        group.weight_remainder.assign(remainders_.begin() + at, remainders_.begin() + at + group.params.size());
-        at += group.params.size();
-        continue;
-      }
+    if (remainder) {
+      group.weight_remainder.assign(remainders_.begin() + at, remainders_.begin() + at + group.params.size());
+      at += group.params.size();
+      continue;
     }
     group.model_copy = group.params;
     for (TensorView& p : group.params) p = masters_[at++];

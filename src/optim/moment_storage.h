@@ -55,6 +55,38 @@ ParameterLists flatten_groups(std::string_view op, const std::vector<Group>& gro
   return out;
 }
 
+// The groups' weight remainders, concatenated like flatten_groups' params:
+// given for every param or for none (a group without params, none).
+template <class Group>
+std::vector<TensorView> flatten_remainders(std::string_view op, const std::vector<Group>& groups) {
+  std::vector<TensorView> out;
+  bool any = false;
+  for (const Group& g : groups) any = any || !g.weight_remainder.empty();
+  for (size_t g = 0; g < groups.size() && any; ++g) {
+    const Group& group = groups[g];
+    if (group.weight_remainder.size() != group.params.size()) {
+      throw_argument_error(ErrorCode::size_mismatch, op, "groups[" + std::to_string(g) + "].weight_remainder",
+                           "has " + std::to_string(group.weight_remainder.size()) + " tensors, expected " +
+                               std::to_string(group.params.size()) + " (one per param: another group gives them)");
+    }
+    out.insert(out.end(), group.weight_remainder.begin(), group.weight_remainder.end());
+  }
+  return out;
+}
+
+// The groups as a state file records them: each tensor with the dtype of the
+// master the step updates (f32 for bf16 weights with a remainder), so that a
+// file loads whichever way the masters are kept.
+template <class Group>
+std::vector<Group> master_groups(const std::vector<Group>& groups) {
+  std::vector<Group> out = groups;
+  for (Group& g : out) {
+    if (g.weight_remainder.empty()) continue;
+    for (TensorView& p : g.params) p.dtype = DType::f32;
+  }
+  return out;
+}
+
 // `count` moment tensors per param, each shaped like its param, with dtype
 // `dtype`, zero-filled, back to back at 256-byte boundaries in one buffer.
 Buffer allocate_moments(Device device, const std::vector<TensorView>& params, DType dtype, int count);

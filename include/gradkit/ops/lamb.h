@@ -40,8 +40,10 @@ void validate(const LambHyperparameters& h, std::string_view op, const std::stri
 namespace gradkit {
 
 // Weights f32 with gradients f32/f16/bf16, moments f32, bf16 or u8 (both
-// alike), optional model copy f16/bf16; or everything f64. `update` (f32, or
-// f64) receives w_new - w instead of writing the weights, when given.
+// alike), optional model copy f16/bf16; weights bf16 with their remainder
+// (i16), the same gradients, moments f32 or bf16 (not u8), no model copy and
+// no update list; or everything f64. `update` (f32, or f64) receives
+// w_new - w instead of writing the weights, when given.
 //
 // u8 moments are 8-bit blockwise exactly as adam_step's (gradkit/ops/
 // blockwise.h): exp_avg with the signed code, exp_avg_sq with the unsigned
@@ -56,6 +58,9 @@ struct LambTensors {
   std::span<const TensorView> update;      // optional: write the delta here, leave the weights
   std::span<const TensorView> exp_avg_absmax;     // u8 moments: each block's absmax of m
   std::span<const TensorView> exp_avg_sq_absmax;  // u8 moments: each block's absmax of v
+  // bf16 weights: what rounding the f32 master to the weight took away
+  // (docs/ops.md, "the remainder master"); the master is (weight, remainder).
+  std::span<const TensorView> weight_remainder;
 };
 
 // A step whose tensors are pieces of larger tensors held by several lists
@@ -114,6 +119,7 @@ class LambPlan {
   const MultiTensorPlan& plan() const { return plan_; }
   std::span<const LambHyperparameters> hyperparameters() const { return hyper_.host(); }
   bool quantized_moments() const { return absmax_list_ >= 0; }
+  bool has_weight_remainder() const { return remainder_list_ >= 0; }
 
  private:
   MultiTensorPlan plan_;
@@ -122,6 +128,7 @@ class LambPlan {
   int copy_list_ = -1;
   int update_list_ = -1;
   int absmax_list_ = -1;          // 8-bit moments: m's absmax list, v's at absmax_list_ + 1
+  int remainder_list_ = -1;       // bf16 weights: their remainders
   std::shared_ptr<void> tables_;  // the code tables, on the plan's CUDA device (8-bit moments)
 };
 

@@ -80,7 +80,6 @@ class Adam {
  private:
   void upload_lrs();
   std::vector<StateSection> sections() const;
-  std::vector<AdamGroup> file_groups() const;
 
   std::vector<AdamGroup> groups_;
   AdamOptions options_;

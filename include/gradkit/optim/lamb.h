@@ -16,15 +16,20 @@ struct StateSection;  // src/optim/moment_storage.h
 class StateFile;
 
 struct LambGroup {
-  std::vector<TensorView> params;      // f32 master weights (or f64)
+  std::vector<TensorView> params;      // f32 master weights (or f64), or bf16 weights with weight_remainder
   std::vector<TensorView> grads;       // f32, f16 or bf16 (f64 with f64 params)
   std::vector<TensorView> model_copy;  // optional f16/bf16 copy, written in the same pass
+  // Optional: bf16 params' i16 remainders, which complete each to its f32
+  // master (docs/ops.md, "the remainder master"); one per param, or none;
+  // float moments only. Like the weights, they belong to the caller and are
+  // not in Lamb's file.
+  std::vector<TensorView> weight_remainder;
   LambHyperparameters hyperparameters;
 };
 
 struct LambOptions {
   float eta = 1e-3f;                // learning rate, shared by every group
-  DType moment_dtype = DType::f32;  // f32; bf16; u8 for 8-bit blockwise moments (as Adam's)
+  DType moment_dtype = DType::f32;  // f32; bf16; u8 for 8-bit blockwise moments (as Adam's; no weight_remainder)
 };
 
 // Per-step inputs of the owning optimizer (all optional).

@@ -30,9 +30,9 @@ struct MixedPrecisionOptions {
   LossScalerOptions scaler;
   float max_norm = 0.0f;  // > 0: clip the global norm of the unscaled gradients (clip_grad_norm_)
   NormType norm = NormType::l2;
-  // remainder: bf16 weights only, with Adam only (lamb_step updates f32
-  // masters); the master is the same bit for bit, the weights the forward
-  // pass sees differ from the f32 path's only on ties (rounded away from 0).
+  // remainder: bf16 weights only (with LAMB, float moments only); the master
+  // is the same bit for bit, the weights the forward pass sees differ from
+  // the f32 path's only on ties (rounded away from 0).
   MasterStorage master = MasterStorage::f32;
 };
 

@@ -553,18 +553,23 @@ class Lamb(_PlannedOptimizer):
     weight decay inside the update. `max_grad_norm` > 0 clips by the global norm of
     all gradients (computed by gradkit's gradient check) as ONNX Runtime does.
     moments="int8" (or "bfloat16") stores the moments as Adam's do (min_8bit_size
-    likewise); masters stay float32."""
+    likewise). For bfloat16 parameters master="float32" (4 bytes per parameter) or
+    "remainder" (2 bytes, the same master bit for bit; float moments only: "float32"
+    or "bfloat16")."""
 
     _counter_offset = 1  # LambPlan's counter holds the next t
     _copied_attributes = ("max_grad_norm", "_form")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, *,
                  min_trust=float("-inf"), max_trust=float("inf"), max_grad_norm=None, bias_correction=True,
-                 moments="float32", min_8bit_size=4096):
+                 moments="float32", master="float32", min_8bit_size=4096):
         _check_betas(betas, eps, weight_decay, lr)
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm is {max_grad_norm}, expected a value > 0 (or None: no clipping)")
-        self._form = StateForm(moments, "float32", min_8bit_size)
+        self._form = StateForm(moments, master, min_8bit_size)
+        if master == "remainder" and moments == "int8":
+            raise ValueError("moments='int8' with master='remainder'; LAMB's remainder master takes float moments "
+                             "(moments='float32' or 'bfloat16')")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, min_trust=min_trust,
                         max_trust=max_trust, bias_correction=bias_correction)
         self.max_grad_norm = max_grad_norm
@@ -588,11 +593,12 @@ class Lamb(_PlannedOptimizer):
                                            max_norm=self.max_grad_norm or 0.0, bias_correction=g["bias_correction"])
 
     def _make_plan(self, indices, grads):
-        weights, g, groups, copy, _ = self._plan_lists(indices, grads)
+        weights, g, groups, copy, remainder = self._plan_lists(indices, grads)
         return gradkit.LambPlan(weights, g, self._state_list(indices, "exp_avg"),
                                 self._state_list(indices, "exp_avg_sq"),
                                 [self._hyperparameters(grp) for grp in self.param_groups], groups,
-                                model_copy=copy, hold_grads=False, **self._absmax_lists(indices))
+                                model_copy=copy, weight_remainder=remainder, hold_grads=False,
+                                **self._absmax_lists(indices))
 
     def _clip_norm(self, stream):
         """The global gradient norm on the device, for LAMB's own clipping (None: no clipping)."""

@@ -1,6 +1,7 @@
 // The CPU backend: f32 model (OpenBLAS), Adam or LAMB; with --master
 // remainder, bf16 weights (the model computes in f32 on an exact f32 copy of
-// them) and MixedPrecision<Adam> keeping each master as weight + remainder.
+// them) and MixedPrecision<Adam or Lamb> keeping each master as weight +
+// remainder.
 #include <algorithm>
 #include <type_traits>
 #include <utility>

@@ -22,7 +22,8 @@ struct TrainOptions {
   std::string moments = "f32";      // f32 | bf16 | int8 (8-bit blockwise moments)
   // f32 | remainder: bf16 weights whose f32 master is the weight plus an
   // i16 remainder (the CPU backend then trains bf16 weights through
-  // MixedPrecision<Adam>); Adam only, unsharded, not on cuda (f16 weights).
+  // MixedPrecision<Adam or Lamb>); unsharded, LAMB with f32/bf16 moments
+  // only, not on cuda (f16 weights).
   std::string master = "f32";
   float lr = 1e-3f;
   float weight_decay = 0.0f;
