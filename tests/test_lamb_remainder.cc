@@ -77,8 +77,9 @@ struct State {
     return out;
   }
   std::vector<double> master_values(size_t i) const {
+    const auto all = masters();  // (a range-for over masters()[i] would outlive the temporary)
     std::vector<double> out;
-    for (uint32_t bits : masters()[i]) out.push_back(std::bit_cast<float>(bits));
+    for (uint32_t bits : all[i]) out.push_back(std::bit_cast<float>(bits));
     return out;
   }
 };
