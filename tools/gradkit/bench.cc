@@ -163,7 +163,10 @@ const std::vector<BenchOp>& bench_ops() {
       {"adam-mixed", 28,
        [](BenchDevice& dev, const Workload& w) { return prepare_adam(dev, w, DType::bf16, DType::bf16); }},
       {"adam-8bit", 16 + 16.0 / kQuantBlock, prepare_adam_8bit},
-      {"adam-bf16", 28, prepare_adam_remainder},
+      // bf16 weights with i16 remainders (the f32 master in 4 bytes), bf16
+      // gradients, f32 moments: read w 2, r 2, g 2, m 4, v 4; write w 2, r 2,
+      // m 4, v 4.
+      {"adam-bf16", 26, prepare_adam_remainder},
       // f32 LAMB, two passes: read w, g, m, v and write m, v; then read w, m, v and write w.
       {"lamb", 40, prepare_lamb},
       // Mixed precision: read f16 grads in the check (2), then Adam on f32
