@@ -22,6 +22,7 @@
 #include "support/device_param.h"
 #include "support/expect_error.h"
 #include "support/lamb_reference.h"
+#include "support/master_weights.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"
 
@@ -43,21 +44,13 @@ std::vector<TensorView> views(const std::vector<TestTensor>& ts) {
   return out;
 }
 
-// One LAMB's tensors: f32 masters with a bf16 model copy, or bf16 weights
-// with their remainders; moments of dtype `moments`, starting at zero.
-struct State {
-  std::vector<TestTensor> w, copy, rem, m, v;
-  State(Device device, const std::vector<std::vector<double>>& masters, bool remainder, DType moments) {
+// One LAMB's tensors: the weights in either form (support/master_weights.h)
+// and moments of dtype `moments`, starting at zero.
+struct State : MasterWeights {
+  std::vector<TestTensor> m, v;
+  State(Device device, const std::vector<std::vector<double>>& masters, bool remainder, DType moments)
+      : MasterWeights(device, masters, remainder) {
     for (const auto& x : masters) {
-      if (remainder) {
-        const TestTensor master(device, DType::f32, x);
-        w.emplace_back(device, DType::bf16, std::vector<double>(x.size(), 0.0));
-        rem.emplace_back(device, DType::i16, std::vector<double>(x.size(), 0.0));
-        split_masters(master.view(), w.back().view(), rem.back().view());
-      } else {
-        w.emplace_back(device, DType::f32, x);
-        copy.emplace_back(device, DType::bf16, std::vector<double>(x.size(), 0.0));
-      }
       m.emplace_back(device, moments, std::vector<double>(x.size(), 0.0));
       v.emplace_back(device, moments, std::vector<double>(x.size(), 0.0));
     }
@@ -65,21 +58,12 @@ struct State {
   // Each tensor's f32 master bits.
   std::vector<std::vector<uint32_t>> masters() const {
     std::vector<std::vector<uint32_t>> out;
-    for (size_t i = 0; i < w.size(); ++i) {
-      if (rem.empty()) {
-        out.push_back(as<uint32_t>(w[i].bytes()));
-        continue;
-      }
-      const TestTensor joined(w[i].view().device, DType::f32, std::vector<double>(w[i].numel(), 0.0));
-      join_masters(w[i].view(), rem[i].view(), joined.view());
-      out.push_back(as<uint32_t>(joined.bytes()));
-    }
+    for (size_t i = 0; i < w.size(); ++i) out.push_back(master_bits(i));
     return out;
   }
   std::vector<double> master_values(size_t i) const {
-    const auto all = masters();  // (a range-for over masters()[i] would outlive the temporary)
     std::vector<double> out;
-    for (uint32_t bits : all[i]) out.push_back(std::bit_cast<float>(bits));
+    for (uint32_t bits : master_bits(i)) out.push_back(std::bit_cast<float>(bits));
     return out;
   }
 };

@@ -17,6 +17,7 @@
 #include "gradkit/ops/master.h"
 #include "support/device_param.h"
 #include "support/expect_error.h"
+#include "support/master_weights.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {
@@ -89,38 +90,25 @@ std::vector<TensorView> views(const std::vector<TestTensor>& ts) {
   return out;
 }
 
-// One optimizer's tensors for a list of sizes, moments f32 or u8.
-struct State {
-  std::vector<TestTensor> w, copy, rem, m, v, am, av;
-  State(Device device, const std::vector<std::vector<double>>& masters, bool remainder, DType moments) {
+// One optimizer's tensors for a list of sizes: the weights in either form
+// (support/master_weights.h), moments f32 or u8.
+struct State : MasterWeights {
+  std::vector<TestTensor> m, v, am, av;
+  State(Device device, const std::vector<std::vector<double>>& masters, bool remainder, DType moments)
+      : MasterWeights(device, masters, remainder) {
     for (const auto& x : masters) {
       const auto n = static_cast<int64_t>(x.size());
-      if (remainder) {
-        TestTensor master(device, DType::f32, x);
-        w.emplace_back(device, DType::bf16, std::vector<double>(x.size(), 0.0));
-        rem.emplace_back(device, DType::i16, std::vector<double>(x.size(), 0.0));
-        split_masters(master.view(), w.back().view(), rem.back().view());
-      } else {
-        w.emplace_back(device, DType::f32, x);
-        copy.emplace_back(device, DType::bf16, std::vector<double>(x.size(), 0.0));
-      }
       m.emplace_back(device, moments, std::vector<double>(x.size(), moments == DType::u8 ? 127.0 : 0.0));
       v.emplace_back(device, moments, std::vector<double>(x.size(), 0.0));
       am.emplace_back(device, DType::f32, std::vector<double>(quant_blocks(n), 0.0));
       av.emplace_back(device, DType::f32, std::vector<double>(quant_blocks(n), 0.0));
     }
   }
+  // Every tensor's f32 master bits, one after another.
   std::vector<uint32_t> masters() const {
     std::vector<uint32_t> out;
     for (size_t i = 0; i < w.size(); ++i) {
-      std::vector<uint32_t> bits;
-      if (!rem.empty()) {
-        TestTensor staged(w[i].view().device, DType::f32, std::vector<double>(w[i].numel(), 0.0));
-        join_masters(w[i].view(), rem[i].view(), staged.view());
-        bits = as<uint32_t>(staged.bytes());
-      } else {
-        bits = as<uint32_t>(w[i].bytes());
-      }
+      const auto bits = master_bits(i);
       out.insert(out.end(), bits.begin(), bits.end());
     }
     return out;
