@@ -42,12 +42,6 @@ template <class Optimizer>
 MixedPrecision<Optimizer>::MixedPrecision(std::vector<Group> groups, MixedPrecisionOptions options,
                                           Options optimizer_options) {
   if (groups.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
-  master_ = options.master;
-  if (master_ != MasterStorage::f32 && master_ != MasterStorage::remainder) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, "options.master",
-                         "is " + std::to_string(static_cast<int32_t>(master_)) + ", expected f32 or remainder");
-  }
-  const bool remainder = master_ == MasterStorage::remainder;
   for (size_t g = 0; g < groups.size(); ++g) {
     const std::string name = "groups[" + std::to_string(g) + "]";
     if (!groups[g].model_copy.empty()) {
@@ -60,25 +54,12 @@ MixedPrecision<Optimizer>::MixedPrecision(std::vector<Group> groups, MixedPrecis
         throw_argument_error(ErrorCode::dtype_unsupported, kOp, name + ".params[" + std::to_string(i) + "]",
                              "has dtype " + std::string(dtype_name(d)) + ", expected f16 or bf16 (the model's weights)");
       }
-      if (remainder && d != DType::bf16) {
-        throw_argument_error(ErrorCode::dtype_unsupported, kOp, name + ".params[" + std::to_string(i) + "]",
-                             "has dtype " + std::string(dtype_name(d)) +
-                                 ", expected bf16 (options.master is remainder: a remainder completes bf16 weights)");
-      }
     }
   }
+  check_master_storage(kOp, options.master, groups);
   const ParameterLists lists = flatten_groups(kOp, groups);
   const Device device = lists.device;
-  model_params_ = lists.params;
-  if (remainder) {
-    // Zero remainders: each master starts as its weight, as the cast gives it.
-    master_storage_ = allocate_moments(device, lists.params, DType::i16, 1);
-    remainders_ = moment_views(master_storage_, lists.params, DType::i16, 1, 0);
-  } else {
-    master_storage_ = allocate_moments(device, lists.params, DType::f32, 1);
-    masters_ = moment_views(master_storage_, lists.params, DType::f32, 1, 0);
-    cast_into(masters_, model_params_);
-  }
+  masters_ = MasterStore(options.master, lists.params);
 
   scalars_ = Buffer(device, sizeof(Scalars));
   GradientCheckOptions check_options;
@@ -89,13 +70,9 @@ MixedPrecision<Optimizer>::MixedPrecision(std::vector<Group> groups, MixedPrecis
 
   size_t at = 0;
   for (Group& group : groups) {
-    if (remainder) {
-      group.weight_remainder.assign(remainders_.begin() + at, remainders_.begin() + at + group.params.size());
-      at += group.params.size();
-      continue;
-    }
-    group.model_copy = group.params;
-    for (TensorView& p : group.params) p = masters_[at++];
+    const size_t count = group.params.size();
+    masters_.give(group, at, count);
+    at += count;
   }
   optimizer_ = std::make_unique<Optimizer>(std::move(groups), optimizer_options);
 }
@@ -147,19 +124,10 @@ void MixedPrecision<Optimizer>::load(const std::string& path) {
 }
 
 template <class Optimizer>
-std::vector<TensorView> MixedPrecision<Optimizer>::f32_masters(Buffer& storage, bool join) const {
-  if (master_ == MasterStorage::f32) return masters_;
-  storage = allocate_moments(scalars_.device(), model_params_, DType::f32, 1);
-  std::vector<TensorView> out = moment_views(storage, model_params_, DType::f32, 1, 0);
-  for (size_t i = 0; join && i < out.size(); ++i) join_masters(model_params_[i], remainders_[i], out[i]);
-  return out;
-}
-
-template <class Optimizer>
 void MixedPrecision<Optimizer>::save_to(StateFile& file) const {
   optimizer_->save_to(file);
   Buffer joined;
-  const std::vector<TensorView> f32 = f32_masters(joined, true);
+  const std::vector<TensorView> f32 = masters_.f32(joined, true);
   const StateSection masters[] = {{"masters", &f32}};
   add_sections(file, masters);
   file.add("scaler", scaler_section(scaler_));
@@ -167,7 +135,7 @@ void MixedPrecision<Optimizer>::save_to(StateFile& file) const {
 
 template <class Optimizer>
 void MixedPrecision<Optimizer>::check_state(const std::string& path, const StateFile& file) const {
-  std::vector<TensorView> shapes = model_params_;  // only the sizes are read
+  std::vector<TensorView> shapes = masters_.weights();  // only the sizes are read
   for (TensorView& t : shapes) t.dtype = DType::f32;
   const StateSection masters[] = {{"masters", &shapes}};
   check_sections(path, file, masters);
@@ -179,12 +147,11 @@ template <class Optimizer>
 void MixedPrecision<Optimizer>::apply_state(const StateFile& file) {
   optimizer_->apply_state(file);
   Buffer loaded;
-  const std::vector<TensorView> f32 = f32_masters(loaded, false);
+  const std::vector<TensorView> f32 = masters_.f32(loaded, false);
   const StateSection masters[] = {{"masters", &f32}};
   apply_sections(file, masters);
   scaler_.set_state(read_scaler_section("", file, scaler_));
-  if (master_ == MasterStorage::f32) return cast_into(model_params_, masters_);
-  for (size_t i = 0; i < f32.size(); ++i) split_masters(f32[i], model_params_[i], remainders_[i]);
+  masters_.masters_written(f32);
 }
 
 template class MixedPrecision<Adam>;

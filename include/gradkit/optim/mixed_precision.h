@@ -17,14 +17,9 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/loss_scaler.h"
+#include "gradkit/optim/master_storage.h"
 
 namespace gradkit {
-
-// Where the f32 master weights live.
-enum class MasterStorage : int32_t {
-  f32 = 0,        // a separate f32 master per weight (4 bytes per parameter)
-  remainder = 1,  // the bf16 weight and an i16 remainder (2 bytes): docs/ops.md, "the remainder master"
-};
 
 struct MixedPrecisionOptions {
   LossScalerOptions scaler;
@@ -62,10 +57,10 @@ class MixedPrecision {
   LossScaler& scaler() { return scaler_; }
   const LossScaler& scaler() const { return scaler_; }
   // The f32 masters (empty with remainder masters), or the remainders (empty with f32 masters).
-  const std::vector<TensorView>& masters() const { return masters_; }
-  const std::vector<TensorView>& weight_remainders() const { return remainders_; }
-  MasterStorage master_storage() const { return master_; }
-  size_t master_bytes() const { return master_storage_.bytes(); }  // what keeping the masters costs
+  const std::vector<TensorView>& masters() const { return masters_.masters(); }
+  const std::vector<TensorView>& weight_remainders() const { return masters_.remainders(); }
+  MasterStorage master_storage() const { return masters_.how(); }
+  size_t master_bytes() const { return masters_.bytes(); }  // what keeping the masters costs
 
   // Masters, optimizer state and scaler in one state file; load checks all
   // of it before writing, then also rewrites the model's weights from the
@@ -81,13 +76,7 @@ class MixedPrecision {
   void apply_state(const StateFile& file);
 
  private:
-  std::vector<TensorView> model_params_;
-  Buffer master_storage_;  // the f32 masters, or the remainders
-  std::vector<TensorView> masters_, remainders_;
-  MasterStorage master_ = MasterStorage::f32;
-  // The masters as f32 tensors: masters_, or the remainder masters in a
-  // temporary f32 copy held by `storage` (joined when `join`).
-  std::vector<TensorView> f32_masters(Buffer& storage, bool join) const;
+  MasterStore masters_;  // over the model's weights
   Buffer scalars_;  // found_inf, grad_divisor, global_norm
   GradientCheckPlan check_;
   LossScaler scaler_;
