@@ -176,25 +176,28 @@ void bind_mixed_precision(nb::module_& m, const char* name) {
                      "update (which writes the model's weights) and the loss scaler, all on the device.");
   c.def(
        "__init__",
-       [](PyMp* self, const nb::list& groups, const LossScalerOptions& scaler, float max_norm, NormType norm) {
+       [](PyMp* self, const nb::list& groups, const LossScalerOptions& scaler, float max_norm, NormType norm,
+          MasterStorage master) {
          new (self) PyMp();
          auto g = to_groups<typename Optimizer::Group, Hyperparameters>(groups, self->keep);
-         self->object = std::make_unique<Mp>(std::move(g), MixedPrecisionOptions{scaler, max_norm, norm});
+         self->object = std::make_unique<Mp>(std::move(g), MixedPrecisionOptions{scaler, max_norm, norm, master});
        },
        nb::arg("groups"), nb::arg("scaler") = LossScalerOptions{}, nb::arg("max_norm") = 0.0f,
-       nb::arg("norm") = NormType::l2)
+       nb::arg("norm") = NormType::l2, nb::arg("master") = MasterStorage::f32)
       .def("step", [](PyMp& p, uintptr_t stream) { p.object->step(to_stream(stream)); }, nb::arg("stream") = 0)
       .def_prop_ro("loss_scale", [](const PyMp& p) { return p.object->loss_scale(); })
       .def_prop_ro("loss_scale_device",
                    [](nb::handle self) {
                      Mp& mp = *nb::cast<PyMp&>(self).object;
-                     return to_array(TensorView{const_cast<float*>(mp.loss_scale_device()), 1, DType::f32,
-                                                mp.masters().empty() ? Device::cpu() : mp.masters()[0].device},
-                                     self);
+                     return to_array(
+                         TensorView{const_cast<float*>(mp.loss_scale_device()), 1, DType::f32, mp.scaler().device()},
+                         self);
                    })
       .def_prop_ro("last_step_skipped", [](const PyMp& p) { return p.object->last_step_skipped(); })
       .def_prop_ro("last_grad_norm", [](const PyMp& p) { return p.object->last_grad_norm(); })
-      .def_prop_ro("masters", [](nb::handle self) { return to_arrays(nb::cast<PyMp&>(self).object->masters(), self); });
+      .def_prop_ro("masters", [](nb::handle self) { return to_arrays(nb::cast<PyMp&>(self).object->masters(), self); })
+      .def_prop_ro("weight_remainders",
+                   [](nb::handle self) { return to_arrays(nb::cast<PyMp&>(self).object->weight_remainders(), self); });
   bind_state_io(c);
 }
 
@@ -211,7 +214,7 @@ void bind_sharded(nb::module_& m, const char* name) {
        "__init__",
        [](PySharded* self, Communicator& comm, const ShardedLayout& layout, const nb::list& groups,
           const std::optional<LossScalerOptions>& scaler, float max_norm, NormType norm, DType moment_dtype,
-          uintptr_t communication_stream, float eta, int update_parts) {
+          uintptr_t communication_stream, float eta, int update_parts, MasterStorage master) {
          new (self) PySharded();
          auto g = to_groups<typename Optimizer::Group, Hyperparameters>(groups, self->keep);
          ShardedOptions options;
@@ -223,12 +226,14 @@ void bind_sharded(nb::module_& m, const char* name) {
          options.lamb.eta = eta;
          options.communication_stream = to_stream(communication_stream);
          options.update_parts = update_parts;
+         options.master = master;
          self->object = std::make_unique<S>(comm, layout, std::move(g), options);
        },
        nb::arg("comm"), nb::arg("layout"), nb::arg("groups"), nb::arg("scaler") = nb::none(),
        nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2, nb::arg("moment_dtype") = DType::f32,
        nb::arg("communication_stream") = 0, nb::arg("eta") = 1e-3f,
-       nb::arg("update_parts") = ShardedOptions{}.update_parts, nb::keep_alive<1, 2>())
+       nb::arg("update_parts") = ShardedOptions{}.update_parts, nb::arg("master") = MasterStorage::f32,
+       nb::keep_alive<1, 2>())
       .def("step", [](PySharded& s, uintptr_t stream) { s.object->step(to_stream(stream)); }, nb::arg("stream") = 0,
            "Reduce-scatter, check, the update of the shard, scaler, all-gather; enqueued on `stream` (NCCL).")
       .def(
@@ -297,6 +302,11 @@ void bind_optim(nb::module_& m) {
   bind_loss_scaler(m);
   bind_adam(m);
   bind_lamb(m);
+  nb::enum_<MasterStorage>(m, "MasterStorage",
+                           "Where an f16/bf16 model's f32 masters live: f32 tensors, or i16 remainders completing "
+                           "bf16 weights (docs/ops.md, the remainder master).")
+      .value("f32", MasterStorage::f32)
+      .value("remainder", MasterStorage::remainder);
   bind_mixed_precision<Adam, AdamHyperparameters>(m, "MixedPrecisionAdam");
   bind_mixed_precision<Lamb, LambHyperparameters>(m, "MixedPrecisionLamb");
 #if GRADKIT_WITH_MPI

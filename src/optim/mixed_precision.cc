@@ -71,7 +71,8 @@ MixedPrecision<Optimizer>::MixedPrecision(std::vector<Group> groups, MixedPrecis
   size_t at = 0;
   for (Group& group : groups) {
     const size_t count = group.params.size();
-    masters_.give(group, at, count);
+    group.params.clear();  // the model's weights: now given as the store says
+    masters_.append_to(group, at, count);
     at += count;
   }
   optimizer_ = std::make_unique<Optimizer>(std::move(groups), optimizer_options);

@@ -191,6 +191,7 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
   weights_base_ = check_flat("params", lists.params, layout_, device);
   grads_base_ = check_flat("grads", lists.grads, layout_, device);
   mixed_ = weights_base_.dtype != DType::f32;
+  if (mixed_) check_master_storage(kOp, options.master, groups);
 
   // This rank's pieces; a rank whose slices hold only padding keeps one
   // empty piece, so that its plans still know the device.
@@ -207,11 +208,7 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
     grad_pieces_.push_back(TensorView{grads_base_.data, 0, grads_base_.dtype, device});
     group_of_piece.push_back(0);
   }
-  if (mixed_) {
-    master_storage_ = allocate_moments(device, weight_pieces_, DType::f32, 1);
-    masters_ = moment_views(master_storage_, weight_pieces_, DType::f32, 1, 0);
-    cast_into(masters_, weight_pieces_);
-  }
+  if (mixed_) masters_ = MasterStore(options.master, weight_pieces_);
 
   // The stages: consecutive buckets, about equal in slice elements, at
   // most update_parts of them; then one optimizer per stage over this
@@ -251,9 +248,9 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
     for (size_t g = 0; g < groups.size(); ++g) shard_groups[g].hyperparameters = groups[g].hyperparameters;
     for (size_t k = part.first; k < part.last; ++k) {
       Group& g = shard_groups[static_cast<size_t>(group_of_piece[k])];
-      g.params.push_back(mixed_ ? masters_[k] : weight_pieces_[k]);
+      if (mixed_) masters_.append_to(g, k, 1);
+      else g.params.push_back(weight_pieces_[k]);
       g.grads.push_back(grad_pieces_[k]);
-      if (mixed_) g.model_copy.push_back(weight_pieces_[k]);
     }
     shard_shapes_.push_back(shapes_of(shard_groups, DType::f32));
     part.optimizer = std::make_unique<Optimizer>(std::move(shard_groups), Traits<Optimizer>::options(options));
@@ -408,7 +405,7 @@ float Sharded<Optimizer>::last_grad_norm() const {
 
 template <class Optimizer>
 size_t Sharded<Optimizer>::state_bytes() const {
-  size_t bytes = master_storage_.bytes();
+  size_t bytes = masters_.bytes();
   for (const Part& part : parts_) {
     for (const TensorView& t : part.optimizer->exp_avg()) bytes += 2 * t.bytes();  // and exp_avg_sq
     for (const TensorView& t : part.optimizer->exp_avg_absmax()) bytes += 2 * t.bytes();  // 8-bit moments
@@ -472,7 +469,9 @@ void Sharded<Optimizer>::save_to(StateFile& file) {
   }
   mine.add("meta", parts[0].get("meta"));      // the same step count on every part
   mine.add("groups", parts[0].get("groups"));  // the hyperparameters (with its pieces' shapes)
-  const StateSection master_section[] = {{"masters", &masters_}};
+  Buffer joined;
+  const std::vector<TensorView> f32_masters = masters_.f32(joined, true);
+  const StateSection master_section[] = {{"masters", &f32_masters}};
   if (mixed_) add_sections(mine, master_section);
 
   const bool root = comm_.rank() == 0;
@@ -594,7 +593,9 @@ typename Sharded<Optimizer>::ShardState Sharded<Optimizer>::shard_state(const st
   }
   if (mixed_) {
     shard.rest.add("masters", cut({"masters", sizeof(float), 1}, 0, pieces_.size()));
-    const StateSection masters[] = {{"masters", &masters_}};
+    std::vector<TensorView> shapes = masters_.weights();  // only the sizes are read
+    for (TensorView& t : shapes) t.dtype = DType::f32;
+    const StateSection masters[] = {{"masters", &shapes}};
     check_sections(path, shard.rest, masters);
   }
   if (file.has("scaler")) {
@@ -615,10 +616,12 @@ void Sharded<Optimizer>::apply_state(const StateFile& file) {
   for (size_t k = 0; k < parts_.size(); ++k) parts_[k].optimizer->apply_state(shard.optimizers[k]);
   if (shard.rest.has("scaler")) scaler_.set_state(read_scaler_section("", shard.rest, scaler_));
   if (mixed_) {
-    const StateSection masters[] = {{"masters", &masters_}};
+    Buffer loaded;
+    const std::vector<TensorView> f32 = masters_.f32(loaded, false);
+    const StateSection masters[] = {{"masters", &f32}};
     apply_sections(shard.rest, masters);
-    // The model's weights from the loaded masters, on every rank.
-    cast_into(weight_pieces_, masters_);
+    // The model's weights (and remainders) from the loaded masters, on every rank.
+    masters_.masters_written(f32);
     gather_weights({});
     comm_.wait();
   }

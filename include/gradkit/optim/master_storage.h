@@ -57,18 +57,20 @@ class MasterStore {
   const std::vector<TensorView>& remainders() const { return remainders_; }  // remainder form; else empty
   size_t bytes() const { return storage_.bytes(); }
 
-  // What the optimizer updates for weights [first, first + count): sets a
-  // group's params and model_copy (f32 masters, writing the weights as
-  // their copy) or params and weight_remainder (the weights themselves).
+  // What the optimizer updates for weights [first, first + count), appended
+  // to an optimizer group: f32 masters to its params and the weights to its
+  // model_copy (the update writes them as the masters' copy), or the weights
+  // to its params and their remainders to its weight_remainder.
   template <class Group>
-  void give(Group& group, size_t first, size_t count) const {
-    group.params.assign(weights_.begin() + first, weights_.begin() + first + count);
+  void append_to(Group& group, size_t first, size_t count) const {
+    const auto at = [&](const std::vector<TensorView>& list, size_t k) { return list.begin() + first + k; };
     if (how_ == MasterStorage::remainder) {
-      group.weight_remainder.assign(remainders_.begin() + first, remainders_.begin() + first + count);
+      group.params.insert(group.params.end(), at(weights_, 0), at(weights_, count));
+      group.weight_remainder.insert(group.weight_remainder.end(), at(remainders_, 0), at(remainders_, count));
       return;
     }
-    group.model_copy = group.params;
-    group.params.assign(masters_.begin() + first, masters_.begin() + first + count);
+    group.params.insert(group.params.end(), at(masters_, 0), at(masters_, count));
+    group.model_copy.insert(group.model_copy.end(), at(weights_, 0), at(weights_, count));
   }
 
   // The masters as f32 tensors: masters(), or, for remainders, f32 tensors

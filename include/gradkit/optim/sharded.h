@@ -31,6 +31,7 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/loss_scaler.h"
+#include "gradkit/optim/master_storage.h"
 #include "gradkit/optim/state_file.h"
 
 namespace gradkit {
@@ -55,6 +56,12 @@ struct ShardedOptions {
   // an H200: one launch per 64 MiB bucket made BERT-large's step 0.4 ms
   // slower on one rank than one launch).
   int update_parts = 8;
+  // f16/bf16 models: each rank keeps its shard's f32 masters as f32 tensors,
+  // or (bf16 models) as i16 remainders completing the model's bf16 weights
+  // of its shard, 2 bytes a parameter instead of 4 (docs/ops.md, "the
+  // remainder master"); the masters are the same bit for bit. Ignored for
+  // f32 models.
+  MasterStorage master = MasterStorage::f32;
 };
 
 template <class Optimizer>
@@ -115,7 +122,10 @@ class Sharded {
   // Bytes of optimizer state this rank holds: masters (f16/bf16 models) and
   // moments of its shard.
   size_t state_bytes() const;
-  const std::vector<TensorView>& masters() const { return masters_; }  // per piece; empty for f32 models
+  // Per piece: the f32 masters (empty for f32 models and for remainder
+  // masters), and the remainders (empty unless options.master is remainder).
+  const std::vector<TensorView>& masters() const { return masters_.masters(); }
+  const std::vector<TensorView>& weight_remainders() const { return masters_.remainders(); }
 
   // The state in the unsharded optimizer's file format (the optimizer's for
   // f32 models, MixedPrecision's for f16/bf16), so a file moves between
@@ -175,8 +185,7 @@ class Sharded {
   bool mixed_ = false;             // f16/bf16 weights with f32 masters
   bool marked_ = false;            // a bucket was started by mark_ready in this step
   std::vector<TensorView> weight_pieces_, grad_pieces_;
-  Buffer master_storage_;
-  std::vector<TensorView> masters_;
+  MasterStore masters_;            // f16/bf16 models: the masters of weight_pieces_
   Buffer scalars_;                 // the all-gathered partials, then divisor, norm, found-inf
   GradientCheckPlan check_;
   LossScaler scaler_;

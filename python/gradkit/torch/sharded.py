@@ -16,8 +16,9 @@ the ranks' shards (gradkit.ShardedLayout): each parameter's .data becomes a
 view of the weight buffer and its .grad a view of the gradient buffer
 (copied in, zero-copy from then on). Each rank keeps the moments (and for
 float16/bfloat16 parameters the float32 master weights) of its shard only:
-8 (12) bytes per parameter over the rank count, where torch.optim.AdamW on
-every rank keeps 8 (and no masters). Every number is computed by gradkit.
+8 (12; 10 with master="remainder") bytes per parameter over the rank count,
+where torch.optim.AdamW on every rank keeps 8 (and no masters). Every number
+is computed by gradkit.
 
 Stage 2 (torch 2.1 or newer): each bucket is reduce-scattered as soon as
 backward has produced all of its gradients (post-accumulate-grad hooks), so
@@ -37,6 +38,7 @@ import torch
 import gradkit
 from gradkit.torch._dtensor import is_dtensor
 from gradkit.torch._device import common_device, device_name, gradkit_dtype, stream_handle
+from gradkit.torch._state_forms import StateForm
 from gradkit.torch.flat import FlatGradients
 from gradkit.torch.optim import closure_loss
 
@@ -56,13 +58,17 @@ class ShardedAdamW(torch.optim.Optimizer):
     multiply the loss by `loss_scale_tensor`; steps with Inf/NaN gradients are
     skipped either way. `moments`: "float32", "bfloat16" or "int8" (8-bit blockwise, as
     gradkit.torch.AdamW's; the shards then start on 256-element block boundaries);
-    None takes `moment_dtype` (a torch dtype) instead."""
+    None takes `moment_dtype` (a torch dtype) instead. `master` for bfloat16
+    parameters: "float32" (each rank keeps float32 masters of its shard, 4 bytes
+    a parameter) or "remainder" (an int16 remainder completing each bfloat16
+    weight of its shard, 2 bytes; the same masters bit for bit)."""
 
     def __init__(self, params, comm, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False,
                  maximize=False, *, stage=1, bucket_elements=1 << 24, max_norm=0.0, scaler=None,
-                 moment_dtype=torch.float32, update_parts=8, moments=None):
+                 moment_dtype=torch.float32, update_parts=8, moments=None, master="float32"):
         if stage not in (1, 2):
             raise ValueError(f"stage is {stage!r}, expected 1 or 2")
+        StateForm(master=master)  # refuses an unknown master form, naming it
         moment_type = self._moment_type(moments, moment_dtype)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults)
@@ -72,6 +78,7 @@ class ShardedAdamW(torch.optim.Optimizer):
             if is_dtensor(p):
                 raise TypeError(f"params[{i}] is a DTensor: ShardedAdamW shards plain parameters itself; for "
                                 "FSDP2's DTensor parameters use gradkit.torch.AdamW (it steps the local shards)")
+        StateForm(master=master).check(params, amsgrad=False)  # remainder: bfloat16 parameters only
         self._device = common_device(params, "params")
         if self._device != torch.device(self.comm.device):
             raise ValueError(f"params are on {self._device}, expected {self.comm.device} (the communicator's device)")
@@ -102,7 +109,9 @@ class ShardedAdamW(torch.optim.Optimizer):
         self._sharded = gradkit.ShardedAdam(self.comm, self.layout, groups, scaler=scaler, max_norm=max_norm,
                                             moment_dtype=moment_type,
                                             communication_stream=self._side.cuda_stream if self._side else 0,
-                                            update_parts=update_parts)
+                                            update_parts=update_parts,
+                                            master=gradkit.MasterStorage.remainder if master == "remainder"
+                                            else gradkit.MasterStorage.f32)
         self._lrs = [float(g["lr"]) for g in self.param_groups]
         self._marking = True
         self._hooks = []

@@ -1,6 +1,7 @@
 """gradkit.torch.ShardedAdamW against DDP's default all-reduce with
 torch.optim.AdamW and the same lr schedule; every rank ends with the same
-weights; its state saved and loaded goes on bitwise alike; stage 2 (torch
+weights; its state saved and loaded goes on bitwise alike; bfloat16 models
+with float32 or remainder masters (the same state file); stage 2 (torch
 2.1 and newer) equals stage 1 and, dropped, is freed with its hooks; bad
 input is refused. Exits non-zero on the
 first mismatch. Two ways to run it:
@@ -180,6 +181,48 @@ def run(comm):
             fail(rank, f"bfloat16 ShardedAdamW: parameter {i} differs by {float((a.float() - b.float()).abs().max()):g}")
     same_on_every_rank(rank, size, weights(low), "bfloat16")
 
+    # master="remainder": the same bfloat16 model keeping an int16 remainder per
+    # parameter of the shard instead of a float32 master, fed the float32-master
+    # run's gradients: its state file (float32 masters, joined) is that run's byte
+    # for byte, and it holds 2 bytes a parameter less.
+    rem, f32m = make_model().to(torch.bfloat16), make_model().to(torch.bfloat16)
+    rem_opt = gt.ShardedAdamW(rem.parameters(), comm, lr=1e-2, bucket_elements=BUCKET, master="remainder")
+    f32m_opt = gt.ShardedAdamW(f32m.parameters(), comm, lr=1e-2, bucket_elements=BUCKET)
+    for step in range(10):
+        for m, o in ((rem, rem_opt), (f32m, f32m_opt)):
+            o.zero_grad()
+            x, y = batch(step, rank)
+            torch.nn.functional.mse_loss(m(x.to(DEVICE, torch.bfloat16)).float(), y.to(DEVICE)).backward()
+        with torch.no_grad():
+            for a, b in zip(rem.parameters(), f32m.parameters()):
+                a.grad.copy_(b.grad)  # the same gradients (the weights differ on ties: rounded away from zero)
+        rem_opt.step()
+        f32m_opt.step()
+    same_on_every_rank(rank, size, weights(rem), "remainder masters")
+    paths = [sys.argv[1] + f".{form}.state" for form in ("remainder", "float32")]
+    rem_opt.save(paths[0])
+    f32m_opt.save(paths[1])
+    dist.barrier()
+    if rank == 0:
+        files = [open(p, "rb").read() for p in paths]
+        if files[0] != files[1]:
+            fail(rank, f"remainder masters: the state file differs from the float32 masters' ({len(files[0])} vs "
+                       f"{len(files[1])} bytes)")
+    parameters = sum(p.numel() for p in rem.parameters())
+    held = torch.tensor([float(rem_opt._sharded.state_bytes), float(f32m_opt._sharded.state_bytes)])
+    dist.all_reduce(held)
+    # 2 bytes a parameter, less what the pieces' 256-byte alignment keeps on a model this small
+    if not held[1] - held[0] >= 1.5 * parameters:
+        fail(rank, f"remainder masters hold {held[0]:.0f} bytes over the ranks, float32 masters {held[1]:.0f}")
+    rem_opt.load(paths[1])  # the float32-master run's file, split into weights and remainders
+    for i, (a, b) in enumerate(zip(rem.parameters(), f32m.parameters())):
+        if not torch.allclose(a.float(), b.float(), rtol=2 ** -7, atol=0):
+            fail(rank, f"remainder masters: parameter {i} after the load is not the loaded master's rounding")
+    dist.barrier()
+    if rank == 0:
+        for p in paths:
+            os.remove(p)
+
     # gradkit.ShardedLamb through the bindings: the same gradients on every rank,
     # so the average is exact; against gradkit.Lamb unsharded on the same values.
     sizes = [300, 7, 1000]
@@ -212,6 +255,9 @@ def run(comm):
 
     # Bad input: named, and nothing made.
     for call, expected in [(lambda: gt.ShardedAdamW(make_model().parameters(), comm, stage=3), "stage is 3"),
+                           (lambda: gt.ShardedAdamW(make_model().parameters(), comm, master="half"), "master is 'half'"),
+                           (lambda: gt.ShardedAdamW(make_model().parameters(), comm, master="remainder"),
+                            "master='remainder' with parameters of dtypes ['torch.float32']"),
                            (lambda: opt.state_dict(), "save(path)"), (lambda: copy.deepcopy(opt), "save(path)")]:
         try:
             call()

@@ -1,7 +1,7 @@
 // The CPU backend: f32 model (OpenBLAS), Adam or LAMB; with --master
 // remainder, bf16 weights (the model computes in f32 on an exact f32 copy of
-// them) and MixedPrecision<Adam or Lamb> keeping each master as weight +
-// remainder.
+// them) and MixedPrecision<Adam or Lamb> (or, with --shard, Sharded<Adam or
+// Lamb>) keeping each master as weight + remainder.
 #include <algorithm>
 #include <type_traits>
 #include <utility>
@@ -70,7 +70,8 @@ class CpuBackend final : public TrainBackend {
 
   std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, std::span<const TensorView> params,
                                             std::span<const TensorView> grads, const ShardContext* shard) override {
-    if (!bf16_) return make_plain_optimizer(o, params, grads, shard);
+    // Sharded: Sharded<Adam or Lamb> keeps the remainders of its shard.
+    if (!bf16_ || shard != nullptr) return make_plain_optimizer(o, params, grads, shard);
     MixedPrecisionOptions mp;
     mp.scaler.mode = LossScaling::none;  // bf16 gradients need no loss scale (and the model's are f32)
     return make_mixed_optimizer(o, params, grads, mp);

@@ -88,6 +88,7 @@ inline std::unique_ptr<Optimizer> make_sharded_optimizer(const TrainOptions& o, 
   options.lamb.eta = o.lr;
   options.adam.moment_dtype = moment_dtype(o);
   options.lamb.moment_dtype = moment_dtype(o);
+  options.master = o.master == "remainder" ? MasterStorage::remainder : MasterStorage::f32;  // for f16/bf16 weights
   auto make = [&]<class S, class Group>() {
     auto opt = std::make_unique<OptimizerOf<S>>(shard.comm, shard.layout,
                                                 std::vector<Group>{one_group<Group>(o, params, grads)}, options);

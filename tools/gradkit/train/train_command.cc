@@ -109,7 +109,7 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
   app.add_option("--master", o.master,
                  "f32 master weights: f32 (the cpu backend trains f32 weights, cuda keeps f32 masters of its f16 "
                  "ones); remainder (cpu: bf16 weights, each completed to its f32 master by a 16-bit remainder; "
-                 "--shard 0; lamb with f32 or bf16 moments)")
+                 "sharded or not; lamb with f32 or bf16 moments)")
       ->check(tool::one_of({"f32", "remainder"}));
   app.add_option("--lr", lr, "learning rate (auto: 1e-3 for adam, 5e-3 for lamb)")
       ->type_name("FLOAT|auto")

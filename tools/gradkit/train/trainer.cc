@@ -193,9 +193,6 @@ void check_train_options(const TrainOptions& o, bool writes) {
                   "--master remainder: --optimizer lamb needs --moments f32 or bf16 (LAMB's 8-bit passes have no "
                   "remainder form)");
     }
-    if (o.shard > 0) {
-      throw Error(ErrorCode::invalid_argument, "--master remainder: needs --shard 0 (the sharded step keeps f32 masters)");
-    }
   }
   if (o.shard > 0 && o.reduce != "allreduce") {
     throw Error(ErrorCode::invalid_argument, "--shard: needs --reduce allreduce (the sharded step reduce-scatters)");
