@@ -297,6 +297,36 @@ class Pair {
     return failures;
   }
 
+  // Both save their state: the files' `sections` are the same bytes (the
+  // whole files when `whole_file`), and `held` is not empty in them (the
+  // form under test wrote its section); the unsharded file loads into the
+  // sharded optimizer with the step count `steps`, and one more step
+  // (`next_step`'s gradients) still agrees within `tolerance`.
+  void expect_the_unsharded_state(const std::string& what, std::initializer_list<const char*> sections,
+                                  bool whole_file, const char* held, int64_t steps, int next_step, double tolerance) {
+    const std::string sharded = shared_path(MPI_COMM_WORLD, "state_sharded");
+    const std::string unsharded = shared_path(MPI_COMM_WORLD, "state_unsharded");
+    sharded_->save(sharded);
+    if (comm_.rank() == 0) reference_->save(unsharded);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const StateFile a = StateFile::read(sharded), b = StateFile::read(unsharded);
+    for (const char* section : sections) {
+      EXPECT_TRUE(a.get(section) == b.get(section)) << what << ": section " << section;
+    }
+    if (whole_file) EXPECT_TRUE(file_bytes(sharded) == file_bytes(unsharded)) << what << ": the whole file";
+    EXPECT_FALSE(a.get(held).empty()) << what << ": section " << held;
+    sharded_->load(unsharded);  // the unsharded file back into the shards
+    EXPECT_EQ(sharded_->step_count(), steps) << what;
+    write_gradients(next_step);
+    step(false);
+    expect_same(what + " after the load", tolerance);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (comm_.rank() == 0) {
+      std::remove(sharded.c_str());
+      std::remove(unsharded.c_str());
+    }
+  }
+
  private:
   Communicator& comm_;
   RunSetup s_;
@@ -712,8 +742,6 @@ TEST_P(ShardedAdamTest, EightBitMomentsMatchTheUnshardedStep) {
       s.options.lamb.moment_dtype = DType::u8;
       s.options.lamb.eta = 1e-2f;
       const std::string name = std::string(lamb ? "LAMB " : "Adam ") + "8-bit " + name_of(c);
-      const std::string sharded = shared_path(MPI_COMM_WORLD, "u8_sharded");
-      const std::string unsharded = shared_path(MPI_COMM_WORLD, "u8_unsharded");
       auto run = [&](auto& pair, double tolerance) {
         int failures = 0;
         for (int step = 1; step <= 12 && failures == 0; ++step) {
@@ -722,24 +750,9 @@ TEST_P(ShardedAdamTest, EightBitMomentsMatchTheUnshardedStep) {
           failures += pair.expect_same(name + " step " + std::to_string(step), tolerance);
         }
         EXPECT_EQ(pair.sharded().step_count(), 11) << name;
-        pair.sharded().save(sharded);
-        if (comm().rank() == 0) pair.reference().save(unsharded);
-        MPI_Barrier(MPI_COMM_WORLD);
-        const StateFile a = StateFile::read(sharded), b = StateFile::read(unsharded);
-        for (const char* section : {"exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax", "meta", "groups"}) {
-          EXPECT_TRUE(a.get(section) == b.get(section)) << name << ": section " << section;
-        }
-        EXPECT_FALSE(a.get("exp_avg_absmax").empty()) << name;
-        pair.sharded().load(unsharded);  // the unsharded file back into the shards
-        EXPECT_EQ(pair.sharded().step_count(), 11) << name;
-        pair.write_gradients(13);
-        pair.step(false);
-        pair.expect_same(name + " after the load", tolerance);
-        MPI_Barrier(MPI_COMM_WORLD);
-        if (comm().rank() == 0) {
-          std::remove(sharded.c_str());
-          std::remove(unsharded.c_str());
-        }
+        pair.expect_the_unsharded_state(
+            name, {"exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax", "meta", "groups"}, false,
+            "exp_avg_absmax", 11, 13, tolerance);
       };
       if (lamb) {
         Pair<Lamb> pair(comm(), s);
@@ -780,8 +793,6 @@ TEST_P(ShardedAdamTest, RemainderMastersMatchTheUnshardedStep) {
         s.options.lamb.eta = 1e-2f;
         const std::string name = std::string(lamb ? "LAMB " : "Adam ") + std::string(dtype_name(moments)) +
                                  " moments, remainder masters, " + name_of(c);
-        const std::string sharded = shared_path(MPI_COMM_WORLD, "rem_sharded");
-        const std::string unsharded = shared_path(MPI_COMM_WORLD, "rem_unsharded");
         auto run = [&](auto& pair, double tolerance) {
           int64_t mine = 0;
           for (const ShardedLayout::Piece& p : pair.sharded().pieces()) mine += p.count;
@@ -800,24 +811,10 @@ TEST_P(ShardedAdamTest, RemainderMastersMatchTheUnshardedStep) {
           }
           EXPECT_EQ(pair.sharded().step_count(), 19) << name;
           expect_same_on_every_rank(comm(), pair.weights().buffer().view(c.weights, 0, pair.layout().total), name);
-          pair.sharded().save(sharded);
-          if (comm().rank() == 0) pair.reference().save(unsharded);
-          MPI_Barrier(MPI_COMM_WORLD);
-          const StateFile a = StateFile::read(sharded), b = StateFile::read(unsharded);
-          for (const char* section : {"exp_avg", "exp_avg_sq", "meta", "groups"}) {
-            EXPECT_TRUE(a.get(section) == b.get(section)) << name << ": section " << section;
-          }
-          if (!lamb) EXPECT_TRUE(file_bytes(sharded) == file_bytes(unsharded)) << name << ": masters joined alike";
-          pair.sharded().load(unsharded);  // the unsharded masters split back into weights and remainders
-          EXPECT_EQ(pair.sharded().step_count(), 19) << name;
-          pair.write_gradients(21);
-          pair.step(false);
-          pair.expect_same(name + " after the load", tolerance);
-          MPI_Barrier(MPI_COMM_WORLD);
-          if (comm().rank() == 0) {
-            std::remove(sharded.c_str());
-            std::remove(unsharded.c_str());
-          }
+          // Adam: the whole file, its masters joined alike; the loaded masters split back into
+          // weights and remainders.
+          pair.expect_the_unsharded_state(name, {"exp_avg", "exp_avg_sq", "meta", "groups"}, !lamb, "masters", 19, 21,
+                                          tolerance);
         };
         if (lamb) {
           Pair<Lamb> pair(comm(), s);
