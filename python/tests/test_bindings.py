@@ -253,3 +253,36 @@ def test_lamb_in_two_passes_over_shards_is_the_whole_step(rng, device):
         plans[0].step(split="second", sums=rows[0], rows=2)
     with pytest.raises(ValueError, match="sums"):
         plans[0].step(sums=rows[0])
+
+
+def test_mixed_precision_keeps_its_masters_either_way(rng):
+    """MixedPrecisionAdam over bfloat16 weights with float32 masters and with
+    remainder masters, fed the same gradients: the remainders joined to their
+    weights are the float32 masters bit for bit; float16 weights with
+    remainders are refused naming the tensor."""
+    torch = pytest.importorskip("torch")
+    sizes = (300, 7)
+    start = [torch.from_numpy(normal(rng, n)).to(torch.bfloat16) for n in sizes]
+    grads = [torch.from_numpy(normal(rng, n)).to(torch.bfloat16) for n in sizes]
+    hyper = gradkit.AdamHyperparameters(lr=1e-2, weight_decay=0.01)
+    scaler = gradkit.LossScalerOptions(mode=gradkit.LossScaling.none)
+    runs = {}
+    for master in (gradkit.MasterStorage.f32, gradkit.MasterStorage.remainder):
+        weights = [w.clone() for w in start]
+        opt = gradkit.MixedPrecisionAdam([{"params": weights, "grads": grads, "hyperparameters": hyper}],
+                                         scaler=scaler, master=master)
+        for _ in range(5):
+            opt.step()
+        runs[master] = (opt, weights)
+    f32, _ = runs[gradkit.MasterStorage.f32]
+    rem, rem_weights = runs[gradkit.MasterStorage.remainder]
+    assert len(f32.masters) == 2 and len(f32.weight_remainders) == 0
+    assert len(rem.masters) == 0 and len(rem.weight_remainders) == 2
+    for w, r, m in zip(rem_weights, rem.weight_remainders, f32.masters):
+        joined = torch.empty(w.shape, dtype=torch.float32)
+        gradkit.join_masters(w, torch.from_dlpack(r), joined)
+        assert torch.equal(joined.view(torch.int32), torch.from_dlpack(m).view(torch.int32))
+    half = [torch.zeros(4, dtype=torch.float16)]
+    with pytest.raises(TypeError, match=r"groups\[0\]\.params\[0\].*expected bf16"):
+        gradkit.MixedPrecisionAdam([{"params": half, "grads": half, "hyperparameters": hyper}],
+                                   master=gradkit.MasterStorage.remainder)
