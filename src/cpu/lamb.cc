@@ -38,6 +38,15 @@ inline C kept_or_zero(C x, bool keep) {
   return bits_as<C>(bits_as<Bits>(x) & mask);
 }
 
+// a where `keep`, else b, for values as stored: a bf16/f16 select taken on
+// the bits (GCC leaves a select between two such structs a branch, and the
+// loop scalar).
+template <class M>
+inline M stored_if(bool keep, M a, M b) {
+  if constexpr (std::is_same_v<M, bfloat16> || std::is_same_v<M, half>) return M::from_bits(keep ? a.bits : b.bits);
+  else return keep ? a : b;
+}
+
 // Pass 1 over one chunk: new moments, and the chunk's sums of w^2 and d^2.
 // The element work runs as vector loops over blocks of kBlock, leaving each
 // element's squares in small buffers; the sums then add them in element
@@ -63,8 +72,8 @@ struct Pass1 {
         const M m_stored = cpu::from_compute<M>(mc), v_stored = cpu::from_compute<M>(vc);
         const C d = lamb_direction(wc, cpu::to_compute<C>(m_stored), cpu::to_compute<C>(v_stored), c);
         const bool ok = finite(d);
-        m[i] = ok ? m_stored : m_old;
-        v[i] = ok ? v_stored : cpu::from_compute<M>(-cpu::to_compute<C>(v_old));  // mark (see backend/lamb.h)
+        m[i] = stored_if(ok, m_stored, m_old);
+        v[i] = stored_if(ok, v_stored, cpu::from_compute<M>(-cpu::to_compute<C>(v_old)));  // mark (see backend/lamb.h)
         const C d_kept = kept_or_zero(d, ok);
         d_squares[k] = static_cast<double>(d_kept) * d_kept;
         w_squares[k] = static_cast<double>(wc) * wc;
