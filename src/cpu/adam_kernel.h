@@ -17,16 +17,12 @@
 namespace gradkit::backend {
 namespace cpu_adam {
 
+using cpu_master::copy_of;
+using cpu_master::NoCopy;
 using cpu_master::PlainWeights;
 using cpu_master::remainder_of;
 using cpu_master::RemainderWeights;
-
-// The model copy's type, or NoCopy when the launch writes none.
-struct NoCopy {};
-template <class Copy, class C>
-inline void store_copy(Copy* copy, int64_t i, C x) {
-  if constexpr (!std::is_same_v<Copy, NoCopy>) copy[i] = cpu::from_compute<Copy>(x);
-}
+using cpu_master::store_copy;
 
 // The launch's per-step values: the gradient scale and the step count
 // (device scalars are host memory on the CPU).
@@ -88,13 +84,6 @@ void with_mode(const AdamCoefficients<C>& c, const F& f) {
     case WeightDecay::decoupled: return with_decay.template operator()<WeightDecay::decoupled>();
     case WeightDecay::hugging_face: return with_decay.template operator()<WeightDecay::hugging_face>();
   }
-}
-
-// The chunk's model copy, or null.
-template <class Copy>
-Copy* copy_of(const cpu::ChunkView& chunk, const AdamLaunch& launch) {
-  if constexpr (std::is_same_v<Copy, NoCopy>) return nullptr;
-  else return chunk.tensor<Copy>(launch.copy_list);
 }
 
 }  // namespace cpu_adam

@@ -22,11 +22,12 @@
 namespace gradkit::backend {
 namespace {
 
+using cpu_master::copy_of;
+using cpu_master::NoCopy;
 using cpu_master::PlainWeights;
 using cpu_master::remainder_of;
 using cpu_master::RemainderWeights;
-
-struct NoCopy {};  // pass 2 writes no model copy
+using cpu_master::store_copy;
 
 // x where `keep`, else +0: a select on the bits. (GCC 12 does not vectorize a
 // loop in which a float select feeds a conversion to double: it leaves a
@@ -105,7 +106,7 @@ struct Pass2 {
       const C w_new = !marked && finite(updated) ? updated : w_old;
       if constexpr (Update) update[i] = cpu::from_compute<W>(w_new - w_old);
       else Weights::store(w, r, i, w_new);
-      if constexpr (!std::is_same_v<Copy, NoCopy>) copy[i] = cpu::from_compute<Copy>(static_cast<float>(w_new));
+      store_copy(copy, i, w_new);
     }
   }
 };
@@ -129,12 +130,10 @@ struct PlainMoments {
   template <class Copy, bool Update>
   static void update(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<C>& c, C step_size,
                      cpu::Isa isa) {
-    Copy* copy = nullptr;
-    if constexpr (!std::is_same_v<Copy, NoCopy>) copy = chunk.tensor<Copy>(l.copy_list);
     cpu::run_kernel<Pass2<Weights, M, Copy, Update>>(
         isa, int64_t{chunk.chunk.length}, chunk.tensor<W>(0), remainder_of<Weights>(chunk, l),
         Update ? chunk.tensor<W>(l.update_list) : static_cast<W*>(nullptr), static_cast<const M*>(chunk.tensor<M>(2)),
-        chunk.tensor<M>(3), copy, c, step_size);
+        chunk.tensor<M>(3), copy_of<Copy>(chunk, l), c, step_size);
   }
 };
 

@@ -12,6 +12,7 @@
 #include "backend/lamb_blockwise.h"
 #include "backend/quant_tables.h"
 #include "cpu/isa.h"
+#include "cpu/master_weights.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
@@ -75,12 +76,10 @@ struct BlockwiseMoments {
   template <class Copy, bool Update>
   static void update(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<float>& c, float step,
                      cpu::Isa) {
-    constexpr bool kCopy = std::is_same_v<Copy, half> || std::is_same_v<Copy, bfloat16>;
     const QuantTables& t = *l.tables;
     float* w = chunk.tensor<float>(0);
     float* update_list = Update ? chunk.tensor<float>(l.update_list) : nullptr;
-    Copy* copy = nullptr;
-    if constexpr (kCopy) copy = chunk.tensor<Copy>(l.copy_list);
+    Copy* copy = cpu_master::copy_of<Copy>(chunk, l);
     const uint8_t* qm = chunk.tensor<uint8_t>(2);
     const uint8_t* qv = chunk.tensor<uint8_t>(3);
     float* absmax_m = chunk.block_tensor<float>(l.absmax_list, kQuantBlock);
@@ -95,7 +94,7 @@ struct BlockwiseMoments {
         const float w_new = marked ? w_old : lamb_8bit_update(w_old, qm[i], qv[i], absmax_m[b], absmax_v[b], t, step, c);
         if constexpr (Update) update_list[i] = w_new - w_old;
         else w[i] = w_new;
-        if constexpr (kCopy) copy[i] = cpu::from_compute<Copy>(w_new);
+        cpu_master::store_copy(copy, i, w_new);
       }
       if (marked) absmax_m[b] = lamb_flip_mark(absmax_m[b]);
     }

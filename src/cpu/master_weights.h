@@ -39,4 +39,23 @@ int16_t* remainder_of(const cpu::ChunkView& chunk, const Launch& launch) {
   else return nullptr;
 }
 
+// The model copy the kernels may write beside the masters (f16 or bf16), or
+// NoCopy when the launch writes none: a type fixed per launch, so that no
+// element loop asks.
+struct NoCopy {};
+
+// The chunk's model copy (the launch's copy_list), or null.
+template <class Copy, class Launch>
+Copy* copy_of(const cpu::ChunkView& chunk, const Launch& launch) {
+  if constexpr (std::is_same_v<Copy, NoCopy>) return nullptr;
+  else return chunk.tensor<Copy>(launch.copy_list);
+}
+
+// Element i of the copy: the master rounded from f32 (an f64 master through
+// f32, as CUDA's conversions go); nothing for NoCopy.
+template <class Copy, class C>
+inline void store_copy(Copy* copy, int64_t i, C x) {
+  if constexpr (!std::is_same_v<Copy, NoCopy>) copy[i] = cpu::from_compute<Copy>(static_cast<float>(x));
+}
+
 }  // namespace gradkit::backend::cpu_master
