@@ -136,8 +136,7 @@ void MixedPrecision<Optimizer>::save_to(StateFile& file) const {
 
 template <class Optimizer>
 void MixedPrecision<Optimizer>::check_state(const std::string& path, const StateFile& file) const {
-  std::vector<TensorView> shapes = masters_.weights();  // only the sizes are read
-  for (TensorView& t : shapes) t.dtype = DType::f32;
+  const std::vector<TensorView> shapes = masters_.file_shapes();
   const StateSection masters[] = {{"masters", &shapes}};
   check_sections(path, file, masters);
   read_scaler_section(path, file, scaler_);

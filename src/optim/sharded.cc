@@ -593,8 +593,7 @@ typename Sharded<Optimizer>::ShardState Sharded<Optimizer>::shard_state(const st
   }
   if (mixed_) {
     shard.rest.add("masters", cut({"masters", sizeof(float), 1}, 0, pieces_.size()));
-    std::vector<TensorView> shapes = masters_.weights();  // only the sizes are read
-    for (TensorView& t : shapes) t.dtype = DType::f32;
+    const std::vector<TensorView> shapes = masters_.file_shapes();
     const StateSection masters[] = {{"masters", &shapes}};
     check_sections(path, shard.rest, masters);
   }

@@ -52,7 +52,6 @@ class MasterStore {
   MasterStore(MasterStorage how, std::vector<TensorView> weights);
 
   MasterStorage how() const { return how_; }
-  const std::vector<TensorView>& weights() const { return weights_; }
   const std::vector<TensorView>& masters() const { return masters_; }        // f32 form; else empty
   const std::vector<TensorView>& remainders() const { return remainders_; }  // remainder form; else empty
   size_t bytes() const { return storage_.bytes(); }
@@ -77,6 +76,13 @@ class MasterStore {
   // in `scratch` (joined from weight and remainder when `join`; left for a
   // load to fill otherwise).
   std::vector<TensorView> f32(Buffer& scratch, bool join) const;
+  // The masters' shapes as a state file holds them (f32), for checking a
+  // file's section before anything is read into them: no data.
+  std::vector<TensorView> file_shapes() const {
+    std::vector<TensorView> out = weights_;
+    for (TensorView& t : out) t.dtype = DType::f32;
+    return out;
+  }
   // After f32 masters were written into f32(scratch, false)'s tensors: the
   // weights from them (cast), and the remainders (split).
   void masters_written(const std::vector<TensorView>& f32);
