@@ -68,7 +68,7 @@ class ShardedAdamW(torch.optim.Optimizer):
                  moment_dtype=torch.float32, update_parts=8, moments=None, master="float32"):
         if stage not in (1, 2):
             raise ValueError(f"stage is {stage!r}, expected 1 or 2")
-        StateForm(master=master)  # refuses an unknown master form, naming it
+        form = StateForm(master=master)  # refuses an unknown master form, naming it
         moment_type = self._moment_type(moments, moment_dtype)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults)
@@ -78,7 +78,7 @@ class ShardedAdamW(torch.optim.Optimizer):
             if is_dtensor(p):
                 raise TypeError(f"params[{i}] is a DTensor: ShardedAdamW shards plain parameters itself; for "
                                 "FSDP2's DTensor parameters use gradkit.torch.AdamW (it steps the local shards)")
-        StateForm(master=master).check(params, amsgrad=False)  # remainder: bfloat16 parameters only
+        form.check(params, amsgrad=False)  # remainder: bfloat16 parameters only
         self._device = common_device(params, "params")
         if self._device != torch.device(self.comm.device):
             raise ValueError(f"params are on {self._device}, expected {self.comm.device} (the communicator's device)")
