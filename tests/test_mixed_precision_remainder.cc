@@ -101,42 +101,40 @@ void expect_f32_masters_over_100_steps(Device device, DType moments) {
   typename Optimizer::Options optimizer_options;
   optimizer_options.moment_dtype = moments;
   if constexpr (std::is_same_v<Optimizer, Lamb>) optimizer_options.eta = 1e-2f;
-  {
-    Bf16Model f32_model(device, 5), rem_model(device, 5);
-    MixedPrecisionOptions options;
-    options.scaler.initial_scale = 1024.0f;
-    options.scaler.growth_interval = 8;
-    options.max_norm = 1.0f;
-    MixedPrecision<Optimizer> f32(f32_model.groups<Group>(), options, optimizer_options);
-    options.master = MasterStorage::remainder;
-    MixedPrecision<Optimizer> rem(rem_model.groups<Group>(), options, optimizer_options);
-    EXPECT_TRUE(rem.masters().empty());
-    EXPECT_LT(rem.master_bytes(), f32.master_bytes() / 2 + 1024) << "2 bytes per parameter, not 4";
-    std::mt19937_64 ra(6), rb(6);
-    for (int step = 0; step < 100; ++step) {
-      const double poison = step == 5 ? INFINITY : step == 40 ? NAN : step == 41 ? 1e30 : 0.0;  // 1e30: clipped
-      f32_model.set_gradients(ra, f32.loss_scale(), poison);
-      rem_model.set_gradients(rb, rem.loss_scale(), poison);
-      f32.step();
-      rem.step();
-      ASSERT_EQ(rem.last_step_skipped(), f32.last_step_skipped()) << step;
-      for (size_t i = 0; i < kSizes.size(); ++i) {
-        const std::vector<uint32_t> want = bits_of(f32.masters()[i]), got = joined(rem, rem_model, i);
-        ASSERT_EQ(got, want) << dtype_name(moments) << " step " << step << " tensor " << i;
-        if (step % 20 != 19) continue;
-        std::vector<uint16_t> weights(want.size());
-        copy_to_host(weights.data(), rem_model.params[i].view().data, weights.size() * 2, device);
-        for (size_t k = 0; k < want.size(); ++k) {
-          const bool tie = (want[k] & 0xffffu) == 0x8000u;
-          if (!tie) ASSERT_EQ(weights[k], round_even(want[k])) << "element " << k;
-          else ASSERT_EQ(weights[k], static_cast<uint16_t>((want[k] + 0x8000u) >> 16)) << "a tie, away from zero";
-        }
+  Bf16Model f32_model(device, 5), rem_model(device, 5);
+  MixedPrecisionOptions options;
+  options.scaler.initial_scale = 1024.0f;
+  options.scaler.growth_interval = 8;
+  options.max_norm = 1.0f;
+  MixedPrecision<Optimizer> f32(f32_model.groups<Group>(), options, optimizer_options);
+  options.master = MasterStorage::remainder;
+  MixedPrecision<Optimizer> rem(rem_model.groups<Group>(), options, optimizer_options);
+  EXPECT_TRUE(rem.masters().empty());
+  EXPECT_LT(rem.master_bytes(), f32.master_bytes() / 2 + 1024) << "2 bytes per parameter, not 4";
+  std::mt19937_64 ra(6), rb(6);
+  for (int step = 0; step < 100; ++step) {
+    const double poison = step == 5 ? INFINITY : step == 40 ? NAN : step == 41 ? 1e30 : 0.0;  // 1e30: clipped
+    f32_model.set_gradients(ra, f32.loss_scale(), poison);
+    rem_model.set_gradients(rb, rem.loss_scale(), poison);
+    f32.step();
+    rem.step();
+    ASSERT_EQ(rem.last_step_skipped(), f32.last_step_skipped()) << step;
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      const std::vector<uint32_t> want = bits_of(f32.masters()[i]), got = joined(rem, rem_model, i);
+      ASSERT_EQ(got, want) << dtype_name(moments) << " step " << step << " tensor " << i;
+      if (step % 20 != 19) continue;
+      std::vector<uint16_t> weights(want.size());
+      copy_to_host(weights.data(), rem_model.params[i].view().data, weights.size() * 2, device);
+      for (size_t k = 0; k < want.size(); ++k) {
+        const bool tie = (want[k] & 0xffffu) == 0x8000u;
+        if (!tie) ASSERT_EQ(weights[k], round_even(want[k])) << "element " << k;
+        else ASSERT_EQ(weights[k], static_cast<uint16_t>((want[k] + 0x8000u) >> 16)) << "a tie, away from zero";
       }
     }
-    EXPECT_EQ(rem.optimizer().step_count(), f32.optimizer().step_count());
-    EXPECT_GE(rem.optimizer().step_count(), 97) << "three steps overflow, none other";
-    EXPECT_EQ(rem.loss_scale(), f32.loss_scale());
   }
+  EXPECT_EQ(rem.optimizer().step_count(), f32.optimizer().step_count());
+  EXPECT_GE(rem.optimizer().step_count(), 97) << "three steps overflow, none other";
+  EXPECT_EQ(rem.loss_scale(), f32.loss_scale());
 }
 
 TEST_P(RemainderMaster, EqualsTheF32MasterBitForBitOver100Steps) {
