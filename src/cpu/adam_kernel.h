@@ -17,12 +17,7 @@
 namespace gradkit::backend {
 namespace cpu_adam {
 
-using cpu_master::copy_of;
-using cpu_master::NoCopy;
-using cpu_master::PlainWeights;
-using cpu_master::remainder_of;
-using cpu_master::RemainderWeights;
-using cpu_master::store_copy;
+using namespace cpu_master;  // the weights, remainders and model copy of every CPU optimizer kernel
 
 // The launch's per-step values: the gradient scale and the step count
 // (device scalars are host memory on the CPU).

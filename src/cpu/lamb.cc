@@ -22,12 +22,7 @@
 namespace gradkit::backend {
 namespace {
 
-using cpu_master::copy_of;
-using cpu_master::NoCopy;
-using cpu_master::PlainWeights;
-using cpu_master::remainder_of;
-using cpu_master::RemainderWeights;
-using cpu_master::store_copy;
+using namespace cpu_master;  // the weights, remainders and model copy (shared with Adam)
 
 // x where `keep`, else +0: a select on the bits. (GCC 12 does not vectorize a
 // loop in which a float select feeds a conversion to double: it leaves a
