@@ -296,6 +296,18 @@ class Pair {
     return failures;
   }
 
+  // Steps 1 to `last` of both, stage 1 and 2 alternating, an Inf or a NaN
+  // on step `poisoned`, compared after each (see expect_same) until one
+  // differs.
+  void run_steps(const std::string& what, int last, int poisoned, double tolerance) {
+    int failures = 0;
+    for (int s = 1; s <= last && failures == 0; ++s) {
+      write_gradients(s, s == poisoned);
+      step(s % 2 == 0);
+      failures += expect_same(what + " step " + std::to_string(s), tolerance);
+    }
+  }
+
   // Both save their state: the files' `sections` are the same bytes (the
   // whole files when `whole_file`), and `held` is not empty in them (the
   // form under test wrote its section); the unsharded file loads into the

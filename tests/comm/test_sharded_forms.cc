@@ -25,12 +25,7 @@ TEST_P(ShardedAdamTest, EightBitMomentsMatchTheUnshardedStep) {
       s.options.lamb.eta = 1e-2f;
       const std::string name = std::string(lamb ? "LAMB " : "Adam ") + "8-bit " + name_of(c);
       auto run = [&](auto& pair, double tolerance) {
-        int failures = 0;
-        for (int step = 1; step <= 12 && failures == 0; ++step) {
-          pair.write_gradients(step, step == 7);
-          pair.step(step % 2 == 0);
-          failures += pair.expect_same(name + " step " + std::to_string(step), tolerance);
-        }
+        pair.run_steps(name, 12, 7, tolerance);
         EXPECT_EQ(pair.sharded().step_count(), 11) << name;
         pair.expect_the_unsharded_state(
             name, {"exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax", "meta", "groups"}, false,
@@ -85,12 +80,7 @@ TEST_P(ShardedAdamTest, RemainderMastersMatchTheUnshardedStep) {
               << name;
           EXPECT_TRUE(pair.sharded().masters().empty()) << name;
           EXPECT_EQ(pair.sharded().weight_remainders().size(), std::max<size_t>(1, pair.sharded().pieces().size()));
-          int failures = 0;
-          for (int step = 1; step <= 20 && failures == 0; ++step) {
-            pair.write_gradients(step, step == 7);
-            pair.step(step % 2 == 0);
-            failures += pair.expect_same(name + " step " + std::to_string(step), tolerance);
-          }
+          pair.run_steps(name, 20, 7, tolerance);
           EXPECT_EQ(pair.sharded().step_count(), 19) << name;
           expect_same_on_every_rank(comm(), pair.weights().buffer().view(c.weights, 0, pair.layout().total), name);
           // Adam: the whole file, its masters joined alike; the loaded masters split back into
