@@ -4,7 +4,8 @@ shaped model (12 layers, width 768, 12 heads, vocabulary 50257, tied embedding:
 124M float32 parameters; bf16 autocast; batch 8 x 512 tokens) with:
 
   (a) gradkit.torch.AdamW, the state on the GPU;
-  (b) gradkit.torch.OffloadedAdamW, the state in host memory, the step on the CPU,
+  (b) gradkit.torch.OffloadedAdamW (and OffloadedLamb beside gradkit's GPU Lamb), the
+      state in host memory, the step on the CPU,
       buckets handed from backward's hooks (torch >= 2.1);
   (c) torchao's CPUOffloadOptimizer over torch.optim.AdamW(fused=True), when
       importable (else from a wheel in .data/wheels, unpacked into a temporary
@@ -99,6 +100,10 @@ def make_cases(bucket_mb, piece_mb, host_threads):
             p, lr=1e-4, weight_decay=0.1, bucket_mb=bucket_mb, piece_mb=piece_mb, host_threads=host_threads,
             moments="int8"),
     }
+    # LAMB: gradkit's on the GPU and offloaded (torch has none); pieces hold whole tensors
+    cases["gradkit Lamb (GPU)"] = lambda p: gt.Lamb(p, lr=1e-4, weight_decay=0.1)
+    cases["gradkit OffloadedLamb"] = lambda p: gt.OffloadedLamb(p, lr=1e-4, weight_decay=0.1, bucket_mb=bucket_mb,
+                                                                piece_mb=piece_mb, host_threads=host_threads)
     ao = torchao_offload()
     if ao is not None:
         cases["torchao CPUOffloadOptimizer"] = lambda p: ao(p, torch.optim.AdamW, fused=True, lr=1e-4,
@@ -221,6 +226,10 @@ def main():
                          f" ({off.best:.1f} vs {ao.best:.1f} ms)")
         else:
             notes.append("torchao: not importable, not measured")
+    lamb, lamb_off = cases.get("gradkit Lamb (GPU)"), cases.get("gradkit OffloadedLamb")
+    if lamb is not None and lamb_off is not None:
+        notes.append(f"gradkit OffloadedLamb: {lamb_off.best / lamb.best:.3f}x gradkit Lamb on the GPU "
+                     f"({lamb_off.best:.1f} vs {lamb.best:.1f} ms)")
     text = "\n".join(rows + [""] + notes)
     print(text)
     if args.markdown:

@@ -1,7 +1,8 @@
 // OffloadedAdam: the argument checks (run anywhere: they come before any
-// device is touched), and on a GPU the offloaded step against gradkit's
-// step on the GPU, bit for bit, over 50 steps with Inf/NaN gradients,
-// loss scaling and clipping, and a resume through its state file.
+// device is touched), how buckets are cut into pieces, and on a GPU the
+// offloaded step against gradkit's step on the GPU, bit for bit, over 50
+// steps with Inf/NaN gradients, loss scaling and clipping, and a resume
+// through its state file. OffloadedLamb: test_offloaded_lamb.cc.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "gradkit/optim/offloaded.h"
 #include "optim/offloaded_parts.h"  // cut_pieces
 #include "support/expect_error.h"
+#include "support/offload_model.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {
@@ -42,7 +44,7 @@ struct FakeModel {
   }
 };
 
-void expect_refused(std::vector<AdamGroup> groups, OffloadedAdamOptions options, ErrorCode code,
+void expect_refused(std::vector<AdamGroup> groups, OffloadedOptions options, ErrorCode code,
                     const std::vector<std::string>& parts) {
   expect_error([&] { OffloadedAdam(std::move(groups), std::move(options)); }, code, parts);
 }
@@ -81,7 +83,7 @@ TEST(OffloadedAdamArguments, UnsupportedDtypesAreRefused) {
   g = m.group();
   g.params[1].dtype = DType::bf16;
   expect_refused({g}, {}, ErrorCode::dtype_unsupported, {"groups[0].params[1]", "bf16", "one dtype per list"});
-  OffloadedAdamOptions o;
+  OffloadedOptions o;
   o.adam.moment_dtype = DType::f16;
   expect_refused({m.group()}, o, ErrorCode::dtype_unsupported, {"options.adam.moment_dtype", "f16"});
   EXPECT_TRUE(m.untouched());
@@ -99,7 +101,7 @@ TEST(OffloadedAdamArguments, BadGroupsAndOptionsAreRefused) {
   g = m.group();
   g.hyperparameters.beta1 = 1.0f;
   expect_refused({g}, {}, ErrorCode::invalid_argument, {"groups[0].hyperparameters", "beta1"});
-  OffloadedAdamOptions o;
+  OffloadedOptions o;
   o.max_norm = -1.0f;
   expect_refused({m.group()}, o, ErrorCode::invalid_argument, {"options.max_norm", "expected a finite value >= 0"});
   o = {};
@@ -174,157 +176,39 @@ TEST(OffloadPieces, EveryElementLiesInOneSliceAndCutsKeepBlocksWhole) {
   }
 }
 
+// LAMB's pieces (align 0): whole tensors, in order, a piece closed before a
+// tensor that would overflow it; a tensor larger than a piece is one alone.
+TEST(OffloadPieces, WithAlignZeroEveryTensorStaysWhole) {
+  const int64_t sizes[] = {1000, 65536 * 2 + 1, 3, 256, 0, 4097, 7, 300000};
+  std::vector<TensorView> grads;
+  for (int64_t n : sizes) grads.push_back({nullptr, n, DType::f32});
+  const std::vector<size_t> bucket = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (size_t piece_bytes : {size_t{1}, size_t{5000}, size_t{20000}, size_t{8} << 20}) {
+    const auto pieces = cut_pieces(bucket, grads, piece_bytes, 0);
+    size_t next = 0;
+    for (const auto& piece : pieces) {
+      ASSERT_FALSE(piece.empty());
+      size_t bytes = 0;
+      for (const OffloadSlice& s : piece) {
+        if (sizes[next] == 0) ++next;  // an empty tensor needs no slice
+        ASSERT_EQ(s.tensor, next) << "piece_bytes " << piece_bytes;
+        EXPECT_EQ(s.offset, 0);
+        EXPECT_EQ(s.count, sizes[next]) << "tensor " << next << " was cut";
+        bytes += static_cast<size_t>(s.count) * 4;
+        ++next;
+      }
+      EXPECT_TRUE(piece.size() == 1 || bytes <= piece_bytes) << "piece_bytes " << piece_bytes;
+    }
+    EXPECT_EQ(next, std::size(sizes));
+    if (piece_bytes == 1) EXPECT_EQ(pieces.size(), 7u);  // one tensor each
+    if (piece_bytes == (size_t{8} << 20)) EXPECT_EQ(pieces.size(), 1u);
+  }
+}
+
 // ---- on a GPU: the offloaded step against the GPU step --------------------
 
-// Writes `values`, rounded to the tensor's dtype, into a tensor on any device.
-void fill(const TensorView& t, const std::vector<double>& values) {
-  const TestTensor host(Device::cpu(), t.dtype, values);
-  copy_from_host(t.data, t.device, host.view().data, t.bytes());
-}
-
-std::vector<uint8_t> bits(const std::vector<TensorView>& tensors) {
-  std::vector<uint8_t> out;
-  for (const TensorView& t : tensors) {
-    std::vector<uint8_t> b(t.bytes());
-    copy_to_host(b.data(), t.data, b.size(), t.device);
-    out.insert(out.end(), b.begin(), b.end());
-  }
-  return out;
-}
-
-struct Config {
-  DType weight, grad;
-  bool check;  // a dynamic loss scaler and clipping
-  // Small pieces cut the tensors (at multiples of 256 elements) so that a
-  // bucket's copies and steps go piece by piece; the default holds each
-  // bucket whole.
-  size_t piece_bytes = OffloadedAdamOptions{}.piece_bytes;
-  DType moments = DType::f32;  // u8: 8-bit moments, whose blocks the cuts must keep whole
-};
-
-const int64_t kSizes[] = {1000, 65536 * 2 + 1, 3, 4097, 7};
-
-OffloadedAdamOptions offload_options(const Config& c) {
-  OffloadedAdamOptions o;
-  o.buckets = {2, 1, 1, 0, 0};  // backward's order: the last tensors first
-  o.piece_bytes = c.piece_bytes;
-  o.adam.moment_dtype = c.moments;
-  if (c.check) {
-    LossScalerOptions s;
-    s.initial_scale = 1024.0f;
-    s.growth_interval = 5;  // the scale grows, and backs off at each Inf/NaN, within 50 steps
-    o.scaler = s;
-    o.max_norm = 1.0f;
-  }
-  return o;
-}
-
-// One model's weights and gradients on the GPU, two parameter groups.
-struct Model {
-  Config config;
-  std::vector<TestTensor> w, g;
-  Model(const Config& c, uint64_t seed) : config(c) {
-    std::mt19937_64 rng(seed);
-    for (int64_t n : kSizes) {
-      w.emplace_back(Device::cuda(0), c.weight, random_values(rng, n));
-      g.emplace_back(Device::cuda(0), c.grad, random_values(rng, n));
-    }
-  }
-  std::vector<TensorView> weights() const {
-    std::vector<TensorView> out;
-    for (const auto& t : w) out.push_back(t.view());
-    return out;
-  }
-  std::vector<TensorView> grads() const {
-    std::vector<TensorView> out;
-    for (const auto& t : g) out.push_back(t.view());
-    return out;
-  }
-  // The groups over `params` (the model's weights, or masters).
-  std::vector<AdamGroup> groups(const std::vector<TensorView>& params) const {
-    std::vector<AdamGroup> out(2);
-    out[0].hyperparameters.weight_decay = 0.01f;
-    out[1].hyperparameters.lr = 3e-3f;
-    out[1].hyperparameters.decay = WeightDecay::l2;
-    out[1].hyperparameters.weight_decay = 0.001f;
-    for (size_t i = 0; i < w.size(); ++i) {
-      AdamGroup& into = out[i < 2 ? 0 : 1];
-      into.params.push_back(params[i]);
-      into.grads.push_back(g[i].view());
-    }
-    return out;
-  }
-  // Step s's gradients: seeded random values times 8; with a check, an Inf
-  // at steps 5 and 33 and a NaN at step 17 in one tensor (without one they
-  // would make NaN weights, whose payloads the backends need not share).
-  void write_gradients(int s) {
-    std::mt19937_64 rng(1000 + static_cast<uint64_t>(s));
-    for (size_t i = 0; i < g.size(); ++i) {
-      std::vector<double> v = random_values(rng, g[i].numel(), 8.0);
-      if (config.check && i == 1 && (s == 5 || s == 33)) v[77] = INFINITY;
-      if (config.check && i == 3 && s == 17) v[4096] = NAN;
-      fill(g[i].view(), v);
-    }
-  }
-};
-
-// gradkit's step on the GPU: f32 masters (the weights themselves for f32)
-// and the model's weights as their copy, the gradient check and the loss
-// scaler as MixedPrecision composes them.
-struct GpuStep {
-  Model& model;
-  std::vector<TestTensor> master_storage;
-  std::vector<TensorView> masters;
-  std::optional<Adam> adam;
-  std::optional<GradientCheckPlan> check;
-  std::optional<LossScaler> scaler;
-  Buffer scalars{Device::cuda(0), 16};  // found_inf, then the divisor at 4, the norm at 8
-
-  explicit GpuStep(Model& m) : model(m) {
-    const bool low = m.config.weight != DType::f32;
-    if (low) {
-      for (const auto& t : m.w) master_storage.emplace_back(Device::cuda(0), DType::f32, t.read());
-      for (const auto& t : master_storage) masters.push_back(t.view());
-    } else {
-      masters = m.weights();
-    }
-    std::vector<AdamGroup> groups = m.groups(masters);
-    if (low) {
-      size_t at = 0;
-      for (AdamGroup& g : groups) for (size_t i = 0; i < g.params.size(); ++i) g.model_copy.push_back(m.w[at++].view());
-    }
-    adam.emplace(groups, AdamOptions{m.config.moments});
-    if (m.config.check) {
-      const OffloadedAdamOptions o = offload_options(m.config);
-      check.emplace(m.grads(), GradientCheckOptions{NormType::l2, o.max_norm, false});
-      scaler.emplace(Device::cuda(0), *o.scaler);
-    }
-  }
-  bool* found_inf() const { return static_cast<bool*>(scalars.data()); }
-  float* divisor() const { return reinterpret_cast<float*>(static_cast<char*>(scalars.data()) + 4); }
-  void step() {
-    if (!check) return adam->step();
-    check->check({found_inf(), divisor(), divisor() + 1, nullptr}, 1.0f, scaler->scale_device());
-    adam->step({}, found_inf(), divisor());
-    scaler->update(found_inf());
-  }
-};
-
-void offloaded_step(OffloadedAdam& off) {
-  for (int b = 0; b < off.num_buckets(); ++b) off.bucket_ready(b);  // as backward completes them
-  off.finish();
-}
-
-// Steps first..last of `a` offloaded and of `b` by `other_step`, on the same gradients.
-template <class Step>
-void step_both(Model& a, OffloadedAdam& off, Model& b, Step&& other_step, int first, int last) {
-  for (int s = first; s <= last; ++s) {
-    a.write_gradients(s);
-    b.write_gradients(s);
-    offloaded_step(off);
-    other_step();
-  }
-}
+using Config = OffloadConfig;
+using Model = OffloadModel;
 
 class OffloadedAdamGpu : public ::testing::TestWithParam<Config> {
  protected:
@@ -336,8 +220,8 @@ class OffloadedAdamGpu : public ::testing::TestWithParam<Config> {
 TEST_P(OffloadedAdamGpu, FiftyStepsEqualTheGpuStepBitForBit) {
   const Config c = GetParam();
   Model a(c, 7), b(c, 7);
-  OffloadedAdam off(a.groups(a.weights()), offload_options(c));
-  GpuStep gpu(b);
+  OffloadedAdam off(a.groups<AdamGroup>(a.weights()), offload_options(c));
+  GpuStep<Adam> gpu(b);
   int skipped = 0;
   for (int s = 1; s <= 50; ++s) {
     a.write_gradients(s);
@@ -346,8 +230,7 @@ TEST_P(OffloadedAdamGpu, FiftyStepsEqualTheGpuStepBitForBit) {
     gpu.step();
     ASSERT_EQ(bits(a.weights()), bits(b.weights())) << "weights differ after step " << s;
     if (c.check) {
-      bool gpu_skipped = false;
-      copy_to_host(&gpu_skipped, gpu.found_inf(), 1, Device::cuda(0));
+      const bool gpu_skipped = gpu.skipped();
       ASSERT_EQ(off.last_step_skipped(), gpu_skipped) << "step " << s;
       skipped += gpu_skipped;
     }
@@ -357,10 +240,10 @@ TEST_P(OffloadedAdamGpu, FiftyStepsEqualTheGpuStepBitForBit) {
   EXPECT_GT(t.update_ms, 0.0);
   EXPECT_GE(t.copy_wait_ms, 0.0);
   EXPECT_GE(t.span_ms, t.copy_wait_ms + t.update_ms);
-  EXPECT_EQ(off.step_count(), gpu.adam->step_count());
+  EXPECT_EQ(off.step_count(), gpu.optimizer->step_count());
   EXPECT_EQ(off.step_count(), c.check ? 47 : 50);
-  EXPECT_EQ(bits(off.host_adam().exp_avg()), bits(gpu.adam->exp_avg()));
-  EXPECT_EQ(bits(off.host_adam().exp_avg_sq()), bits(gpu.adam->exp_avg_sq()));
+  EXPECT_EQ(bits(off.host_optimizer().exp_avg()), bits(gpu.optimizer->exp_avg()));
+  EXPECT_EQ(bits(off.host_optimizer().exp_avg_sq()), bits(gpu.optimizer->exp_avg_sq()));
   EXPECT_EQ(bits(off.masters()), bits(gpu.masters));
   if (c.check) EXPECT_EQ(off.scaler()->state().scale, gpu.scaler->state().scale);
 }
@@ -373,27 +256,17 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadedAdamGpu,
                                            Config{DType::f32, DType::f32, false, 4000},
                                            Config{DType::bf16, DType::f32, true, 4000, DType::u8},
                                            Config{DType::f32, DType::bf16, false, 3000, DType::u8}),
-                         [](const auto& info) {
-                           const Config& c = info.param;
-                           return std::string(dtype_name(c.weight)) + "_" + std::string(dtype_name(c.grad)) +
-                                  (c.check ? "_checked" : "") +
-                                  (c.piece_bytes != OffloadedAdamOptions{}.piece_bytes ? "_pieces" : "") +
-                                  (c.moments == DType::u8 ? "_8bit" : "");
-                         });
-
-std::string temp_path(const char* name) {
-  return ::testing::TempDir() + "gradkit_offload_" + name + "_" + std::to_string(::getpid());
-}
+                         [](const auto& info) { return config_name(info.param); });
 
 // 20 steps straight equal 10 steps, a save, a new optimizer loading it, and
 // 10 more; and the file moves between the offloaded and the GPU optimizer.
 TEST_P(OffloadedAdamGpu, AResumedRunEqualsTheStraightRun) {
   const Config c = GetParam();
   Model straight(c, 11), resumed(c, 11);
-  OffloadedAdam a(straight.groups(straight.weights()), offload_options(c));
-  const std::string path = temp_path("resume");
+  OffloadedAdam a(straight.groups<AdamGroup>(straight.weights()), offload_options(c));
+  const std::string path = offload_temp_path("resume");
   {
-    OffloadedAdam first(resumed.groups(resumed.weights()), offload_options(c));
+    OffloadedAdam first(resumed.groups<AdamGroup>(resumed.weights()), offload_options(c));
     for (int s = 1; s <= 10; ++s) {
       resumed.write_gradients(s);
       offloaded_step(first);
@@ -406,7 +279,7 @@ TEST_P(OffloadedAdamGpu, AResumedRunEqualsTheStraightRun) {
   }
   // The model's weights are the caller's to restore (they are the model's
   // checkpoint); for f16/bf16 ones load() rewrites them from the masters.
-  OffloadedAdam second(resumed.groups(resumed.weights()), offload_options(c));
+  OffloadedAdam second(resumed.groups<AdamGroup>(resumed.weights()), offload_options(c));
   second.load(path);
   for (int s = 11; s <= 20; ++s) {
     straight.write_gradients(s);
@@ -416,44 +289,44 @@ TEST_P(OffloadedAdamGpu, AResumedRunEqualsTheStraightRun) {
   }
   EXPECT_EQ(bits(straight.weights()), bits(resumed.weights()));
   EXPECT_EQ(a.step_count(), second.step_count());
-  EXPECT_EQ(bits(a.host_adam().exp_avg_sq()), bits(second.host_adam().exp_avg_sq()));
+  EXPECT_EQ(bits(a.host_optimizer().exp_avg_sq()), bits(second.host_optimizer().exp_avg_sq()));
   std::remove(path.c_str());
 }
 
 TEST(OffloadedAdamState, FilesMoveBetweenTheOffloadedAndTheGpuOptimizer) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
-  const std::string path = temp_path("cross");
+  const std::string path = offload_temp_path("cross");
   // f32 weights: Adam's file, both ways.
   {
     const Config c{DType::f32, DType::f32, false};
     Model a(c, 3), b(c, 3);
-    OffloadedAdam off(a.groups(a.weights()), offload_options(c));
-    GpuStep gpu(b);
+    OffloadedAdam off(a.groups<AdamGroup>(a.weights()), offload_options(c));
+    GpuStep<Adam> gpu(b);
     for (int s = 1; s <= 4; ++s) {
       a.write_gradients(s);
       offloaded_step(off);
     }
     off.save(path);
     for (size_t i = 0; i < a.w.size(); ++i) fill(b.w[i].view(), a.w[i].read());
-    gpu.adam->load(path);
+    gpu.optimizer->load(path);
     step_both(a, off, b, [&] { gpu.step(); }, 5, 8);
     EXPECT_EQ(bits(a.weights()), bits(b.weights()));
-    gpu.adam->save(path);
-    OffloadedAdam back(a.groups(a.weights()), offload_options(c));
+    gpu.optimizer->save(path);
+    OffloadedAdam back(a.groups<AdamGroup>(a.weights()), offload_options(c));
     back.load(path);
     EXPECT_EQ(back.step_count(), 8);
-    EXPECT_EQ(bits(back.host_adam().exp_avg()), bits(gpu.adam->exp_avg()));
+    EXPECT_EQ(bits(back.host_optimizer().exp_avg()), bits(gpu.optimizer->exp_avg()));
   }
   // bf16 weights with a scaler: MixedPrecisionAdam's file, both ways.
   {
     const Config c{DType::bf16, DType::bf16, true};
     Model a(c, 4), b(c, 4);
-    const OffloadedAdamOptions o = offload_options(c);
-    OffloadedAdam off(a.groups(a.weights()), o);
+    const OffloadedOptions o = offload_options(c);
+    OffloadedAdam off(a.groups<AdamGroup>(a.weights()), o);
     MixedPrecisionOptions mo;
     mo.scaler = *o.scaler;
     mo.max_norm = o.max_norm;
-    MixedPrecisionAdam mixed(b.groups(b.weights()), mo);
+    MixedPrecisionAdam mixed(b.groups<AdamGroup>(b.weights()), mo);
     for (int s = 1; s <= 6; ++s) {
       a.write_gradients(s);
       offloaded_step(off);
@@ -466,7 +339,7 @@ TEST(OffloadedAdamState, FilesMoveBetweenTheOffloadedAndTheGpuOptimizer) {
     EXPECT_EQ(off.scaler()->state().scale, mixed.loss_scale());
     mixed.save(path);
     Model fresh(c, 99);
-    OffloadedAdam back(fresh.groups(fresh.weights()), o);
+    OffloadedAdam back(fresh.groups<AdamGroup>(fresh.weights()), o);
     back.load(path);
     EXPECT_EQ(bits(fresh.weights()), bits(b.weights()));
     EXPECT_EQ(bits(back.masters()), bits(mixed.masters()));
@@ -479,7 +352,7 @@ TEST(OffloadedAdamGpuArguments, BucketCallsAreChecked) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
   const Config c{DType::f32, DType::f32, false};
   Model m(c, 5);
-  OffloadedAdam off(m.groups(m.weights()), offload_options(c));
+  OffloadedAdam off(m.groups<AdamGroup>(m.weights()), offload_options(c));
   EXPECT_EQ(off.num_buckets(), 3);
   expect_error([&] { off.bucket_ready(3); }, ErrorCode::invalid_argument, {"bucket", "is 3", "[0, 3)"});
   off.bucket_ready(0);
@@ -495,7 +368,7 @@ TEST(OffloadedAdamGpuArguments, BucketCallsAreChecked) {
   const std::vector<TensorView> on_host = {TensorView{host.data(), 131073, DType::f32, Device::cuda(0)}, m.g[2].view()};
   expect_error([&] { off.bucket_ready(1, {}, on_host); }, ErrorCode::device_mismatch, {"grads[0]", "host memory"});
   // A parameter in host memory that says cuda:0 is refused at construction.
-  std::vector<AdamGroup> groups = m.groups(m.weights());
+  std::vector<AdamGroup> groups = m.groups<AdamGroup>(m.weights());
   groups[0].params[0] = TensorView{host.data(), 1000, DType::f32, Device::cuda(0)};
   expect_error([&] { OffloadedAdam(groups, offload_options(c)); }, ErrorCode::device_mismatch, {"params[0]", "host memory"});
 }

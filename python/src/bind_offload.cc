@@ -1,5 +1,6 @@
-// OffloadedAdam: Adam/AdamW with its state in host memory and its step on
-// the CPU, driven bucket by bucket (gradkit/optim/offloaded.h).
+// OffloadedAdam and OffloadedLamb: the optimizer with its state in host
+// memory and its step on the CPU, driven bucket by bucket
+// (gradkit/optim/offloaded.h).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -14,39 +15,30 @@
 #include "tensors.h"
 
 namespace gradkit::python {
+namespace {
 
-void bind_offload(nb::module_& m) {
-  using PyOffloaded = Owned<OffloadedAdam>;
-  nb::class_<PyOffloaded> c(
-      m, "OffloadedAdam",
-      "Adam/AdamW with f32 masters and moments in host memory and the update on the CPU; the model's weights "
-      "and gradients stay on one CUDA device. groups: as Adam's (the params are the model's weights). "
-      "docs/offload.md says what overlaps with what.");
-  c.def(
-       "__init__",
-       [](PyOffloaded* self, const nb::list& groups, DType moment_dtype, std::optional<std::vector<int32_t>> buckets,
-          size_t bucket_bytes, size_t piece_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm,
-          NormType norm, int host_threads) {
-         new (self) PyOffloaded();
-         auto g = to_groups<AdamGroup, AdamHyperparameters>(groups, self->keep);
-         OffloadedAdamOptions options;
-         options.adam.moment_dtype = moment_dtype;
-         options.buckets = buckets.value_or(std::vector<int32_t>{});
-         options.bucket_bytes = bucket_bytes;
-         options.piece_bytes = piece_bytes;
-         options.scaler = scaler;
-         options.max_norm = max_norm;
-         options.norm = norm;
-         options.host_threads = host_threads;
-         self->object = std::make_unique<OffloadedAdam>(std::move(g), std::move(options));
-         // The gradients given here are only looked at for their shapes
-         // when bucket_ready() is always given the bucket's gradients.
-       },
-       nb::arg("groups"), nb::arg("moment_dtype") = DType::f32, nb::arg("buckets") = nb::none(),
-       nb::arg("bucket_bytes") = OffloadedAdamOptions{}.bucket_bytes,
-       nb::arg("piece_bytes") = OffloadedAdamOptions{}.piece_bytes, nb::arg("scaler") = nb::none(),
-       nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2, nb::arg("host_threads") = 0)
-      .def_prop_ro("num_buckets", [](const PyOffloaded& o) { return o.object->num_buckets(); })
+// The options both take; `moment_dtype` is the host moments' form.
+OffloadedOptions offload_options(DType moment_dtype, std::optional<std::vector<int32_t>> buckets, size_t bucket_bytes,
+                                 size_t piece_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm,
+                                 NormType norm, int host_threads) {
+  OffloadedOptions options;
+  options.adam.moment_dtype = options.lamb.moment_dtype = moment_dtype;
+  options.buckets = buckets.value_or(std::vector<int32_t>{});
+  options.bucket_bytes = bucket_bytes;
+  options.piece_bytes = piece_bytes;
+  options.scaler = scaler;
+  options.max_norm = max_norm;
+  options.norm = norm;
+  options.host_threads = host_threads;
+  return options;
+}
+
+// What OffloadedAdam and OffloadedLamb share: buckets, the step, the host
+// state and its file.
+template <class Optimizer>
+void bind_offloaded_common(nb::class_<Owned<Offloaded<Optimizer>>>& c) {
+  using PyOffloaded = Owned<Offloaded<Optimizer>>;
+  c.def_prop_ro("num_buckets", [](const PyOffloaded& o) { return o.object->num_buckets(); })
       .def_prop_ro("bucket_of_tensor",
                    [](const PyOffloaded& o) {
                      const auto b = o.object->bucket_of_tensor();
@@ -85,9 +77,6 @@ void bind_offload(nb::module_& m) {
            })
       .def_prop_rw("step_count", [](PyOffloaded& o) { return o.object->step_count(); },
                    [](PyOffloaded& o, int64_t steps) { o.object->set_step_count(steps); })
-      .def("lr", [](PyOffloaded& o, int group) { return o.object->lr(group); }, nb::arg("group"))
-      .def("set_lr", [](PyOffloaded& o, int group, float lr) { o.object->set_lr(group, lr); }, nb::arg("group"),
-           nb::arg("lr"))
       .def_prop_ro("last_step_skipped", [](PyOffloaded& o) { return o.object->last_step_skipped(); })
       .def_prop_ro("last_grad_norm", [](PyOffloaded& o) { return o.object->last_grad_norm(); })
       .def_prop_ro(
@@ -105,7 +94,7 @@ void bind_offload(nb::module_& m) {
       .def_prop_ro("checks_gradients", [](const PyOffloaded& o) { return o.object->checks_gradients(); })
       .def_prop_ro("loss_scale_device",
                    [](nb::handle self) -> nb::object {
-                     OffloadedAdam& o = *nb::cast<PyOffloaded&>(self).object;
+                     Offloaded<Optimizer>& o = *nb::cast<PyOffloaded&>(self).object;
                      if (o.scaler() == nullptr) return nb::none();
                      return to_array(TensorView{const_cast<float*>(o.loss_scale_device()), 1, DType::f32,
                                                 o.scaler()->device()},
@@ -122,7 +111,7 @@ void bind_offload(nb::module_& m) {
           "set_scaler_state",
           [](PyOffloaded& o, float scale, int32_t growth_tracker, int32_t hysteresis_left) {
             if (o.object->scaler() == nullptr) {
-              throw_argument_error(ErrorCode::invalid_argument, "OffloadedAdam", "scaler", "is none");
+              throw_argument_error(ErrorCode::invalid_argument, "set_scaler_state", "scaler", "is none");
             }
             o.object->synchronize();
             o.object->scaler()->set_state({scale, growth_tracker, hysteresis_left});
@@ -132,24 +121,20 @@ void bind_offload(nb::module_& m) {
                    [](nb::handle self) { return to_arrays(nb::cast<PyOffloaded&>(self).object->masters(), self); })
       .def_prop_ro("exp_avg",
                    [](nb::handle self) {
-                     return to_arrays(nb::cast<PyOffloaded&>(self).object->host_adam().exp_avg(), self);
+                     return to_arrays(nb::cast<PyOffloaded&>(self).object->host_optimizer().exp_avg(), self);
                    })
       .def_prop_ro("exp_avg_sq",
                    [](nb::handle self) {
-                     return to_arrays(nb::cast<PyOffloaded&>(self).object->host_adam().exp_avg_sq(), self);
+                     return to_arrays(nb::cast<PyOffloaded&>(self).object->host_optimizer().exp_avg_sq(), self);
                    })
       .def_prop_ro("exp_avg_absmax",
                    [](nb::handle self) {
-                     return to_arrays(nb::cast<PyOffloaded&>(self).object->host_adam().exp_avg_absmax(), self);
+                     return to_arrays(nb::cast<PyOffloaded&>(self).object->host_optimizer().exp_avg_absmax(), self);
                    },
                    "With 8-bit moments, each tensor's absmax per 256-element block (else empty).")
       .def_prop_ro("exp_avg_sq_absmax",
                    [](nb::handle self) {
-                     return to_arrays(nb::cast<PyOffloaded&>(self).object->host_adam().exp_avg_sq_absmax(), self);
-                   })
-      .def_prop_ro("max_exp_avg_sq",
-                   [](nb::handle self) {
-                     return to_arrays(nb::cast<PyOffloaded&>(self).object->host_adam().max_exp_avg_sq(), self);
+                     return to_arrays(nb::cast<PyOffloaded&>(self).object->host_optimizer().exp_avg_sq_absmax(), self);
                    })
       .def_prop_ro("host_bytes", [](const PyOffloaded& o) { return o.object->host_bytes(); })
       .def_prop_ro("device_bytes", [](const PyOffloaded& o) { return o.object->device_bytes(); },
@@ -158,6 +143,67 @@ void bind_offload(nb::module_& m) {
            "Takes the masters from the model's weights (after they were changed outside the optimizer).")
       .def("save", [](PyOffloaded& o, const std::string& path) { o.object->save(path); }, nb::arg("path"))
       .def("load", [](PyOffloaded& o, const std::string& path) { o.object->load(path); }, nb::arg("path"));
+}
+
+}  // namespace
+
+void bind_offload(nb::module_& m) {
+  using PyAdam = Owned<OffloadedAdam>;
+  nb::class_<PyAdam> adam(
+      m, "OffloadedAdam",
+      "Adam/AdamW with f32 masters and moments in host memory and the update on the CPU; the model's weights "
+      "and gradients stay on one CUDA device. groups: as Adam's (the params are the model's weights). "
+      "docs/offload.md says what overlaps with what.");
+  adam.def(
+      "__init__",
+      [](PyAdam* self, const nb::list& groups, DType moment_dtype, std::optional<std::vector<int32_t>> buckets,
+         size_t bucket_bytes, size_t piece_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm,
+         NormType norm, int host_threads) {
+        new (self) PyAdam();
+        auto g = to_groups<AdamGroup, AdamHyperparameters>(groups, self->keep);
+        // The gradients given here are only looked at for their shapes
+        // when bucket_ready() is always given the bucket's gradients.
+        self->object = std::make_unique<OffloadedAdam>(
+            std::move(g), offload_options(moment_dtype, std::move(buckets), bucket_bytes, piece_bytes, scaler, max_norm,
+                                          norm, host_threads));
+      },
+      nb::arg("groups"), nb::arg("moment_dtype") = DType::f32, nb::arg("buckets") = nb::none(),
+      nb::arg("bucket_bytes") = OffloadedOptions{}.bucket_bytes, nb::arg("piece_bytes") = OffloadedOptions{}.piece_bytes,
+      nb::arg("scaler") = nb::none(), nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2,
+      nb::arg("host_threads") = 0);
+  bind_offloaded_common(adam);
+  adam.def("lr", [](PyAdam& o, int group) { return o.object->lr(group); }, nb::arg("group"))
+      .def("set_lr", [](PyAdam& o, int group, float lr) { o.object->set_lr(group, lr); }, nb::arg("group"),
+           nb::arg("lr"))
+      .def_prop_ro("max_exp_avg_sq",
+                   [](nb::handle self) {
+                     return to_arrays(nb::cast<PyAdam&>(self).object->host_optimizer().max_exp_avg_sq(), self);
+                   });
+
+  using PyLamb = Owned<OffloadedLamb>;
+  nb::class_<PyLamb> lamb(
+      m, "OffloadedLamb",
+      "LAMB with f32 masters and moments in host memory and the update on the CPU; the model's weights and "
+      "gradients stay on one CUDA device. groups: as Lamb's (the params are the model's weights); max_norm: "
+      "the global clipping, as MixedPrecisionLamb's. docs/offload.md says what overlaps with what.");
+  lamb.def(
+      "__init__",
+      [](PyLamb* self, const nb::list& groups, float eta, DType moment_dtype, std::optional<std::vector<int32_t>> buckets,
+         size_t bucket_bytes, size_t piece_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm,
+         NormType norm, int host_threads) {
+        new (self) PyLamb();
+        auto g = to_groups<LambGroup, LambHyperparameters>(groups, self->keep);
+        OffloadedOptions options = offload_options(moment_dtype, std::move(buckets), bucket_bytes, piece_bytes, scaler,
+                                                   max_norm, norm, host_threads);
+        options.lamb.eta = eta;
+        self->object = std::make_unique<OffloadedLamb>(std::move(g), std::move(options));
+      },
+      nb::arg("groups"), nb::arg("eta") = 1e-3f, nb::arg("moment_dtype") = DType::f32, nb::arg("buckets") = nb::none(),
+      nb::arg("bucket_bytes") = OffloadedOptions{}.bucket_bytes, nb::arg("piece_bytes") = OffloadedOptions{}.piece_bytes,
+      nb::arg("scaler") = nb::none(), nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2,
+      nb::arg("host_threads") = 0);
+  bind_offloaded_common(lamb);
+  lamb.def_prop_rw("eta", [](PyLamb& o) { return o.object->eta(); }, [](PyLamb& o, float eta) { o.object->set_eta(eta); });
 }
 
 }  // namespace gradkit::python

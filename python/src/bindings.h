@@ -11,6 +11,6 @@ void bind_ops(nanobind::module_& m);    // zero/accumulate, Adam/LAMB plans, gra
 void bind_state(nanobind::module_& m);  // 8-bit moments and remainder masters, to and from float32
 void bind_optim(nanobind::module_& m);  // Adam, Lamb, LossScaler, MixedPrecision
 void bind_comm(nanobind::module_& m);   // communicators, GradientArena, Adasum
-void bind_offload(nanobind::module_& m);  // OffloadedAdam
+void bind_offload(nanobind::module_& m);  // OffloadedAdam, OffloadedLamb
 
 }  // namespace gradkit::python

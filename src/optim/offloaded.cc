@@ -1,8 +1,9 @@
-// OffloadedAdam: checking its arguments, laying out its host memory and
-// cutting the parameters into buckets.
+// Offloaded<Adam or Lamb>: checking its arguments, laying out its host
+// memory and cutting the parameters into buckets and pieces.
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "gradkit/core/error.h"
 #include "gradkit/ops/blockwise.h"
@@ -14,7 +15,8 @@ namespace {
 
 bool float_dtype(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
 
-std::string tensor_name(const std::vector<AdamGroup>& groups, size_t flat, const char* list) {
+template <class Group>
+std::string tensor_name(const std::vector<Group>& groups, size_t flat, const char* list) {
   for (size_t g = 0; g < groups.size(); ++g) {
     if (flat < groups[g].params.size()) {
       return "groups[" + std::to_string(g) + "]." + list + "[" + std::to_string(flat) + "]";
@@ -26,16 +28,26 @@ std::string tensor_name(const std::vector<AdamGroup>& groups, size_t flat, const
 
 // Everything that can be checked without touching a device: where each
 // tensor says it is, its dtype, and the options. Throws naming the argument.
-void check_arguments(const std::vector<AdamGroup>& groups, const ParameterLists& lists,
-                     const OffloadedAdamOptions& options) {
-  const std::string_view op = kOffloadedOp;
+template <class Optimizer>
+void check_arguments(const std::vector<typename Optimizer::Group>& groups, const ParameterLists& lists,
+                     const OffloadedOptions& options) {
+  using Traits = OffloadTraits<Optimizer>;
+  const std::string_view op = Traits::op;
   for (size_t g = 0; g < groups.size(); ++g) {
     const std::string name = "groups[" + std::to_string(g) + "]";
     if (!groups[g].model_copy.empty()) {
       throw_argument_error(ErrorCode::invalid_argument, op, name + ".model_copy",
                            "is given; expected none (the params are the model's weights, which the step writes)");
     }
+    if (!groups[g].weight_remainder.empty()) {
+      throw_argument_error(ErrorCode::invalid_argument, op, name + ".weight_remainder",
+                           "is given; expected none (the f32 masters are kept on the host)");
+    }
     validate(groups[g].hyperparameters, op, name + ".hyperparameters");
+  }
+  if constexpr (std::is_same_v<Optimizer, Lamb>) {
+    check_value(options.lamb.eta >= 0 && options.lamb.eta < INFINITY, op, "options.lamb.eta", options.lamb.eta,
+                "a finite value >= 0");
   }
   if (lists.params.empty()) {
     throw_argument_error(ErrorCode::invalid_argument, op, "groups", "hold no params; expected at least one");
@@ -70,9 +82,9 @@ void check_arguments(const std::vector<AdamGroup>& groups, const ParameterLists&
       }
     }
   }
-  const DType md = options.adam.moment_dtype;
+  const DType md = Traits::options(options).moment_dtype;
   if (md != DType::f32 && md != DType::bf16 && md != DType::u8) {
-    throw_argument_error(ErrorCode::dtype_unsupported, op, "options.adam.moment_dtype",
+    throw_argument_error(ErrorCode::dtype_unsupported, op, Traits::moment_option,
                          "is " + std::string(dtype_name(md)) + ", expected f32, bf16 or u8");
   }
   if (!(std::isfinite(options.max_norm) && options.max_norm >= 0)) {
@@ -93,11 +105,12 @@ void check_arguments(const std::vector<AdamGroup>& groups, const ParameterLists&
 
 // Each tensor's bucket: the caller's, checked, or cut from the last tensor
 // to the first at `bucket_bytes` of gradients.
-std::vector<int32_t> assign_buckets(const std::vector<TensorView>& grads, const OffloadedAdamOptions& options) {
+std::vector<int32_t> assign_buckets(std::string_view op, const std::vector<TensorView>& grads,
+                                    const OffloadedOptions& options) {
   const size_t n = grads.size();
   if (!options.buckets.empty()) {
     if (options.buckets.size() != n) {
-      throw_argument_error(ErrorCode::size_mismatch, kOffloadedOp, "options.buckets",
+      throw_argument_error(ErrorCode::size_mismatch, op, "options.buckets",
                            "has " + std::to_string(options.buckets.size()) + " entries, expected " + std::to_string(n) +
                                " (one per param)");
     }
@@ -105,14 +118,14 @@ std::vector<int32_t> assign_buckets(const std::vector<TensorView>& grads, const 
     std::vector<bool> used(static_cast<size_t>(std::max(largest, 0)) + 1, false);
     for (size_t i = 0; i < n; ++i) {
       if (options.buckets[i] < 0) {
-        throw_argument_error(ErrorCode::invalid_argument, kOffloadedOp, "options.buckets[" + std::to_string(i) + "]",
+        throw_argument_error(ErrorCode::invalid_argument, op, "options.buckets[" + std::to_string(i) + "]",
                              "is " + std::to_string(options.buckets[i]) + ", expected a bucket index >= 0");
       }
       used[static_cast<size_t>(options.buckets[i])] = true;
     }
     for (size_t b = 0; b < used.size(); ++b) {
       if (!used[b]) {
-        throw_argument_error(ErrorCode::invalid_argument, kOffloadedOp, "options.buckets",
+        throw_argument_error(ErrorCode::invalid_argument, op, "options.buckets",
                              "uses no tensor for bucket " + std::to_string(b) + "; expected every bucket from 0 to " +
                                  std::to_string(largest) + " to hold one");
       }
@@ -155,6 +168,26 @@ std::vector<TensorView> pick(const std::vector<TensorView>& all, const std::vect
   return out;
 }
 
+// The CPU step of one piece: a plan over its slices of the host tensors.
+AdamPlan piece_plan(const Adam& adam, const std::vector<OffloadSlice>& piece, const std::vector<TensorView>& masters,
+                    const std::vector<TensorView>& grads, const std::vector<TensorView>& copies,
+                    std::span<const AdamHyperparameters> hyper, const std::vector<int32_t>& group_of) {
+  const auto w = pick(masters, piece), g = pick(grads, piece), c = pick(copies, piece),
+             m = pick(adam.exp_avg(), piece), v = pick(adam.exp_avg_sq(), piece),
+             vmax = pick(adam.max_exp_avg_sq(), piece), m_absmax = pick(adam.exp_avg_absmax(), piece, true),
+             v_absmax = pick(adam.exp_avg_sq_absmax(), piece, true);
+  return AdamPlan(AdamTensors{w, g, m, v, vmax, c, m_absmax, v_absmax, {}}, hyper, group_of);
+}
+
+LambPlan piece_plan(const Lamb& lamb, const std::vector<OffloadSlice>& piece, const std::vector<TensorView>& masters,
+                    const std::vector<TensorView>& grads, const std::vector<TensorView>& copies,
+                    std::span<const LambHyperparameters> hyper, const std::vector<int32_t>& group_of) {
+  const auto w = pick(masters, piece), g = pick(grads, piece), c = pick(copies, piece),
+             m = pick(lamb.exp_avg(), piece), v = pick(lamb.exp_avg_sq(), piece),
+             m_absmax = pick(lamb.exp_avg_absmax(), piece, true), v_absmax = pick(lamb.exp_avg_sq_absmax(), piece, true);
+  return LambPlan(LambTensors{w, g, m, v, c, {}, m_absmax, v_absmax, {}}, hyper, group_of);
+}
+
 }  // namespace
 
 std::vector<std::vector<OffloadSlice>> cut_pieces(const std::vector<size_t>& tensors, const std::vector<TensorView>& grads,
@@ -168,16 +201,17 @@ std::vector<std::vector<OffloadSlice>> cut_pieces(const std::vector<size_t>& ten
   for (size_t t : tensors) {
     const int64_t n = grads[t].numel;
     const auto size = static_cast<int64_t>(dtype_size(grads[t].dtype));
+    const int64_t unit = align > 0 ? align : std::max<int64_t>(n, 1);  // 0: the whole tensor
     for (int64_t at = 0; at < n;) {
       const auto room = static_cast<int64_t>((piece_bytes - filled) / static_cast<size_t>(size));
       int64_t take = n - at;
       if (take > room) {
-        take = room / align * align;  // cut at a block boundary
+        take = room / unit * unit;  // cut at a block boundary
         if (take == 0 && filled > 0) {  // no whole block fits: begin the next piece
           close();
           continue;
         }
-        take = std::max(take, std::min(align, n - at));  // a piece holds at least one block
+        take = std::max(take, std::min(unit, n - at));  // a piece holds at least one block
       }
       pieces.back().push_back({t, at, take});
       at += take;
@@ -189,14 +223,17 @@ std::vector<std::vector<OffloadSlice>> cut_pieces(const std::vector<size_t>& ten
   return pieces;
 }
 
-OffloadedAdam::OffloadedAdam(std::vector<AdamGroup> groups, OffloadedAdamOptions options)
+template <class Optimizer>
+Offloaded<Optimizer>::Offloaded(std::vector<Group> groups, OffloadedOptions options)
     : groups_(std::move(groups)), options_(std::move(options)) {
+  using Traits = OffloadTraits<Optimizer>;
+  const std::string_view op = Traits::op;
   if (groups_.empty()) {
-    throw_argument_error(ErrorCode::invalid_argument, kOffloadedOp, "groups", "is empty; expected at least one group");
+    throw_argument_error(ErrorCode::invalid_argument, op, "groups", "is empty; expected at least one group");
   }
-  const ParameterLists lists = flatten_groups(kOffloadedOp, groups_);
-  check_arguments(groups_, lists, options_);
-  bucket_of_ = assign_buckets(lists.grads, options_);
+  const ParameterLists lists = flatten_groups(op, groups_);
+  check_arguments<Optimizer>(groups_, lists, options_);
+  bucket_of_ = assign_buckets(op, lists.grads, options_);
   params_ = lists.params;
   grads_ = lists.grads;
   device_ = lists.device;
@@ -210,14 +247,14 @@ OffloadedAdam::OffloadedAdam(std::vector<AdamGroup> groups, OffloadedAdamOptions
   for (size_t i = 0; i < bucket_of_.size(); ++i) buckets_[static_cast<size_t>(bucket_of_[i])].tensors.push_back(i);
   std::vector<std::vector<OffloadSlice>> slices;
   for (Bucket& b : buckets_) {
-    for (auto& piece : cut_pieces(b.tensors, grads_, options_.piece_bytes, kQuantBlock)) {
+    for (auto& piece : cut_pieces(b.tensors, grads_, options_.piece_bytes, Traits::cuts_tensors ? kQuantBlock : 0)) {
       b.pieces.push_back(static_cast<int>(slices.size()));
       slices.push_back(std::move(piece));
     }
   }
-  lanes_ = std::make_unique<detail::OffloadLanes>(kOffloadedOp, device_, static_cast<int>(slices.size()) + 1);
+  lanes_ = std::make_unique<detail::OffloadLanes>(op, device_, static_cast<int>(slices.size()) + 1);
   const PlanList device_lists[] = {{"params", params_, true}, {"grads", grads_, false}};
-  (void)MultiTensorPlan(kOffloadedOp, device_lists);
+  (void)MultiTensorPlan(op, device_lists);
   if (options_.scaler || options_.max_norm > 0) {
     GradientCheckOptions check_options;
     check_options.norm = options_.norm;
@@ -241,10 +278,10 @@ OffloadedAdam::OffloadedAdam(std::vector<AdamGroup> groups, OffloadedAdamOptions
   }
   refresh_masters();
 
-  std::vector<AdamGroup> host_groups = groups_;
-  std::vector<AdamHyperparameters> hyper;
+  std::vector<Group> host_groups = groups_;
+  std::vector<decltype(Group{}.hyperparameters)> hyper;
   size_t at = 0;
-  for (AdamGroup& g : host_groups) {
+  for (Group& g : host_groups) {
     hyper.push_back(g.hyperparameters);
     for (size_t i = 0; i < g.params.size(); ++i, ++at) {
       g.params[i] = masters_[at];
@@ -252,54 +289,65 @@ OffloadedAdam::OffloadedAdam(std::vector<AdamGroup> groups, OffloadedAdamOptions
       if (low_precision_) g.model_copy.push_back(staged_copies_[at]);
     }
   }
-  adam_ = std::make_unique<Adam>(host_groups, options_.adam);
+  optimizer_ = std::make_unique<Optimizer>(host_groups, Traits::options(options_));
   groups_ = std::move(host_groups);
 
   for (std::vector<OffloadSlice>& piece : slices) {
-    const auto weights = pick(masters_, piece), grads = pick(staged_grads_, piece),
-               m = pick(adam_->exp_avg(), piece), v = pick(adam_->exp_avg_sq(), piece),
-               vmax = pick(adam_->max_exp_avg_sq(), piece), copies = pick(staged_copies_, piece),
-               m_absmax = pick(adam_->exp_avg_absmax(), piece, true),
-               v_absmax = pick(adam_->exp_avg_sq_absmax(), piece, true);
-    AdamTensors t{weights, grads, m, v, vmax, copies, m_absmax, v_absmax, {}};
     std::vector<int32_t> group_of;
     for (const OffloadSlice& s : piece) group_of.push_back(lists.group_of_tensor[s.tensor]);
-    pieces_.push_back({std::move(piece), AdamPlan(t, hyper, group_of)});
+    typename Traits::Plan plan = piece_plan(*optimizer_, piece, masters_, staged_grads_, staged_copies_, hyper, group_of);
+    pieces_.push_back({std::move(piece), std::move(plan)});
   }
   handed_.assign(buckets_.size(), false);
   worker_ = std::make_unique<detail::HostWorker>();
   worker_->post([threads = options_.host_threads] { detail::set_host_threads(threads); });
 }
 
-OffloadedAdam::~OffloadedAdam() {
+template <class Optimizer>
+Offloaded<Optimizer>::~Offloaded() {
   try {
     if (worker_) worker_->wait();
   } catch (...) {  // an error nobody asked for any more: the destructor must not throw
   }
 }
 
-int OffloadedAdam::num_buckets() const { return static_cast<int>(buckets_.size()); }
-std::span<const int32_t> OffloadedAdam::bucket_of_tensor() const { return bucket_of_; }
+template <class Optimizer>
+int Offloaded<Optimizer>::num_buckets() const {
+  return static_cast<int>(buckets_.size());
+}
 
-std::span<const size_t> OffloadedAdam::bucket_tensors(int bucket) const {
+template <class Optimizer>
+std::span<const int32_t> Offloaded<Optimizer>::bucket_of_tensor() const {
+  return bucket_of_;
+}
+
+template <class Optimizer>
+std::span<const size_t> Offloaded<Optimizer>::bucket_tensors(int bucket) const {
   if (bucket < 0 || bucket >= num_buckets()) {
-    throw_argument_error(ErrorCode::invalid_argument, kOffloadedOp, "bucket",
+    throw_argument_error(ErrorCode::invalid_argument, OffloadTraits<Optimizer>::op, "bucket",
                          "is " + std::to_string(bucket) + ", expected an index in [0, " +
                              std::to_string(num_buckets()) + ")");
   }
   return buckets_[static_cast<size_t>(bucket)].tensors;
 }
 
-size_t OffloadedAdam::host_bytes() const {
+template <class Optimizer>
+size_t Offloaded<Optimizer>::host_bytes() const {
   return masters_storage_.bytes() + grad_staging_.bytes() + copy_staging_.bytes() + scalars_host_.bytes() +
-         adam_->state_bytes();
+         optimizer_->state_bytes();
 }
 
-size_t OffloadedAdam::device_bytes() const {
+template <class Optimizer>
+size_t Offloaded<Optimizer>::device_bytes() const {
   // The check's scratch (GradientCheckPlan: a double and a flag per chunk)
   // is a workspace, not state; counted so that what the GPU holds is told in full.
   const size_t scratch = check_ ? check_->plan().chunks().size() * (sizeof(double) + sizeof(bool)) + 1 : 0;
   return scalars_device_.bytes() + (scaler_ ? sizeof(LossScalerState) : 0) + scratch;
 }
+
+// The class (its members in offloaded_step.cc and offloaded_state.cc are
+// instantiated there).
+template class Offloaded<Adam>;
+template class Offloaded<Lamb>;
 
 }  // namespace gradkit

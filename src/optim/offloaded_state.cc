@@ -1,5 +1,5 @@
-// OffloadedAdam's state file: the non-offloaded optimizer's format, so that
-// a checkpoint moves between the two (docs/state-format.md).
+// Offloaded<Adam or Lamb>'s state file: the non-offloaded optimizer's
+// format, so that a checkpoint moves between the two (docs/state-format.md).
 #include <string>
 
 #include "gradkit/core/error.h"
@@ -11,29 +11,35 @@
 namespace gradkit {
 namespace {
 
-// f32 weights: Adam's file; f16/bf16 weights: MixedPrecisionAdam's (it
+// f32 weights: the optimizer's file; f16/bf16 weights: MixedPrecision's (it
 // adds the masters, which the model's weights cannot give back).
-std::string_view kind(bool low_precision) { return low_precision ? "mixed_precision_adam" : "adam"; }
+template <class Optimizer>
+std::string_view kind(bool low_precision) {
+  return low_precision ? OffloadTraits<Optimizer>::mixed_kind : OffloadTraits<Optimizer>::kind;
+}
 
 }  // namespace
 
-void OffloadedAdam::save(const std::string& path) {
+template <class Optimizer>
+void Offloaded<Optimizer>::save(const std::string& path) {
   StateFile file;
-  const std::string_view k = kind(low_precision_);
+  const std::string_view k = kind<Optimizer>(low_precision_);
   file.add("kind", std::vector<uint8_t>(k.begin(), k.end()));
   save_to(file);
   file.write(path);
 }
 
-void OffloadedAdam::load(const std::string& path) {
-  const StateFile file = read_state(path, kind(low_precision_));
+template <class Optimizer>
+void Offloaded<Optimizer>::load(const std::string& path) {
+  const StateFile file = read_state(path, kind<Optimizer>(low_precision_));
   check_state(path, file);
   apply_state(file);
 }
 
-void OffloadedAdam::save_to(StateFile& file) {
+template <class Optimizer>
+void Offloaded<Optimizer>::save_to(StateFile& file) {
   synchronize();
-  adam_->save_to(file);
+  optimizer_->save_to(file);
   if (low_precision_) {
     const StateSection masters[] = {{"masters", &masters_}};
     add_sections(file, masters);
@@ -41,7 +47,7 @@ void OffloadedAdam::save_to(StateFile& file) {
   if (scaler_) {
     file.add("scaler", scaler_section(*scaler_));
   } else if (low_precision_) {
-    // MixedPrecisionAdam's file has a scaler: a scale of 1 that nothing
+    // MixedPrecision's file has a scaler: a scale of 1 that nothing
     // has changed stands for none (ignored when loaded here).
     SectionWriter none;
     none.put(LossScalerState{1.0f, 0, 1});
@@ -49,8 +55,9 @@ void OffloadedAdam::save_to(StateFile& file) {
   }
 }
 
-void OffloadedAdam::check_state(const std::string& path, const StateFile& file) const {
-  adam_->check_state(path, file);
+template <class Optimizer>
+void Offloaded<Optimizer>::check_state(const std::string& path, const StateFile& file) const {
+  optimizer_->check_state(path, file);
   if (low_precision_) {
     const StateSection masters[] = {{"masters", &masters_}};
     check_sections(path, file, masters);
@@ -59,10 +66,11 @@ void OffloadedAdam::check_state(const std::string& path, const StateFile& file) 
   (void)read_groups(path, file.get("groups"), groups_);
 }
 
-void OffloadedAdam::apply_state(const StateFile& file) {
+template <class Optimizer>
+void Offloaded<Optimizer>::apply_state(const StateFile& file) {
   synchronize();
-  const std::vector<AdamHyperparameters> hyper = read_groups("", file.get("groups"), groups_);
-  adam_->apply_state(file);
+  const auto hyper = read_groups("", file.get("groups"), groups_);
+  optimizer_->apply_state(file);
   for (Piece& p : pieces_) p.plan.set_hyperparameters(hyper);
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];
   if (scaler_ && file.has("scaler")) scaler_->set_state(read_scaler_section("", file, *scaler_));
@@ -76,16 +84,32 @@ void OffloadedAdam::apply_state(const StateFile& file) {
   }
 }
 
-void OffloadedAdam::refresh_masters() {
+template <class Optimizer>
+void Offloaded<Optimizer>::refresh_masters() {
   if (worker_) synchronize();  // the constructor calls it before the worker exists
   const std::vector<TensorView>& into = low_precision_ ? staged_copies_ : masters_;
   for (size_t i = 0; i < params_.size(); ++i) copy_to_host(into[i].data, params_[i].data, params_[i].bytes(), device_);
   if (low_precision_) cast_into(masters_, staged_copies_);
 }
 
-void OffloadedAdam::copy_weights_to_device() {
+template <class Optimizer>
+void Offloaded<Optimizer>::copy_weights_to_device() {
   const std::vector<TensorView>& from = low_precision_ ? staged_copies_ : masters_;
   for (size_t i = 0; i < params_.size(); ++i) copy_from_host(params_[i].data, device_, from[i].data, params_[i].bytes());
 }
+
+// This file's members of both (offloaded.cc instantiates the class).
+template void Offloaded<Adam>::save(const std::string&);
+template void Offloaded<Lamb>::save(const std::string&);
+template void Offloaded<Adam>::load(const std::string&);
+template void Offloaded<Lamb>::load(const std::string&);
+template void Offloaded<Adam>::save_to(StateFile&);
+template void Offloaded<Lamb>::save_to(StateFile&);
+template void Offloaded<Adam>::check_state(const std::string&, const StateFile&) const;
+template void Offloaded<Lamb>::check_state(const std::string&, const StateFile&) const;
+template void Offloaded<Adam>::apply_state(const StateFile&);
+template void Offloaded<Lamb>::apply_state(const StateFile&);
+template void Offloaded<Adam>::refresh_masters();
+template void Offloaded<Lamb>::refresh_masters();
 
 }  // namespace gradkit

@@ -1,5 +1,6 @@
-// OffloadedAdam's step: the buckets' copies on the lanes, their CPU steps
-// on the host worker, the gradient check before them when there is one.
+// Offloaded<Adam or Lamb>'s step: the buckets' copies on the lanes, their
+// CPU steps on the host worker, the gradient check before them when there
+// is one.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,43 +14,6 @@
 namespace gradkit {
 
 using detail::OffloadLanes;
-
-void OffloadedAdam::bucket_ready(int bucket, Stream stream, std::span<const TensorView> grads) {
-  const std::span<const size_t> tensors = bucket_tensors(bucket);
-  if (handed_[static_cast<size_t>(bucket)]) {
-    throw_argument_error(ErrorCode::invalid_argument, kOffloadedOp, "bucket",
-                         "is " + std::to_string(bucket) +
-                             ", which was already handed in this step; expected each bucket once per step "
-                             "(finish() ends a step)");
-  }
-  if (!grads.empty()) {
-    if (grads.size() != tensors.size()) {
-      throw_argument_error(ErrorCode::size_mismatch, kOffloadedOp, "grads",
-                           "has " + std::to_string(grads.size()) + " tensors, expected " +
-                               std::to_string(tensors.size()) + " (bucket " + std::to_string(bucket) + "'s)");
-    }
-    for (size_t i = 0; i < grads.size(); ++i) {
-      const TensorView& now = grads[i];
-      const TensorView& was = grads_[tensors[i]];
-      const std::string name = "grads[" + std::to_string(i) + "]";
-      if (now.numel != was.numel || now.dtype != was.dtype || now.device != was.device) {
-        throw_argument_error(ErrorCode::size_mismatch, kOffloadedOp, name,
-                             "is " + std::to_string(now.numel) + " elements of " + std::string(dtype_name(now.dtype)) +
-                                 " on " + to_string(now.device) + ", expected " + std::to_string(was.numel) + " of " +
-                                 std::string(dtype_name(was.dtype)) + " on " + to_string(was.device));
-      }
-      if (now.data == nullptr && now.numel > 0) {
-        throw_argument_error(ErrorCode::null_pointer, kOffloadedOp, name, "is a null pointer with elements");
-      }
-      backend::check_memory_location(kOffloadedOp, "grads", i, now);
-    }
-    for (size_t i = 0; i < grads.size(); ++i) {
-      grads_moved_ = grads_moved_ || grads_[tensors[i]].data != grads[i].data;
-      grads_[tensors[i]] = grads[i];
-    }
-  }
-  hand(bucket, stream);
-}
 
 namespace {
 
@@ -69,7 +33,47 @@ size_t slice_bytes(const TensorView& v, int64_t count) { return static_cast<size
 
 }  // namespace
 
-void OffloadedAdam::hand(int bucket, Stream stream) {
+template <class Optimizer>
+void Offloaded<Optimizer>::bucket_ready(int bucket, Stream stream, std::span<const TensorView> grads) {
+  const std::span<const size_t> tensors = bucket_tensors(bucket);
+  if (handed_[static_cast<size_t>(bucket)]) {
+    throw_argument_error(ErrorCode::invalid_argument, OffloadTraits<Optimizer>::op, "bucket",
+                         "is " + std::to_string(bucket) +
+                             ", which was already handed in this step; expected each bucket once per step "
+                             "(finish() ends a step)");
+  }
+  if (!grads.empty()) {
+    if (grads.size() != tensors.size()) {
+      throw_argument_error(ErrorCode::size_mismatch, OffloadTraits<Optimizer>::op, "grads",
+                           "has " + std::to_string(grads.size()) + " tensors, expected " +
+                               std::to_string(tensors.size()) + " (bucket " + std::to_string(bucket) + "'s)");
+    }
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const TensorView& now = grads[i];
+      const TensorView& was = grads_[tensors[i]];
+      const std::string name = "grads[" + std::to_string(i) + "]";
+      if (now.numel != was.numel || now.dtype != was.dtype || now.device != was.device) {
+        throw_argument_error(ErrorCode::size_mismatch, OffloadTraits<Optimizer>::op, name,
+                             "is " + std::to_string(now.numel) + " elements of " + std::string(dtype_name(now.dtype)) +
+                                 " on " + to_string(now.device) + ", expected " + std::to_string(was.numel) + " of " +
+                                 std::string(dtype_name(was.dtype)) + " on " + to_string(was.device));
+      }
+      if (now.data == nullptr && now.numel > 0) {
+        throw_argument_error(ErrorCode::null_pointer, OffloadTraits<Optimizer>::op, name, "is a null pointer with elements");
+      }
+      backend::check_memory_location(OffloadTraits<Optimizer>::op, "grads", i, now);
+    }
+    for (size_t i = 0; i < grads.size(); ++i) {
+      grads_moved_ = grads_moved_ || grads_[tensors[i]].data != grads[i].data;
+      grads_[tensors[i]] = grads[i];
+    }
+  }
+  hand(bucket, stream);
+}
+
+
+template <class Optimizer>
+void Offloaded<Optimizer>::hand(int bucket, Stream stream) {
   const Bucket& b = buckets_[static_cast<size_t>(bucket)];
   if (std::none_of(handed_.begin(), handed_.end(), [](bool h) { return h; })) {
     // The first hand of a step: the worker is idle (finish() waited for it), so
@@ -89,23 +93,20 @@ void OffloadedAdam::hand(int bucket, Stream stream) {
   handed_[static_cast<size_t>(bucket)] = true;
 }
 
-void OffloadedAdam::post_update(int piece) {
+template <class Optimizer>
+void Offloaded<Optimizer>::post_update(int piece) {
   worker_->post([this, piece] {
     const int64_t waiting = now_ns();
     lanes_->host_wait(piece);
-    const auto* scalars = static_cast<const OffloadScalars*>(scalars_host_.data());
-    AdamStepInputs in;
-    in.step = *adam_->step_count_device() + 1;  // advanced by end of step, when not skipped
-    in.lr_device = adam_->lr_device();
+    const OffloadScalars* scalars = nullptr;
     if (check_) {
       lanes_->host_wait(scalars_slot(static_cast<int>(pieces_.size())));
-      in.found_inf = &scalars->found_inf;  // a skipped step writes nothing
-      in.grad_scale_device = &scalars->grad_divisor;
+      scalars = static_cast<const OffloadScalars*>(scalars_host_.data());
     }
     const int64_t updating = now_ns();
     times_.copy_wait_ms += static_cast<double>(updating - waiting) * 1e-6;
     const Piece& p = pieces_[static_cast<size_t>(piece)];
-    p.plan.step(in);
+    OffloadTraits<Optimizer>::step(p.plan, *optimizer_, scalars);
     times_.update_ms += ms_since(updating);
     // A skipped step copies back the unchanged weights: the decision is
     // known only here, after the copy-backs of earlier pieces were queued.
@@ -117,7 +118,8 @@ void OffloadedAdam::post_update(int piece) {
   });
 }
 
-void OffloadedAdam::finish(Stream stream) {
+template <class Optimizer>
+void Offloaded<Optimizer>::finish(Stream stream) {
   for (int b = 0; b < num_buckets(); ++b) {
     if (!handed_[static_cast<size_t>(b)]) hand(b, stream);
   }
@@ -137,7 +139,7 @@ void OffloadedAdam::finish(Stream stream) {
   }
   worker_->post([this] {
     const auto* scalars = static_cast<const OffloadScalars*>(scalars_host_.data());
-    if (!check_ || !scalars->found_inf) ++*adam_->step_count_device();
+    if (!check_ || !scalars->found_inf) ++*OffloadTraits<Optimizer>::counter(*optimizer_);
     times_.span_ms = ms_since(step_began_ns_);
     last_times_ = times_;
   });
@@ -153,49 +155,99 @@ void OffloadedAdam::finish(Stream stream) {
   lanes_->make_wait(stream, OffloadLanes::to_device);
 }
 
-void OffloadedAdam::synchronize() {
+template <class Optimizer>
+void Offloaded<Optimizer>::synchronize() {
   worker_->wait();
   lanes_->synchronize();
 }
 
-int64_t OffloadedAdam::step_count() {
+template <class Optimizer>
+int64_t Offloaded<Optimizer>::step_count() {
   worker_->wait();  // the host state is the worker's until then; the GPU need not be idle
-  return adam_->step_count();
+  return optimizer_->step_count();
 }
 
-void OffloadedAdam::set_step_count(int64_t steps) {
+template <class Optimizer>
+void Offloaded<Optimizer>::set_step_count(int64_t steps) {
   if (steps < 0 || steps == std::numeric_limits<int64_t>::max()) {
-    throw_argument_error(ErrorCode::invalid_argument, kOffloadedOp, "steps",
+    throw_argument_error(ErrorCode::invalid_argument, OffloadTraits<Optimizer>::op, "steps",
                          "is " + std::to_string(steps) + ", expected 0 to 2^63 - 2");
   }
   worker_->wait();
-  *adam_->step_count_device() = steps;  // the host Adam's counter is host memory
+  *OffloadTraits<Optimizer>::counter(*optimizer_) = steps + OffloadTraits<Optimizer>::counter_offset;  // host memory
 }
 
-float OffloadedAdam::lr(int group) {
+template <class Optimizer>
+float Offloaded<Optimizer>::lr(int group)
+  requires std::same_as<Optimizer, Adam>
+{
   worker_->wait();  // the host state is the worker's until then; the GPU need not be idle
-  return adam_->lr(group);
+  return optimizer_->lr(group);
 }
 
-void OffloadedAdam::set_lr(int group, float lr) {
-  worker_->wait();  // the host state is the worker's until then; the GPU need not be idle
-  adam_->set_lr(group, lr);
+template <class Optimizer>
+void Offloaded<Optimizer>::set_lr(int group, float lr)
+  requires std::same_as<Optimizer, Adam>
+{
+  worker_->wait();
+  optimizer_->set_lr(group, lr);
 }
 
-bool OffloadedAdam::last_step_skipped() {
+template <class Optimizer>
+float Offloaded<Optimizer>::eta()
+  requires std::same_as<Optimizer, Lamb>
+{
+  worker_->wait();
+  return optimizer_->eta();
+}
+
+template <class Optimizer>
+void Offloaded<Optimizer>::set_eta(float eta)
+  requires std::same_as<Optimizer, Lamb>
+{
+  worker_->wait();
+  optimizer_->set_eta(eta);
+}
+
+template <class Optimizer>
+bool Offloaded<Optimizer>::last_step_skipped() {
   worker_->wait();  // the host state is the worker's until then; the GPU need not be idle
   return check_ && static_cast<const OffloadScalars*>(scalars_host_.data())->found_inf;
 }
 
-OffloadStepTimes OffloadedAdam::last_step_times() {
+template <class Optimizer>
+OffloadStepTimes Offloaded<Optimizer>::last_step_times() {
   worker_->wait();
   return last_times_;
 }
 
-float OffloadedAdam::last_grad_norm() {
+template <class Optimizer>
+float Offloaded<Optimizer>::last_grad_norm() {
   worker_->wait();  // the host state is the worker's until then; the GPU need not be idle
   return check_ ? static_cast<const OffloadScalars*>(scalars_host_.data())->global_norm
                 : std::numeric_limits<float>::quiet_NaN();
 }
+
+// This file's members of both (offloaded.cc instantiates the class).
+template void Offloaded<Adam>::bucket_ready(int, Stream, std::span<const TensorView>);
+template void Offloaded<Lamb>::bucket_ready(int, Stream, std::span<const TensorView>);
+template void Offloaded<Adam>::finish(Stream);
+template void Offloaded<Lamb>::finish(Stream);
+template void Offloaded<Adam>::synchronize();
+template void Offloaded<Lamb>::synchronize();
+template int64_t Offloaded<Adam>::step_count();
+template int64_t Offloaded<Lamb>::step_count();
+template void Offloaded<Adam>::set_step_count(int64_t);
+template void Offloaded<Lamb>::set_step_count(int64_t);
+template float Offloaded<Adam>::lr(int);
+template void Offloaded<Adam>::set_lr(int, float);
+template float Offloaded<Lamb>::eta();
+template void Offloaded<Lamb>::set_eta(float);
+template bool Offloaded<Adam>::last_step_skipped();
+template bool Offloaded<Lamb>::last_step_skipped();
+template OffloadStepTimes Offloaded<Adam>::last_step_times();
+template OffloadStepTimes Offloaded<Lamb>::last_step_times();
+template float Offloaded<Adam>::last_grad_norm();
+template float Offloaded<Lamb>::last_grad_norm();
 
 }  // namespace gradkit

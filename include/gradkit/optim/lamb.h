@@ -55,6 +55,9 @@ class Lamb {
   float eta() const;           // synchronous read
   void set_eta(float eta);     // synchronous write
   float* eta_device() const { return static_cast<float*>(eta_.data()); }
+  // The t of the next update (step_count() + 1), on the device: for a caller
+  // that runs LambPlans over the optimizer's tensors itself (Offloaded<Lamb>).
+  int64_t* next_step_device() const { return static_cast<int64_t*>(counter_.data()); }
 
   const std::vector<TensorView>& exp_avg() const { return exp_avg_; }
   const std::vector<TensorView>& exp_avg_sq() const { return exp_avg_sq_; }
@@ -73,7 +76,6 @@ class Lamb {
 
  private:
   std::vector<StateSection> sections() const;
-  int64_t* next_step_device() const { return static_cast<int64_t*>(counter_.data()); }
 
   std::vector<LambGroup> groups_;
   LambOptions options_;

@@ -1,8 +1,9 @@
-// Adam/AdamW with its state in host memory and its update on the CPU, for
-// models whose optimizer state does not fit next to them on the GPU
+// Adam/AdamW or LAMB with its state in host memory and its update on the
+// CPU, for models whose optimizer state does not fit next to them on the GPU
 // (DeepSpeed's ZeRO-Offload, torchao's CPUOffloadOptimizer). The model's
 // weights and gradients stay on one CUDA device; the f32 masters and the
-// moments live on the host, and the update is gradkit's CPU AdamPlan.
+// moments live on the host, and the update is gradkit's CPU AdamPlan or
+// LambPlan.
 //
 // The caller drives it bucket by bucket during backward (docs/offload.md):
 // bucket_ready(k, s) says bucket k's gradients are complete in stream order
@@ -21,10 +22,16 @@
 // after another, each copy-back overlapping the next bucket's step. The
 // step counter advances only for a step that is not skipped.
 //
+// LAMB's trust ratio needs each tensor's whole norms, so Offloaded<Lamb>
+// never cuts a tensor into pieces (a tensor larger than piece_bytes is a
+// piece of its own): each piece runs both of LAMB's passes as soon as it
+// may, and the norms are summed in the order the GPU sums them.
+//
 // Needs CUDA: in a build without it (or with no device) the constructor
 // throws backend_unavailable after checking its arguments.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -34,6 +41,7 @@
 
 #include "gradkit/ops/grad_check.h"
 #include "gradkit/optim/adam.h"
+#include "gradkit/optim/lamb.h"
 #include "gradkit/optim/loss_scaler.h"
 
 namespace gradkit {
@@ -55,8 +63,9 @@ struct OffloadStepTimes {
   double span_ms = 0, copy_wait_ms = 0, update_ms = 0;
 };
 
-struct OffloadedAdamOptions {
-  AdamOptions adam;  // the host moments' dtype (f32, bf16 or u8)
+struct OffloadedOptions {
+  AdamOptions adam;  // Offloaded<Adam>: the host moments' dtype (f32, bf16 or u8)
+  LambOptions lamb;  // Offloaded<Lamb>: eta and the host moments' dtype (f32, bf16 or u8)
   // Each tensor's bucket, over the groups' params in order (indices from 0,
   // every index up to the largest used). Empty: consecutive tensors taken
   // from the last to the first (the order backward produces gradients in),
@@ -65,7 +74,8 @@ struct OffloadedAdamOptions {
   size_t bucket_bytes = size_t{32} << 20;
   // Within a bucket, the copies and the CPU step go in pieces of about this
   // many bytes of gradients (a tensor larger than that is cut at multiples
-  // of 256 elements, the 8-bit moments' block): piece k's step runs while
+  // of 256 elements, the 8-bit moments' block; never with LAMB, whose
+  // pieces hold whole tensors): piece k's step runs while
   // piece k+1 crosses to the host and piece k-1's weights cross back. A
   // bucket handed at backward's end, such as the one holding a tied
   // embedding, would otherwise copy, step and copy back one after another.
@@ -73,23 +83,31 @@ struct OffloadedAdamOptions {
   // A loss scaler on the GPU (LossScaling::none: only the overflow check and
   // the skip); none: no check unless max_norm > 0.
   std::optional<LossScalerOptions> scaler;
-  float max_norm = 0.0f;  // > 0: clip the global norm of the unscaled gradients
+  // > 0: clip the global norm of the unscaled gradients (clip_grad_norm_,
+  // folded into the gradient divisor). With LAMB this is its clipping, as in
+  // MixedPrecision<Lamb>: the groups' own max_norm is given no norm.
+  float max_norm = 0.0f;
   NormType norm = NormType::l2;
   // Threads of the CPU step (OpenMP). 0: every core but two, which are left
   // to the framework's threads that launch backward's kernels meanwhile.
   int host_threads = 0;
 };
 
-class OffloadedAdam {
+// Optimizer: Adam or Lamb.
+template <class Optimizer>
+class Offloaded {
  public:
+  using Group = typename Optimizer::Group;
+
   // Each group's `params` are the model's weights (f32, f16 or bf16, one
   // dtype for all) and `grads` its gradients (f32, f16 or bf16), all on one
-  // CUDA device; `model_copy` empty. Validates everything before anything
-  // is allocated; copies the weights to the host masters (synchronously).
-  explicit OffloadedAdam(std::vector<AdamGroup> groups, OffloadedAdamOptions options = {});
-  ~OffloadedAdam();  // waits for the step in flight
-  OffloadedAdam(const OffloadedAdam&) = delete;
-  OffloadedAdam& operator=(const OffloadedAdam&) = delete;
+  // CUDA device; `model_copy` and `weight_remainder` empty. Validates
+  // everything before anything is allocated; copies the weights to the host
+  // masters (synchronously).
+  explicit Offloaded(std::vector<Group> groups, OffloadedOptions options = {});
+  ~Offloaded();  // waits for the step in flight
+  Offloaded(const Offloaded&) = delete;
+  Offloaded& operator=(const Offloaded&) = delete;
 
   int num_buckets() const;
   std::span<const int32_t> bucket_of_tensor() const;
@@ -118,8 +136,11 @@ class OffloadedAdam {
   // Steps completed, for a framework that loads state of its own layout
   // (0 to 2^63 - 2: the next step must be able to count).
   void set_step_count(int64_t steps);
-  float lr(int group);
-  void set_lr(int group, float lr);
+  // Adam: each group's learning rate; LAMB: eta, shared by every group.
+  float lr(int group) requires std::same_as<Optimizer, Adam>;
+  void set_lr(int group, float lr) requires std::same_as<Optimizer, Adam>;
+  float eta() requires std::same_as<Optimizer, Lamb>;
+  void set_eta(float eta) requires std::same_as<Optimizer, Lamb>;
   bool last_step_skipped();
   float last_grad_norm();  // unscaled; NaN when no check runs
   OffloadStepTimes last_step_times();  // waits for the step's CPU work
@@ -132,15 +153,16 @@ class OffloadedAdam {
   // The host state (valid between steps, once the step's CPU work is done:
   // after finish() returns).
   const std::vector<TensorView>& masters() const { return masters_; }
-  const Adam& host_adam() const { return *adam_; }
+  const Optimizer& host_optimizer() const { return *optimizer_; }
   // Bytes held in host memory (masters, moments, staging) and on the GPU
   // (only the check's scratch and scalars: no optimizer state).
   size_t host_bytes() const;
   size_t device_bytes() const;
 
   // The state in the format of the non-offloaded optimizer: f32 weights
-  // give an 'adam' file (Adam's sections, plus 'scaler' with a scaler),
-  // f16/bf16 weights a 'mixed_precision_adam' file (MixedPrecisionAdam's;
+  // give an 'adam' or 'lamb' file (the optimizer's sections, plus 'scaler'
+  // with a scaler), f16/bf16 weights a 'mixed_precision_adam' or
+  // 'mixed_precision_lamb' file (MixedPrecision's;
   // without a scaler its 'scaler' section holds a scale of 1 and is ignored
   // on load). Either file loads into either optimizer. load() checks the
   // whole file first, then writes the model's weights from the masters
@@ -165,17 +187,17 @@ class OffloadedAdam {
   void post_update(int piece);           // the worker: wait for the piece's gradients, step, copy back
   void copy_weights_to_device();
 
-  std::vector<AdamGroup> groups_;  // the host Adam's groups (masters, staged gradients) once made
+  std::vector<Group> groups_;  // the host optimizer's groups (masters, staged gradients) once made
   std::vector<TensorView> params_, grads_;  // the model's, on the device
   Device device_;
   bool low_precision_ = false;  // f16/bf16 weights: the CPU step writes a model copy
-  OffloadedAdamOptions options_;
+  OffloadedOptions options_;
 
   // Host memory: masters (pinned for f32 weights, which are copied back
   // from them), gradient staging and model-copy staging (pinned).
   Buffer masters_storage_, grad_staging_, copy_staging_, scalars_host_, scalars_device_;
   std::vector<TensorView> masters_, staged_grads_, staged_copies_;
-  std::unique_ptr<Adam> adam_;  // over the host tensors: moments, counter, lrs, state format
+  std::unique_ptr<Optimizer> optimizer_;  // over the host tensors: moments, counter, lrs, state format
   std::vector<Bucket> buckets_;
   std::vector<Piece> pieces_;  // every bucket's, in bucket order
   std::vector<int32_t> bucket_of_;
@@ -191,5 +213,8 @@ class OffloadedAdam {
   std::unique_ptr<detail::OffloadLanes> lanes_;
   std::unique_ptr<detail::HostWorker> worker_;  // last: destroyed first, with the lanes still there
 };
+
+using OffloadedAdam = Offloaded<Adam>;
+using OffloadedLamb = Offloaded<Lamb>;
 
 }  // namespace gradkit

@@ -1,5 +1,6 @@
-"""Adam and AdamW with the optimizer state in host memory and the step on the CPU
-(gradkit.OffloadedAdam): for models whose state does not fit next to them on the GPU.
+"""Adam, AdamW and LAMB with the optimizer state in host memory and the step on the CPU
+(gradkit.OffloadedAdam, gradkit.OffloadedLamb): for models whose state does not fit next
+to them on the GPU.
 
 The model's parameters and gradients stay on one CUDA device; float32 masters
 and moments live on the host (0 bytes of optimizer state on the GPU). This
@@ -28,7 +29,13 @@ computed by gradkit (docs/offload.md):
   parameters, as gradkit.torch.AdamW's) with the moments in this optimizer's
   form: gradkit.torch.AdamW loads it, and so does torch.optim.AdamW for
   float32 moments; float32_state_dict() gives float32 moments whatever the
-  form. load_state_dict takes any of those forms.
+  form. load_state_dict takes any of those forms. OffloadedLamb's is
+  gradkit.torch.Lamb's, likewise.
+- OffloadedLamb: LAMB keeps one learning rate (eta) for all groups, so the
+  groups' "lr" must agree at each step (a scheduler changing all of them
+  alike is fine). Its max_norm clips the global norm as the other offloaded
+  optimizers do (clip_grad_norm_, gradkit.MixedPrecisionLamb's way), not as
+  gradkit.torch.Lamb's max_grad_norm (LAMB's own clipping).
 """
 import functools
 import weakref
@@ -51,18 +58,18 @@ def _on_grad(ref, index, _param):
         optimizer._gradient_accumulated(index)
 
 
-class _OffloadedAdamBase(torch.optim.Optimizer):
-    _decay = None  # gradkit.WeightDecay, set by the subclass
+class _OffloadedBase(torch.optim.Optimizer):
+    """What the offloaded optimizers share; a subclass gives _hyperparameters(group),
+    _make_native(groups, **options) and _apply_lrs()."""
 
-    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize, *, moments="float32", bucket_mb=32.0,
-                 piece_mb=32.0, buckets=None, loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0):
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
+    def __init__(self, params, defaults, *, moments="float32", bucket_mb=32.0, piece_mb=32.0, buckets=None,
+                 loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0):
         self._form = StateForm(moments=moments, min_8bit_size=0)  # raises on an unknown form, naming it
         super().__init__(params, defaults)
         self._params = [p for g in self.param_groups for p in g["params"]]
         if not self._params:
             raise ValueError("the optimizer has no parameters")
-        self._form.check(self._params, any(g["amsgrad"] for g in self.param_groups))
+        self._form.check(self._params, self._amsgrad())
         self._device = common_device(self._params, "params")
         if self._device.type != "cuda":
             raise TypeError(f"params[0] is on {self._device}, expected a CUDA device: the offloaded optimizer keeps "
@@ -80,11 +87,11 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
         # bucket_ready below passes the gradients of the moment.
         groups = [{"params": [p.detach() for p in g["params"]], "grads": [p.detach() for p in g["params"]],
                    "hyperparameters": self._hyperparameters(g)} for g in self.param_groups]
-        self._native = gradkit.OffloadedAdam(groups, moment_dtype=_MOMENT_DTYPES[moments], buckets=buckets,
-                                             bucket_bytes=int(bucket_mb * 2 ** 20),
-                                             piece_bytes=max(1, int(piece_mb * 2 ** 20)),
-                                             scaler=loss_scaler, max_norm=float(max_norm),
-                                             host_threads=int(host_threads))
+        self._native = self._make_native(groups, moment_dtype=_MOMENT_DTYPES[moments], buckets=buckets,
+                                         bucket_bytes=int(bucket_mb * 2 ** 20),
+                                         piece_bytes=max(1, int(piece_mb * 2 ** 20)),
+                                         scaler=loss_scaler, max_norm=float(max_norm),
+                                         host_threads=int(host_threads))
         self._bucket_of = self._native.bucket_of_tensor
         self._bucket_tensors = [self._native.bucket_tensors(b) for b in range(self._native.num_buckets)]
         self._lrs = [g["lr"] for g in self.param_groups]
@@ -98,10 +105,8 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
             self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_on_grad, ref, i))
                            for i, p in enumerate(self._params) if p.requires_grad]
 
-    def _hyperparameters(self, g):
-        return gradkit.AdamHyperparameters(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
-                                           weight_decay=g["weight_decay"], decay=self._decay, amsgrad=g["amsgrad"],
-                                           maximize=g["maximize"])
+    def _amsgrad(self):
+        return any(g.get("amsgrad", False) for g in self.param_groups)
 
     def _new_step(self):
         self._counts = [0] * len(self._params)
@@ -146,10 +151,7 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for g, group in enumerate(self.param_groups):
-            if group["lr"] != self._lrs[g]:  # an lr scheduler's change
-                self._native.set_lr(g, float(group["lr"]))
-                self._lrs[g] = group["lr"]
+        self._apply_lrs()
         for b, handed in enumerate(self._handed):
             if not handed:
                 self._hand(b)
@@ -179,11 +181,11 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
 
     @property
     def native(self):
-        """The gradkit.OffloadedAdam underneath (host_bytes, device_bytes, save, load)."""
+        """The gradkit.OffloadedAdam or OffloadedLamb underneath (host_bytes, device_bytes, save, load)."""
         return self._native
 
     def _moment_names(self):
-        return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if any(g["amsgrad"] for g in self.param_groups) else [])
+        return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if self._amsgrad() else [])
 
     def _host_arrays(self):
         """The native optimizer's host arrays by state key (masters as "master_param")."""
@@ -263,7 +265,7 @@ class _OffloadedAdamBase(torch.optim.Optimizer):
         if len(steps) != 1:
             raise ValueError(f"state_dict's params have step counts {sorted(steps)}; the offloaded optimizer "
                              "keeps one count for all")
-        if any(g.get("amsgrad", False) for g in saved_groups) and not any(g["amsgrad"] for g in self.param_groups):
+        if any(g.get("amsgrad", False) for g in saved_groups) and not self._amsgrad():
             raise ValueError("state_dict uses amsgrad, but this optimizer was made without it")
         self._native.step_count = steps.pop()
         targets = {k: v for k, v in self._host_arrays().items() if k != "master_param"}
@@ -293,6 +295,28 @@ def _host_proxy(p):
     return torch.empty(p.shape, dtype=p.dtype)
 
 
+class _OffloadedAdamBase(_OffloadedBase):
+    _decay = None  # gradkit.WeightDecay, set by the subclass
+
+    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize, **offload):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
+        super().__init__(params, defaults, **offload)
+
+    def _make_native(self, groups, **options):
+        return gradkit.OffloadedAdam(groups, **options)
+
+    def _hyperparameters(self, g):
+        return gradkit.AdamHyperparameters(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
+                                           weight_decay=g["weight_decay"], decay=self._decay, amsgrad=g["amsgrad"],
+                                           maximize=g["maximize"])
+
+    def _apply_lrs(self):
+        for g, group in enumerate(self.param_groups):
+            if group["lr"] != self._lrs[g]:  # an lr scheduler's change
+                self._native.set_lr(g, float(group["lr"]))
+                self._lrs[g] = group["lr"]
+
+
 class OffloadedAdamW(_OffloadedAdamBase):
     """torch.optim.AdamW's update (decoupled weight decay) with the state on the host and the
     step on the CPU. Keyword-only: moments ("float32", "bfloat16" or "int8": the host moments'
@@ -319,3 +343,40 @@ class OffloadedAdam(_OffloadedAdamBase):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False,
                  maximize=False, **offload):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize, **offload)
+
+
+class OffloadedLamb(_OffloadedBase):
+    """gradkit.torch.Lamb's update (ONNX Runtime's LAMB: per-tensor trust ratio clamped to
+    [min_trust, max_trust], weight decay inside the update) with the state on the host and
+    the step on the CPU. Keyword-only options as OffloadedAdamW's (moments, bucket_mb,
+    piece_mb, buckets, loss_scaler, max_norm, overlap, host_threads). LAMB's pieces hold whole
+    tensors (the trust ratio needs each tensor's norms), so piece_mb never cuts a tensor. One
+    learning rate for all groups (LAMB's eta)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, *,
+                 min_trust=float("-inf"), max_trust=float("inf"), bias_correction=True, **offload):
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, min_trust=min_trust,
+                        max_trust=max_trust, bias_correction=bias_correction)
+        super().__init__(params, defaults, **offload)
+
+    def _make_native(self, groups, **options):
+        return gradkit.OffloadedLamb(groups, eta=float(self._common_lr()), **options)
+
+    def _hyperparameters(self, g):
+        # LAMB's own clipping gets no norm here: max_norm clips globally (the class's docstring).
+        return gradkit.LambHyperparameters(alpha=g["betas"][0], beta=g["betas"][1], lambda_=g["weight_decay"],
+                                           epsilon=g["eps"], ratio_min=g["min_trust"], ratio_max=g["max_trust"],
+                                           max_norm=0.0, bias_correction=g["bias_correction"])
+
+    def _common_lr(self):
+        lrs = sorted({float(g["lr"]) for g in self.param_groups})
+        if len(lrs) != 1:
+            raise ValueError(f"param_groups have learning rates {lrs}; OffloadedLamb keeps one (LAMB's eta) for all "
+                             "groups")
+        return lrs[0]
+
+    def _apply_lrs(self):
+        lr = self._common_lr()
+        if lr != self._lrs[0]:  # an lr scheduler's change
+            self._native.eta = lr
+            self._lrs = [lr] * len(self._lrs)

@@ -1,6 +1,6 @@
 // The CUDA backend: f16 model (cuBLAS), f32 master weights and dynamic loss
 // scaling through gradkit::MixedPrecision over Adam or LAMB, or with
-// --offload gradkit::OffloadedAdam (masters and moments on the host).
+// --offload gradkit::OffloadedAdam or OffloadedLamb (masters and moments on the host).
 #include <vector>
 
 #include "gradkit/core/half.h"
@@ -54,18 +54,28 @@ class CudaBackend final : public TrainBackend {
     return model_.count_correct(first, step, params);
   }
 
+  // --offload: the optimizer's state on the host, its step on the CPU.
+  template <class Offloaded>
+  std::unique_ptr<Optimizer> make_offloaded(const TrainOptions& o, std::span<const TensorView> params,
+                                            std::span<const TensorView> grads, const OffloadedOptions& options) {
+    using Group = typename Offloaded::Group;
+    auto opt = std::make_unique<OptimizerOf<Offloaded>>(std::vector<Group>{one_group<Group>(o, params, grads)}, options);
+    loss_scale_ = opt->get().loss_scale_device();
+    return opt;
+  }
+
   std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, std::span<const TensorView> params,
                                             std::span<const TensorView> grads, const ShardContext* shard) override {
     MixedPrecisionOptions mp;  // dynamic loss scaling with PyTorch's defaults
     if (shard != nullptr) return make_sharded_optimizer(o, params, grads, *shard, mp.scaler, &loss_scale_);
-    if (o.offload) {  // check_train_options allows only Adam
-      OffloadedAdamOptions options;
+    if (o.offload) {
+      OffloadedOptions options;
       options.scaler = mp.scaler;
       options.adam.moment_dtype = moment_dtype(o);  // --moments: the host moments' storage
-      auto opt = std::make_unique<OptimizerOf<OffloadedAdam>>(
-          std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, options);
-      loss_scale_ = opt->get().loss_scale_device();
-      return opt;
+      options.lamb.moment_dtype = moment_dtype(o);
+      options.lamb.eta = o.lr;
+      if (o.optimizer == "lamb") return make_offloaded<OffloadedLamb>(o, params, grads, options);
+      return make_offloaded<OffloadedAdam>(o, params, grads, options);
     }
     return make_mixed_optimizer(o, params, grads, mp, &loss_scale_);
   }

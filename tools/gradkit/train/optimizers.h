@@ -21,8 +21,11 @@ class OptimizerOf final : public Optimizer {
   template <class... Args>
   explicit OptimizerOf(Args&&... args) : optimizer_(std::forward<Args>(args)...) {}
   void step() override {
-    if constexpr (std::is_same_v<T, OffloadedAdam>) optimizer_.finish();  // every bucket at once: no hooks here
-    else optimizer_.step();
+    if constexpr (std::is_same_v<T, OffloadedAdam> || std::is_same_v<T, OffloadedLamb>) {
+      optimizer_.finish();  // every bucket at once: no hooks here
+    } else {
+      optimizer_.step();
+    }
   }
   void mark_ready(size_t tensor) override {
     if constexpr (std::is_same_v<T, ShardedAdam> || std::is_same_v<T, ShardedLamb>) optimizer_.mark_ready(tensor);
@@ -31,7 +34,9 @@ class OptimizerOf final : public Optimizer {
     if constexpr (std::is_same_v<T, Adam> || std::is_same_v<T, ShardedAdam> || std::is_same_v<T, OffloadedAdam>) {
       optimizer_.set_lr(0, lr);
     }
-    else if constexpr (std::is_same_v<T, Lamb> || std::is_same_v<T, ShardedLamb>) optimizer_.set_eta(lr);
+    else if constexpr (std::is_same_v<T, Lamb> || std::is_same_v<T, ShardedLamb> || std::is_same_v<T, OffloadedLamb>) {
+      optimizer_.set_eta(lr);
+    }
     else if constexpr (std::is_same_v<T, MixedPrecisionAdam>) optimizer_.optimizer().set_lr(0, lr);
     else optimizer_.optimizer().set_eta(lr);
   }
@@ -42,7 +47,7 @@ class OptimizerOf final : public Optimizer {
     if constexpr (std::is_same_v<T, MixedPrecisionAdam> || std::is_same_v<T, MixedPrecisionLamb>) {
       if (optimizer_.scaler().options().mode == LossScaling::none) return "";  // bf16 weights: no loss scale
       return "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.loss_scale()));
-    } else if constexpr (std::is_same_v<T, OffloadedAdam>) {
+    } else if constexpr (std::is_same_v<T, OffloadedAdam> || std::is_same_v<T, OffloadedLamb>) {
       return "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.scaler()->state().scale)) + ", offloaded";
     } else if constexpr (std::is_same_v<T, ShardedAdam> || std::is_same_v<T, ShardedLamb>) {
       return optimizer_.masters().empty() ? "" : "loss scale " + std::to_string(static_cast<int64_t>(optimizer_.loss_scale()));

@@ -123,8 +123,8 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
                  "bucket as they are ready (--reduce allreduce)")
       ->check(tool::integer(0, 2));
   app.add_flag("--offload", o.offload,
-               "keep the optimizer state in host memory and run the Adam step on the CPU, overlapped with the "
-               "copies (--device cuda, --optimizer adam)");
+               "keep the optimizer state in host memory and run the optimizer's step on the CPU, overlapped "
+               "with the copies (--device cuda)");
   app.add_option("--seed", o.seed, "seed of the initial weights and the data order")
       ->check(tool::integer(0, INT64_MAX));
   app.add_option("--limit", o.limit, "train on the first N images only (0: all 60,000)")

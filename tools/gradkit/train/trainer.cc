@@ -201,9 +201,6 @@ void check_train_options(const TrainOptions& o, bool writes) {
     throw Error(ErrorCode::invalid_argument, "--offload: needs --device cuda (the model stays on the GPU, the "
                                              "optimizer state goes to the host); a CPU run keeps it there already");
   }
-  if (o.offload && o.optimizer != "adam") {
-    throw Error(ErrorCode::invalid_argument, "--offload: needs --optimizer adam (LAMB is not offloaded)");
-  }
   if (o.offload && o.shard > 0) {
     throw Error(ErrorCode::invalid_argument, "--offload: cannot be combined with --shard (each rank offloads "
                                              "the whole state)");

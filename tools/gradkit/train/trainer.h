@@ -32,8 +32,8 @@ struct TrainOptions {
   // (Sharded<Adam or Lamb>); 2 also each bucket reduce-scattered once its gradients
   // are final (mark_ready).
   int shard = 0;
-  // The optimizer state in host memory and the Adam step on the CPU
-  // (gradkit::OffloadedAdam); needs --device cuda and --optimizer adam.
+  // The optimizer state in host memory and the Adam or LAMB step on the CPU
+  // (gradkit::OffloadedAdam, OffloadedLamb); needs --device cuda.
   bool offload = false;
   uint64_t seed = 1;
   int64_t limit = 0;       // use only the first `limit` training images (0: all)

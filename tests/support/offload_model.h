@@ -1,0 +1,225 @@
+// What the tests of Offloaded<Adam> and Offloaded<Lamb> share: a small
+// model on the GPU in two parameter groups, its gradients step by step (with
+// Inf and NaN when the step is checked), the offloaded optimizer's options,
+// and gradkit's step on the GPU that the offloaded one must equal bit for
+// bit (the optimizer over f32 masters, with the gradient check and the loss
+// scaler composed as MixedPrecision composes them).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "gradkit/optim/offloaded.h"
+#include "optim/offloaded_parts.h"  // OffloadTraits
+#include "support/test_tensor.h"
+
+namespace gradkit::test {
+
+// Writes `values`, rounded to the tensor's dtype, into a tensor on any device.
+inline void fill(const TensorView& t, const std::vector<double>& values) {
+  const TestTensor host(Device::cpu(), t.dtype, values);
+  copy_from_host(t.data, t.device, host.view().data, t.bytes());
+}
+
+inline std::vector<uint8_t> bits(const std::vector<TensorView>& tensors) {
+  std::vector<uint8_t> out;
+  for (const TensorView& t : tensors) {
+    std::vector<uint8_t> b(t.bytes());
+    copy_to_host(b.data(), t.data, b.size(), t.device);
+    out.insert(out.end(), b.begin(), b.end());
+  }
+  return out;
+}
+
+inline std::string offload_temp_path(const char* name) {
+  return ::testing::TempDir() + "gradkit_offload_" + name + "_" + std::to_string(::getpid());
+}
+
+struct OffloadConfig {
+  DType weight, grad;
+  bool check;  // a dynamic loss scaler and clipping
+  // Small pieces cut the tensors (Adam: at multiples of 256 elements; LAMB
+  // keeps each whole) so that a bucket's copies and steps go piece by
+  // piece; the default holds each bucket whole.
+  size_t piece_bytes = OffloadedOptions{}.piece_bytes;
+  DType moments = DType::f32;  // u8: 8-bit moments, whose blocks the cuts must keep whole
+};
+
+inline std::string config_name(const OffloadConfig& c) {
+  return std::string(dtype_name(c.weight)) + "_" + std::string(dtype_name(c.grad)) + (c.check ? "_checked" : "") +
+         (c.piece_bytes != OffloadedOptions{}.piece_bytes ? "_pieces" : "") + (c.moments == DType::u8 ? "_8bit" : "");
+}
+
+// How gtest names a config in its output (not its padding bytes).
+inline void PrintTo(const OffloadConfig& c, std::ostream* os) { *os << config_name(c); }
+
+inline const int64_t kOffloadSizes[] = {1000, 65536 * 2 + 1, 3, 4097, 7};
+
+inline OffloadedOptions offload_options(const OffloadConfig& c) {
+  OffloadedOptions o;
+  o.buckets = {2, 1, 1, 0, 0};  // backward's order: the last tensors first
+  o.piece_bytes = c.piece_bytes;
+  o.adam.moment_dtype = o.lamb.moment_dtype = c.moments;
+  if (c.check) {
+    LossScalerOptions s;
+    s.initial_scale = 1024.0f;
+    s.growth_interval = 5;  // the scale grows, and backs off at each Inf/NaN, within 50 steps
+    o.scaler = s;
+    o.max_norm = 1.0f;
+  }
+  return o;
+}
+
+// Each group's hyperparameters: the second differs from the defaults.
+inline void set_hyperparameters(AdamGroup& g, int index) {
+  if (index == 0) {
+    g.hyperparameters.weight_decay = 0.01f;
+  } else {
+    g.hyperparameters.lr = 3e-3f;
+    g.hyperparameters.decay = WeightDecay::l2;
+    g.hyperparameters.weight_decay = 0.001f;
+  }
+}
+inline void set_hyperparameters(LambGroup& g, int index) {
+  if (index == 0) {
+    g.hyperparameters.lambda = 0.01f;
+  } else {
+    g.hyperparameters.alpha = 0.8f;
+    g.hyperparameters.lambda = 0.001f;
+    g.hyperparameters.ratio_max = 5.0f;
+  }
+}
+
+// One model's weights and gradients on the GPU, two parameter groups.
+struct OffloadModel {
+  OffloadConfig config;
+  std::vector<TestTensor> w, g;
+  OffloadModel(const OffloadConfig& c, uint64_t seed) : config(c) {
+    std::mt19937_64 rng(seed);
+    for (int64_t n : kOffloadSizes) {
+      w.emplace_back(Device::cuda(0), c.weight, random_values(rng, n));
+      g.emplace_back(Device::cuda(0), c.grad, random_values(rng, n));
+    }
+  }
+  std::vector<TensorView> weights() const {
+    std::vector<TensorView> out;
+    for (const auto& t : w) out.push_back(t.view());
+    return out;
+  }
+  std::vector<TensorView> grads() const {
+    std::vector<TensorView> out;
+    for (const auto& t : g) out.push_back(t.view());
+    return out;
+  }
+  // The groups over `params` (the model's weights, or masters).
+  template <class Group>
+  std::vector<Group> groups(const std::vector<TensorView>& params) const {
+    std::vector<Group> out(2);
+    set_hyperparameters(out[0], 0);
+    set_hyperparameters(out[1], 1);
+    for (size_t i = 0; i < w.size(); ++i) {
+      Group& into = out[i < 2 ? 0 : 1];
+      into.params.push_back(params[i]);
+      into.grads.push_back(g[i].view());
+    }
+    return out;
+  }
+  // Step s's gradients: seeded random values times 8; with a check, an Inf
+  // at steps 5 and 33 and a NaN at step 17 in one tensor (without one they
+  // would make NaN weights, whose payloads the backends need not share).
+  void write_gradients(int s) {
+    std::mt19937_64 rng(1000 + static_cast<uint64_t>(s));
+    for (size_t i = 0; i < g.size(); ++i) {
+      std::vector<double> v = random_values(rng, g[i].numel(), 8.0);
+      if (config.check && i == 1 && (s == 5 || s == 33)) v[77] = INFINITY;
+      if (config.check && i == 3 && s == 17) v[4096] = NAN;
+      fill(g[i].view(), v);
+    }
+  }
+};
+
+// The optimizer's update with the check's decision and gradient divisor.
+inline void checked_step(Adam& adam, const bool* found_inf, const float* divisor) { adam.step({}, found_inf, divisor); }
+inline void checked_step(Lamb& lamb, const bool* found_inf, const float* divisor) {
+  LambStep in;  // as MixedPrecision<Lamb>: the global clipping is in the divisor
+  in.loss_scale_device = divisor;
+  in.found_inf = found_inf;
+  lamb.step({}, in);
+}
+
+// gradkit's step on the GPU: f32 masters (the weights themselves for f32)
+// and the model's weights as their copy, the gradient check and the loss
+// scaler as MixedPrecision composes them.
+template <class Optimizer>
+struct GpuStep {
+  using Group = typename Optimizer::Group;
+  OffloadModel& model;
+  std::vector<TestTensor> master_storage;
+  std::vector<TensorView> masters;
+  std::optional<Optimizer> optimizer;
+  std::optional<GradientCheckPlan> check;
+  std::optional<LossScaler> scaler;
+  Buffer scalars{Device::cuda(0), 16};  // found_inf, then the divisor at 4, the norm at 8
+
+  explicit GpuStep(OffloadModel& m) : model(m) {
+    const bool low = m.config.weight != DType::f32;
+    if (low) {
+      for (const auto& t : m.w) master_storage.emplace_back(Device::cuda(0), DType::f32, t.read());
+      for (const auto& t : master_storage) masters.push_back(t.view());
+    } else {
+      masters = m.weights();
+    }
+    std::vector<Group> groups = m.groups<Group>(masters);
+    if (low) {
+      size_t at = 0;
+      for (Group& g : groups) for (size_t i = 0; i < g.params.size(); ++i) g.model_copy.push_back(m.w[at++].view());
+    }
+    const OffloadedOptions o = offload_options(m.config);
+    optimizer.emplace(groups, OffloadTraits<Optimizer>::options(o));
+    if (m.config.check) {
+      check.emplace(m.grads(), GradientCheckOptions{NormType::l2, o.max_norm, false});
+      scaler.emplace(Device::cuda(0), *o.scaler);
+    }
+  }
+  bool* found_inf() const { return static_cast<bool*>(scalars.data()); }
+  float* divisor() const { return reinterpret_cast<float*>(static_cast<char*>(scalars.data()) + 4); }
+  bool skipped() const {
+    bool out = false;
+    copy_to_host(&out, found_inf(), 1, Device::cuda(0));
+    return out;
+  }
+  void step() {
+    if (!check) return optimizer->step();
+    check->check({found_inf(), divisor(), divisor() + 1, nullptr}, 1.0f, scaler->scale_device());
+    checked_step(*optimizer, found_inf(), divisor());
+    scaler->update(found_inf());
+  }
+};
+
+template <class Optimizer>
+void offloaded_step(Offloaded<Optimizer>& off) {
+  for (int b = 0; b < off.num_buckets(); ++b) off.bucket_ready(b);  // as backward completes them
+  off.finish();
+}
+
+// Steps first..last of `a` offloaded and of `b` by `other_step`, on the same gradients.
+template <class Optimizer, class Step>
+void step_both(OffloadModel& a, Offloaded<Optimizer>& off, OffloadModel& b, Step&& other_step, int first, int last) {
+  for (int s = first; s <= last; ++s) {
+    a.write_gradients(s);
+    b.write_gradients(s);
+    offloaded_step(off);
+    other_step();
+  }
+}
+
+}  // namespace gradkit::test
