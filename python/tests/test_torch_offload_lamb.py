@@ -1,8 +1,10 @@
 """gradkit.torch.OffloadedLamb: LAMB with the state on the host, the step on the CPU.
 
-On a GPU: bit for bit the weights of gradkit.torch.Lamb stepping on the GPU
-(gradkit's CPU and CUDA LAMB give the same bits, and an offloaded piece holds
-whole tensors, so each tensor's norms are summed as on the GPU), through a
+On a GPU: bit for bit the weights of gradkit.torch.Lamb stepping on the CPU
+(the same CPU LAMB; an offloaded piece holds whole tensors, so each tensor's
+norms are summed as a whole-model step sums them); against gradkit.torch.Lamb
+on the GPU bit for bit with int8 moments, and to rounding with float32 ones
+(the CPU sums the norms' chunks in f64, CUDA in f32: docs/ops.md); through a
 real backward with the hooks handing buckets (torch >= 2.1), and through
 state_dict both ways. On the CPU: the argument checks that need no GPU."""
 import copy
@@ -52,26 +54,36 @@ def test_groups_with_different_learning_rates_are_refused():
         gt.OffloadedLamb([{"params": p[:2]}, {"params": p[2:], "lr": 3e-3}])
 
 
+def same_bits(p, q):
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[p.dtype]
+    return torch.equal(p.detach().cpu().view(bits), q.detach().cpu().view(bits))
+
+
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("moments", ["float32", "int8"])
-def test_equals_lamb_on_the_gpu_bit_for_bit(dtype, moments):
+def test_equals_lamb_on_the_cpu_bit_for_bit_and_on_the_gpu(dtype, moments):
     a, b = params_on("cuda", dtype), params_on("cuda", dtype)
+    c = [torch.nn.Parameter(p.detach().cpu().clone()) for p in params_on("cuda", dtype)]
     off = gt.OffloadedLamb(two_groups(a), lr=1e-2, bucket_mb=0.1, piece_mb=0.01, moments=moments)
     gpu = gt.Lamb(two_groups(b), lr=1e-2, moments=moments, min_8bit_size=0)
-    sched = torch.optim.lr_scheduler.StepLR(off, step_size=5, gamma=0.5)
-    gpu_sched = torch.optim.lr_scheduler.StepLR(gpu, step_size=5, gamma=0.5)
+    cpu = gt.Lamb(two_groups(c), lr=1e-2, moments=moments, min_8bit_size=0)
+    scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=5, gamma=0.5) for o in (off, gpu, cpu)]
     assert off.native.num_buckets > 1
-    bits = torch.int16 if dtype != torch.float32 else torch.int32
     for step in range(20):
-        for p, q, g in zip(a, b, grads_for(step, dtype, "cuda")):
-            p.grad, q.grad = g.clone(), g.clone()
-        off.step()
-        gpu.step()
-        sched.step()
-        gpu_sched.step()
-        for p, q in zip(a, b):
-            assert torch.equal(p.view(bits), q.view(bits)), step
+        for p, q, r, g in zip(a, b, c, grads_for(step, dtype, "cuda")):
+            p.grad, q.grad, r.grad = g.clone(), g.clone(), g.cpu()
+        for opt in (off, gpu, cpu):
+            opt.step()
+        for s in scheds:
+            s.step()
+        for p, q, r in zip(a, b, c):
+            assert same_bits(p, r), step
+            if moments == "int8":
+                assert same_bits(p, q), step
+    for p, q in zip(a, b):  # float32 moments: the GPU's norms round otherwise
+        torch.testing.assert_close(p, q, rtol={torch.float32: 1e-5, torch.bfloat16: 2 ** -7,
+                                              torch.float16: 2 ** -10}[dtype], atol=1e-6)
     assert off.native.eta == pytest.approx(1e-2 * 0.5 ** 4)
     assert off.native.device_bytes < 4096  # no optimizer state on the GPU
 
@@ -83,8 +95,9 @@ def test_a_real_backward_with_hooks_equals_the_gpu_step():
     torch.manual_seed(0)
     model = TinyGPT(layers=2, d=64).cuda()
     ref = copy.deepcopy(model)
-    off = gt.OffloadedLamb(model.parameters(), lr=3e-3, weight_decay=0.01, bucket_mb=0.05)
-    gpu = gt.Lamb(ref.parameters(), lr=3e-3, weight_decay=0.01)
+    # int8 moments: the GPU's LAMB gives the CPU's bits (float moments: to rounding)
+    off = gt.OffloadedLamb(model.parameters(), lr=3e-3, weight_decay=0.01, bucket_mb=0.05, moments="int8")
+    gpu = gt.Lamb(ref.parameters(), lr=3e-3, weight_decay=0.01, moments="int8", min_8bit_size=0)
     handed_early = 0
     for step, (x, y) in enumerate(text_batches("cuda", 6, batch=4, block=32)):
         for m, opt in ((model, off), (ref, gpu)):
@@ -109,23 +122,37 @@ def test_state_dict_moves_between_offloaded_and_gradkit_lamb(dtype):
                 p.grad = g
             opt.step()
 
+    # int8 moments: three steps on the GPU give the offloaded steps' bits
     straight = params_on("cuda", dtype)
-    s_opt = gt.OffloadedLamb(two_groups(straight), lr=1e-2)
+    s_opt = gt.OffloadedLamb(two_groups(straight), lr=1e-2, moments="int8")
     run(s_opt, straight, range(10))
 
     first = params_on("cuda", dtype)
-    f_opt = gt.OffloadedLamb(two_groups(first), lr=1e-2)
+    f_opt = gt.OffloadedLamb(two_groups(first), lr=1e-2, moments="int8")
     run(f_opt, first, range(5))
     state = f_opt.state_dict()
     assert state["state"][0]["exp_avg"].device.type == "cpu"
     assert int(state["state"][0]["step"]) == 5
     # into gradkit.torch.Lamb on the GPU, three steps there, and back
-    gpu = gt.Lamb(two_groups(first), lr=1e-2)
+    gpu = gt.Lamb(two_groups(first), lr=1e-2, moments="int8", min_8bit_size=0)
     gpu.load_state_dict(state)
     run(gpu, first, range(5, 8))
-    back = gt.OffloadedLamb(two_groups(first), lr=1e-2)
+    back = gt.OffloadedLamb(two_groups(first), lr=1e-2, moments="int8")
     back.load_state_dict(gpu.state_dict())
     assert back.native.step_count == 8
     run(back, first, range(8, 10))
     for p, q in zip(straight, first):
         assert torch.equal(p, q)
+
+    # float32 moments: the state goes to gradkit.torch.Lamb and comes back as it was
+    f32 = gt.OffloadedLamb(two_groups(first), lr=1e-2)
+    run(f32, first, range(3))
+    saved = f32.state_dict()
+    gpu = gt.Lamb(two_groups(first), lr=1e-2)
+    gpu.load_state_dict(saved)
+    again = gt.OffloadedLamb(two_groups(first), lr=1e-2)
+    again.load_state_dict(gpu.state_dict())
+    for key, s in again.state_dict()["state"].items():
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(s[name], saved["state"][key][name]), (key, name)
+        assert int(s["step"]) == 3

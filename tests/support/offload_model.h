@@ -205,6 +205,76 @@ struct GpuStep {
   }
 };
 
+// What the offloaded step computes, composed from the public API: the
+// optimizer on the host over host masters (and copies, for f16/bf16
+// weights), its gradients copied from the model's each step; the check and
+// the scaler on the GPU, their decision and divisor copied to the host; the
+// weights copied back. LAMB's CPU and CUDA norms differ in rounding (f64
+// against f32 per-chunk sums, docs/ops.md), so this, not GpuStep, is what
+// OffloadedLamb with float moments must equal bit for bit.
+template <class Optimizer>
+struct HostStep {
+  using Group = typename Optimizer::Group;
+  OffloadModel& model;
+  std::vector<TestTensor> masters, grads, copies;  // host
+  std::optional<Optimizer> optimizer;
+  std::optional<GradientCheckPlan> check;
+  std::optional<LossScaler> scaler;
+  Buffer scalars{Device::cuda(0), 16};  // as GpuStep's
+  bool found_inf = false;
+  float divisor = 1.0f;
+
+  explicit HostStep(OffloadModel& m) : model(m) {
+    const bool low = m.config.weight != DType::f32;
+    std::vector<TensorView> host_masters;
+    for (size_t i = 0; i < m.w.size(); ++i) {
+      masters.emplace_back(Device::cpu(), DType::f32, m.w[i].read());
+      grads.emplace_back(Device::cpu(), m.config.grad, m.g[i].read());
+      if (low) copies.emplace_back(Device::cpu(), m.config.weight, m.w[i].read());
+      host_masters.push_back(masters.back().view());
+    }
+    std::vector<Group> groups = m.groups<Group>(host_masters);
+    size_t at = 0;
+    for (Group& g : groups) {
+      for (size_t i = 0; i < g.params.size(); ++i, ++at) {
+        g.grads[i] = grads[at].view();
+        if (low) g.model_copy.push_back(copies[at].view());
+      }
+    }
+    const OffloadedOptions o = offload_options(m.config);
+    optimizer.emplace(groups, OffloadTraits<Optimizer>::options(o));
+    if (m.config.check) {
+      check.emplace(m.grads(), GradientCheckOptions{NormType::l2, o.max_norm, false});
+      scaler.emplace(Device::cuda(0), *o.scaler);
+    }
+  }
+  void step() {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      copy_to_host(grads[i].view().data, model.g[i].view().data, model.g[i].view().bytes(), Device::cuda(0));
+    }
+    if (check) {
+      auto* found = static_cast<bool*>(scalars.data());
+      auto* div = reinterpret_cast<float*>(static_cast<char*>(scalars.data()) + 4);
+      check->check({found, div, div + 1, nullptr}, 1.0f, scaler->scale_device());
+      scaler->update(found);
+      copy_to_host(&found_inf, found, 1, Device::cuda(0));
+      copy_to_host(&divisor, div, sizeof divisor, Device::cuda(0));
+      checked_step(*optimizer, &found_inf, &divisor);  // host pointers: the optimizer is on the host
+    } else {
+      optimizer->step();
+    }
+    const std::vector<TestTensor>& from = copies.empty() ? masters : copies;
+    for (size_t i = 0; i < from.size(); ++i) {
+      copy_from_host(model.w[i].view().data, Device::cuda(0), from[i].view().data, from[i].view().bytes());
+    }
+  }
+  std::vector<TensorView> master_views() const {
+    std::vector<TensorView> out;
+    for (const auto& t : masters) out.push_back(t.view());
+    return out;
+  }
+};
+
 template <class Optimizer>
 void offloaded_step(Offloaded<Optimizer>& off) {
   for (int b = 0; b < off.num_buckets(); ++b) off.bucket_ready(b);  // as backward completes them
