@@ -84,7 +84,7 @@ def test_equals_lamb_on_the_cpu_bit_for_bit_and_on_the_gpu(dtype, moments):
     for p, q in zip(a, b):  # float32 moments: the GPU's norms round otherwise
         torch.testing.assert_close(p, q, rtol={torch.float32: 1e-5, torch.bfloat16: 2 ** -7,
                                               torch.float16: 2 ** -10}[dtype], atol=1e-6)
-    assert off.native.eta == pytest.approx(1e-2 * 0.5 ** 4)
+    assert off.native.eta == pytest.approx(1e-2 * 0.5 ** 3)  # the lr of the last step (the scheduler ran on)
     assert off.native.device_bytes < 4096  # no optimizer state on the GPU
 
 
