@@ -178,6 +178,8 @@ def main():
     parser.add_argument("--bucket-mb", type=float, default=25.0)
     parser.add_argument("--piece-mb", type=float, default=32.0)
     parser.add_argument("--host-threads", type=int, default=0, help="the CPU step's threads (0: all cores but two)")
+    parser.add_argument("--cases", help="comma-separated substrings: only the cases whose names contain one "
+                        "(default: every case)")
     parser.add_argument("--markdown")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -186,7 +188,10 @@ def main():
           f"({LAYERS} layers, width {WIDTH}), bf16 autocast, batch {BATCH} x {TOKENS}; hooks: "
           f"{hasattr(torch.Tensor, 'register_post_accumulate_grad_hook')}")
     cases = {}
+    wanted = [w.strip() for w in args.cases.split(",")] if args.cases else None
     for name, make in make_cases(args.bucket_mb, args.piece_mb, args.host_threads).items():
+        if wanted and not any(w in name for w in wanted):
+            continue
         try:
             cases[name] = Case(make)
         except Exception as e:  # report and go on: the other cases still mean something
