@@ -45,6 +45,8 @@ if(GRADKIT_WITH_NCCL)
     ${CMAKE_CURRENT_LIST_DIR}/nccl/divide.cu
     ${CMAKE_CURRENT_LIST_DIR}/nccl/fusion_copy.cu
     ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_communicator.cc
+    ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_create.cc
+    ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_list_reduce.cc
     ${CMAKE_CURRENT_LIST_DIR}/nccl/split_plan.cc
     ${CMAKE_CURRENT_LIST_DIR}/nccl/stream_order.cc
     ${CMAKE_CURRENT_LIST_DIR}/nccl/watchdog.cc
