@@ -248,49 +248,11 @@ TEST_P(OffloadedAdamGpu, FiftyStepsEqualTheGpuStepBitForBit) {
   if (c.check) EXPECT_EQ(off.scaler()->state().scale, gpu.scaler->state().scale);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadedAdamGpu,
-                         ::testing::Values(Config{DType::f32, DType::f32, false}, Config{DType::f32, DType::bf16, true},
-                                           Config{DType::bf16, DType::bf16, false},
-                                           Config{DType::bf16, DType::f32, true}, Config{DType::f16, DType::f16, true},
-                                           // 1000-element pieces of f32 gradients: 131073 elements in 172 pieces
-                                           Config{DType::f32, DType::f32, false, 4000},
-                                           Config{DType::bf16, DType::f32, true, 4000, DType::u8},
-                                           Config{DType::f32, DType::bf16, false, 3000, DType::u8}),
+INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadedAdamGpu, ::testing::ValuesIn(kOffloadConfigs),
                          [](const auto& info) { return config_name(info.param); });
 
-// 20 steps straight equal 10 steps, a save, a new optimizer loading it, and
-// 10 more; and the file moves between the offloaded and the GPU optimizer.
 TEST_P(OffloadedAdamGpu, AResumedRunEqualsTheStraightRun) {
-  const Config c = GetParam();
-  Model straight(c, 11), resumed(c, 11);
-  OffloadedAdam a(straight.groups<AdamGroup>(straight.weights()), offload_options(c));
-  const std::string path = offload_temp_path("resume");
-  {
-    OffloadedAdam first(resumed.groups<AdamGroup>(resumed.weights()), offload_options(c));
-    for (int s = 1; s <= 10; ++s) {
-      resumed.write_gradients(s);
-      offloaded_step(first);
-    }
-    first.save(path);
-  }
-  for (int s = 1; s <= 10; ++s) {
-    straight.write_gradients(s);
-    offloaded_step(a);
-  }
-  // The model's weights are the caller's to restore (they are the model's
-  // checkpoint); for f16/bf16 ones load() rewrites them from the masters.
-  OffloadedAdam second(resumed.groups<AdamGroup>(resumed.weights()), offload_options(c));
-  second.load(path);
-  for (int s = 11; s <= 20; ++s) {
-    straight.write_gradients(s);
-    resumed.write_gradients(s);
-    offloaded_step(a);
-    offloaded_step(second);
-  }
-  EXPECT_EQ(bits(straight.weights()), bits(resumed.weights()));
-  EXPECT_EQ(a.step_count(), second.step_count());
-  EXPECT_EQ(bits(a.host_optimizer().exp_avg_sq()), bits(second.host_optimizer().exp_avg_sq()));
-  std::remove(path.c_str());
+  expect_a_resumed_run_equals_the_straight_run<Adam>(GetParam());
 }
 
 TEST(OffloadedAdamState, FilesMoveBetweenTheOffloadedAndTheGpuOptimizer) {

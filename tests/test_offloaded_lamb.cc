@@ -143,50 +143,11 @@ TEST_P(OffloadedLambGpu, FiftyStepsEqualTheHostStepBitForBitAndTheGpuStep) {
   if (c.check) EXPECT_EQ(off.scaler()->state().scale, gpu.scaler->state().scale);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadedLambGpu,
-                         ::testing::Values(OffloadConfig{DType::f32, DType::f32, false},
-                                           OffloadConfig{DType::f32, DType::bf16, true},
-                                           OffloadConfig{DType::bf16, DType::bf16, false},
-                                           OffloadConfig{DType::bf16, DType::f32, true},
-                                           OffloadConfig{DType::f16, DType::f16, true},
-                                           // 1000-element pieces: each tensor a piece of its own
-                                           OffloadConfig{DType::f32, DType::f32, false, 4000},
-                                           OffloadConfig{DType::bf16, DType::f32, true, 4000, DType::u8},
-                                           OffloadConfig{DType::f32, DType::bf16, false, 3000, DType::u8}),
+INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadedLambGpu, ::testing::ValuesIn(kOffloadConfigs),
                          [](const auto& info) { return config_name(info.param); });
 
-// 20 steps straight equal 10 steps, a save, a new optimizer loading it, and
-// 10 more.
 TEST_P(OffloadedLambGpu, AResumedRunEqualsTheStraightRun) {
-  const OffloadConfig c = GetParam();
-  OffloadModel straight(c, 11), resumed(c, 11);
-  OffloadedLamb a(straight.groups<LambGroup>(straight.weights()), offload_options(c));
-  const std::string path = offload_temp_path("lamb_resume");
-  {
-    OffloadedLamb first(resumed.groups<LambGroup>(resumed.weights()), offload_options(c));
-    for (int s = 1; s <= 10; ++s) {
-      resumed.write_gradients(s);
-      offloaded_step(first);
-    }
-    first.save(path);
-  }
-  for (int s = 1; s <= 10; ++s) {
-    straight.write_gradients(s);
-    offloaded_step(a);
-  }
-  OffloadedLamb second(resumed.groups<LambGroup>(resumed.weights()), offload_options(c));
-  second.load(path);
-  EXPECT_EQ(second.step_count(), a.step_count());
-  for (int s = 11; s <= 20; ++s) {
-    straight.write_gradients(s);
-    resumed.write_gradients(s);
-    offloaded_step(a);
-    offloaded_step(second);
-  }
-  EXPECT_EQ(bits(straight.weights()), bits(resumed.weights()));
-  EXPECT_EQ(a.step_count(), second.step_count());
-  EXPECT_EQ(bits(a.host_optimizer().exp_avg_sq()), bits(second.host_optimizer().exp_avg_sq()));
-  std::remove(path.c_str());
+  expect_a_resumed_run_equals_the_straight_run<Lamb>(GetParam());
 }
 
 TEST(OffloadedLambState, FilesMoveBetweenTheOffloadedAndTheGpuOptimizer) {

@@ -159,6 +159,12 @@ def test_a_real_backward_with_hooks_equals_the_gpu_step():
     ref = copy.deepcopy(model)
     off = gt.OffloadedAdamW(model.parameters(), lr=3e-3, bucket_mb=0.05)
     gpu = gt.AdamW(ref.parameters(), lr=3e-3)
+    train_side_by_side(model, off, ref, gpu)
+
+
+def train_side_by_side(model, off, ref, gpu):
+    """Six bf16-autocast steps of `model` with the offloaded `off` and of its copy `ref` with `gpu`:
+    the weights equal bit for bit after each, and backward's hooks handed buckets."""
     handed_early = 0
     for step, (x, y) in enumerate(text_batches("cuda", 6, batch=4, block=32)):
         for m, opt in ((model, off), (ref, gpu)):
@@ -174,13 +180,17 @@ def test_a_real_backward_with_hooks_equals_the_gpu_step():
     assert handed_early > 0  # from the second step on, backward's hooks handed buckets
 
 
+def run_steps(opt, params, steps, dtype=torch.float32):
+    """grads_for(step)'s gradients and a step, for each of `steps`."""
+    for step in steps:
+        for p, g in zip(params, grads_for(step, dtype, "cuda")):
+            p.grad = g
+        opt.step()
+
+
 @needs_cuda
 def test_state_dict_moves_between_offloaded_gradkit_and_torch():
-    def run(opt, params, steps):
-        for step in steps:
-            for p, g in zip(params, grads_for(step, torch.float32, "cuda")):
-                p.grad = g
-            opt.step()
+    run = run_steps
 
     straight = params_on("cuda")
     s_opt = gt.OffloadedAdamW(two_groups(straight), lr=1e-2)

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 import gradkit  # noqa: E402
 import gradkit.torch as gt  # noqa: E402
 from conftest import cuda_visible  # noqa: E402
-from models import TinyGPT, text_batches  # noqa: E402
-from test_torch_offload import grads_for, params_on  # noqa: E402
+from models import TinyGPT  # noqa: E402
+from test_torch_offload import grads_for, params_on, run_steps, train_side_by_side  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not cuda_visible(), reason="no CUDA device visible")
 
@@ -98,29 +98,14 @@ def test_a_real_backward_with_hooks_equals_the_gpu_step():
     # int8 moments: the GPU's LAMB gives the CPU's bits (float moments: to rounding)
     off = gt.OffloadedLamb(model.parameters(), lr=3e-3, weight_decay=0.01, bucket_mb=0.05, moments="int8")
     gpu = gt.Lamb(ref.parameters(), lr=3e-3, weight_decay=0.01, moments="int8", min_8bit_size=0)
-    handed_early = 0
-    for step, (x, y) in enumerate(text_batches("cuda", 6, batch=4, block=32)):
-        for m, opt in ((model, off), (ref, gpu)):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = m(x, y)
-            loss.backward()
-            if opt is off:
-                handed_early += sum(off._handed)
-            opt.step()
-            opt.zero_grad()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            assert torch.equal(p, q), step
-    assert handed_early > 0  # from the second step on, backward's hooks handed buckets
+    train_side_by_side(model, off, ref, gpu)
 
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_state_dict_moves_between_offloaded_and_gradkit_lamb(dtype):
     def run(opt, params, steps):
-        for step in steps:
-            for p, g in zip(params, grads_for(step, dtype, "cuda")):
-                p.grad = g
-            opt.step()
+        run_steps(opt, params, steps, dtype)
 
     # int8 moments: three steps on the GPU give the offloaded steps' bits
     straight = params_on("cuda", dtype)

@@ -62,6 +62,21 @@ inline std::string config_name(const OffloadConfig& c) {
 // How gtest names a config in its output (not its padding bytes).
 inline void PrintTo(const OffloadConfig& c, std::ostream* os) { *os << config_name(c); }
 
+// The dtype configurations both optimizers' GPU tests run: weights,
+// gradients, a check or none; small pieces (1000-element pieces of f32
+// gradients: Adam cuts the 131073-element tensor into 172, LAMB keeps each
+// tensor a piece of its own); 8-bit moments.
+inline const OffloadConfig kOffloadConfigs[] = {
+    {DType::f32, DType::f32, false},
+    {DType::f32, DType::bf16, true},
+    {DType::bf16, DType::bf16, false},
+    {DType::bf16, DType::f32, true},
+    {DType::f16, DType::f16, true},
+    {DType::f32, DType::f32, false, 4000},
+    {DType::bf16, DType::f32, true, 4000, DType::u8},
+    {DType::f32, DType::bf16, false, 3000, DType::u8},
+};
+
 inline const int64_t kOffloadSizes[] = {1000, 65536 * 2 + 1, 3, 4097, 7};
 
 inline OffloadedOptions offload_options(const OffloadConfig& c) {
@@ -290,6 +305,43 @@ void step_both(OffloadModel& a, Offloaded<Optimizer>& off, OffloadModel& b, Step
     offloaded_step(off);
     other_step();
   }
+}
+
+// 20 steps straight equal 10 steps, a save, a new optimizer loading it, and
+// 10 more: the weights, the step count and the moments. The model's weights
+// are the caller's to restore (they are the model's checkpoint); for
+// f16/bf16 ones load() rewrites them from the masters.
+template <class Optimizer>
+void expect_a_resumed_run_equals_the_straight_run(const OffloadConfig& c) {
+  using Group = typename Optimizer::Group;
+  OffloadModel straight(c, 11), resumed(c, 11);
+  Offloaded<Optimizer> a(straight.groups<Group>(straight.weights()), offload_options(c));
+  const std::string path = offload_temp_path("resume");
+  {
+    Offloaded<Optimizer> first(resumed.groups<Group>(resumed.weights()), offload_options(c));
+    for (int s = 1; s <= 10; ++s) {
+      resumed.write_gradients(s);
+      offloaded_step(first);
+    }
+    first.save(path);
+  }
+  for (int s = 1; s <= 10; ++s) {
+    straight.write_gradients(s);
+    offloaded_step(a);
+  }
+  Offloaded<Optimizer> second(resumed.groups<Group>(resumed.weights()), offload_options(c));
+  second.load(path);
+  EXPECT_EQ(second.step_count(), a.step_count());
+  for (int s = 11; s <= 20; ++s) {
+    straight.write_gradients(s);
+    resumed.write_gradients(s);
+    offloaded_step(a);
+    offloaded_step(second);
+  }
+  EXPECT_EQ(bits(straight.weights()), bits(resumed.weights()));
+  EXPECT_EQ(a.step_count(), second.step_count());
+  EXPECT_EQ(bits(a.host_optimizer().exp_avg_sq()), bits(second.host_optimizer().exp_avg_sq()));
+  std::remove(path.c_str());
 }
 
 }  // namespace gradkit::test
