@@ -25,28 +25,9 @@ namespace {
 
 // ---- argument checks (no device needed) ------------------------------------
 
-// Host memory that the views below call device memory: the checks must
-// refuse the call before anything looks at it, and leave it as it was.
-struct FakeModel {
-  std::vector<float> memory = std::vector<float>(64, 1.5f);
-  TensorView at(int offset, int64_t numel, DType dtype = DType::f32, Device device = Device::cuda(0)) {
-    return TensorView{memory.data() + offset, numel, dtype, device};
-  }
-  AdamGroup group() {
-    AdamGroup g;
-    g.params = {at(0, 8), at(8, 8)};
-    g.grads = {at(16, 8), at(24, 8)};
-    return g;
-  }
-  bool untouched() const {
-    for (float v : memory) if (v != 1.5f) return false;
-    return true;
-  }
-};
-
 void expect_refused(std::vector<AdamGroup> groups, OffloadedOptions options, ErrorCode code,
                     const std::vector<std::string>& parts) {
-  expect_error([&] { OffloadedAdam(std::move(groups), std::move(options)); }, code, parts);
+  test::expect_refused<Adam>(std::move(groups), std::move(options), code, parts);
 }
 
 TEST(OffloadedAdamArguments, ParamsOnTheHostAreRefused) {

@@ -24,48 +24,29 @@ namespace {
 
 // ---- argument checks (no device needed) ------------------------------------
 
-// Host memory that the views below call device memory: the checks must
-// refuse the call before anything looks at it, and leave it as it was.
-struct FakeModel {
-  std::vector<float> memory = std::vector<float>(64, 1.5f);
-  TensorView at(int offset, int64_t numel, DType dtype = DType::f32) {
-    return TensorView{memory.data() + offset, numel, dtype, Device::cuda(0)};
-  }
-  LambGroup group() {
-    LambGroup g;
-    g.params = {at(0, 8), at(8, 8)};
-    g.grads = {at(16, 8), at(24, 8)};
-    return g;
-  }
-  bool untouched() const {
-    for (float v : memory) if (v != 1.5f) return false;
-    return true;
-  }
-};
-
 void expect_refused(std::vector<LambGroup> groups, OffloadedOptions options, ErrorCode code,
                     const std::vector<std::string>& parts) {
-  expect_error([&] { OffloadedLamb(std::move(groups), std::move(options)); }, code, parts);
+  test::expect_refused<Lamb>(std::move(groups), std::move(options), code, parts);
 }
 
 TEST(OffloadedLambArguments, LambsOwnArgumentsAreChecked) {
   FakeModel m;
   OffloadedOptions o;
   o.lamb.moment_dtype = DType::f16;
-  expect_refused({m.group()}, o, ErrorCode::dtype_unsupported, {"OffloadedLamb", "options.lamb.moment_dtype", "f16"});
+  expect_refused({m.group<LambGroup>()}, o, ErrorCode::dtype_unsupported, {"OffloadedLamb", "options.lamb.moment_dtype", "f16"});
   o = {};
   o.adam.moment_dtype = DType::f16;  // Adam's options are not LAMB's: ignored
   o.lamb.eta = -1.0f;
-  expect_refused({m.group()}, o, ErrorCode::invalid_argument, {"OffloadedLamb", "options.lamb.eta", "-1"});
+  expect_refused({m.group<LambGroup>()}, o, ErrorCode::invalid_argument, {"OffloadedLamb", "options.lamb.eta", "-1"});
   o.lamb.eta = INFINITY;
-  expect_refused({m.group()}, o, ErrorCode::invalid_argument, {"options.lamb.eta"});
-  LambGroup g = m.group();
+  expect_refused({m.group<LambGroup>()}, o, ErrorCode::invalid_argument, {"options.lamb.eta"});
+  LambGroup g = m.group<LambGroup>();
   g.hyperparameters.beta = 1.0f;
   expect_refused({g}, {}, ErrorCode::invalid_argument, {"groups[0].hyperparameters", "beta"});
-  g = m.group();
+  g = m.group<LambGroup>();
   g.weight_remainder = {m.at(32, 8, DType::i16), m.at(40, 8, DType::i16)};
   expect_refused({g}, {}, ErrorCode::invalid_argument, {"groups[0].weight_remainder", "expected none"});
-  g = m.group();
+  g = m.group<LambGroup>();
   g.params[0].device = Device::cpu();
   expect_refused({g}, {}, ErrorCode::device_mismatch, {"OffloadedLamb", "groups[0].params[0]", "is on cpu"});
   EXPECT_TRUE(m.untouched());
@@ -76,7 +57,7 @@ TEST(OffloadedLambArguments, LambsOwnArgumentsAreChecked) {
 TEST(OffloadedLambArguments, WithoutAGpuTheOptimizerIsRefused) {
   if (cuda_available()) GTEST_SKIP() << "a CUDA device is visible";
   FakeModel m;
-  expect_refused({m.group()}, {}, ErrorCode::backend_unavailable, {"OffloadedLamb", "CUDA"});
+  expect_refused({m.group<LambGroup>()}, {}, ErrorCode::backend_unavailable, {"OffloadedLamb", "CUDA"});
   EXPECT_TRUE(m.untouched());
 }
 

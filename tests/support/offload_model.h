@@ -20,9 +20,37 @@
 
 #include "gradkit/optim/offloaded.h"
 #include "optim/offloaded_parts.h"  // OffloadTraits
+#include "support/expect_error.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {
+
+// Host memory that the views below call device memory: the argument checks
+// must refuse the call before anything looks at it, and leave it as it was.
+struct FakeModel {
+  std::vector<float> memory = std::vector<float>(64, 1.5f);
+  TensorView at(int offset, int64_t numel, DType dtype = DType::f32, Device device = Device::cuda(0)) {
+    return TensorView{memory.data() + offset, numel, dtype, device};
+  }
+  template <class Group = AdamGroup>
+  Group group() {
+    Group g;
+    g.params = {at(0, 8), at(8, 8)};
+    g.grads = {at(16, 8), at(24, 8)};
+    return g;
+  }
+  bool untouched() const {
+    for (float v : memory) if (v != 1.5f) return false;
+    return true;
+  }
+};
+
+// Making Offloaded<Optimizer> over `groups` throws `code` with every one of `parts`.
+template <class Optimizer>
+void expect_refused(std::vector<typename Optimizer::Group> groups, OffloadedOptions options, ErrorCode code,
+                    const std::vector<std::string>& parts) {
+  expect_error([&] { Offloaded<Optimizer>(std::move(groups), std::move(options)); }, code, parts);
+}
 
 // Writes `values`, rounded to the tensor's dtype, into a tensor on any device.
 inline void fill(const TensorView& t, const std::vector<double>& values) {
