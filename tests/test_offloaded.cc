@@ -261,32 +261,7 @@ TEST(OffloadedAdamState, FilesMoveBetweenTheOffloadedAndTheGpuOptimizer) {
     EXPECT_EQ(bits(back.host_optimizer().exp_avg()), bits(gpu.optimizer->exp_avg()));
   }
   // bf16 weights with a scaler: MixedPrecisionAdam's file, both ways.
-  {
-    const Config c{DType::bf16, DType::bf16, true};
-    Model a(c, 4), b(c, 4);
-    const OffloadedOptions o = offload_options(c);
-    OffloadedAdam off(a.groups<AdamGroup>(a.weights()), o);
-    MixedPrecisionOptions mo;
-    mo.scaler = *o.scaler;
-    mo.max_norm = o.max_norm;
-    MixedPrecisionAdam mixed(b.groups<AdamGroup>(b.weights()), mo);
-    for (int s = 1; s <= 6; ++s) {
-      a.write_gradients(s);
-      offloaded_step(off);
-    }
-    off.save(path);
-    mixed.load(path);  // writes b's weights from the masters
-    EXPECT_EQ(bits(a.weights()), bits(b.weights()));
-    step_both(a, off, b, [&] { mixed.step(); }, 7, 12);
-    EXPECT_EQ(bits(a.weights()), bits(b.weights()));
-    EXPECT_EQ(off.scaler()->state().scale, mixed.loss_scale());
-    mixed.save(path);
-    Model fresh(c, 99);
-    OffloadedAdam back(fresh.groups<AdamGroup>(fresh.weights()), o);
-    back.load(path);
-    EXPECT_EQ(bits(fresh.weights()), bits(b.weights()));
-    EXPECT_EQ(bits(back.masters()), bits(mixed.masters()));
-  }
+  expect_the_mixed_precision_file_moves_both_ways<Adam>(OffloadConfig{DType::bf16, DType::bf16, true}, path);
   std::remove(path.c_str());
 }
 

@@ -161,32 +161,8 @@ TEST(OffloadedLambState, FilesMoveBetweenTheOffloadedAndTheGpuOptimizer) {
     EXPECT_EQ(bits(back.host_optimizer().exp_avg()), bits(gpu.optimizer->exp_avg()));
   }
   // bf16 weights with a scaler: MixedPrecisionLamb's file, both ways.
-  {
-    const OffloadConfig c{DType::bf16, DType::bf16, true, OffloadedOptions{}.piece_bytes, DType::u8};
-    OffloadModel a(c, 4), b(c, 4);
-    const OffloadedOptions o = offload_options(c);
-    OffloadedLamb off(a.groups<LambGroup>(a.weights()), o);
-    MixedPrecisionOptions mo;
-    mo.scaler = *o.scaler;
-    mo.max_norm = o.max_norm;
-    MixedPrecisionLamb mixed(b.groups<LambGroup>(b.weights()), mo, o.lamb);
-    for (int s = 1; s <= 6; ++s) {
-      a.write_gradients(s);
-      offloaded_step(off);
-    }
-    off.save(path);
-    mixed.load(path);  // writes b's weights from the masters
-    EXPECT_EQ(bits(a.weights()), bits(b.weights()));
-    step_both(a, off, b, [&] { mixed.step(); }, 7, 12);
-    EXPECT_EQ(bits(a.weights()), bits(b.weights()));
-    EXPECT_EQ(off.scaler()->state().scale, mixed.loss_scale());
-    mixed.save(path);
-    OffloadModel fresh(c, 99);
-    OffloadedLamb back(fresh.groups<LambGroup>(fresh.weights()), o);
-    back.load(path);
-    EXPECT_EQ(bits(fresh.weights()), bits(b.weights()));
-    EXPECT_EQ(bits(back.masters()), bits(mixed.masters()));
-  }
+  const OffloadConfig eight_bit{DType::bf16, DType::bf16, true, OffloadedOptions{}.piece_bytes, DType::u8};
+  expect_the_mixed_precision_file_moves_both_ways<Lamb>(eight_bit, path);
   // Float moments: the file moves both ways and loads back what was saved.
   {
     const OffloadConfig c{DType::bf16, DType::f32, true};

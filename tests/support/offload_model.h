@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "gradkit/optim/mixed_precision.h"
 #include "gradkit/optim/offloaded.h"
 #include "optim/offloaded_parts.h"  // OffloadTraits
 #include "support/expect_error.h"
@@ -370,6 +371,37 @@ void expect_a_resumed_run_equals_the_straight_run(const OffloadConfig& c) {
   EXPECT_EQ(a.step_count(), second.step_count());
   EXPECT_EQ(bits(a.host_optimizer().exp_avg_sq()), bits(second.host_optimizer().exp_avg_sq()));
   std::remove(path.c_str());
+}
+
+// f16/bf16 weights with a scaler (`c`): the offloaded optimizer's file is
+// MixedPrecision's, and the two optimizers go on from each other's files
+// bit for bit (`c` with moments whose steps the two backends share).
+template <class Optimizer>
+void expect_the_mixed_precision_file_moves_both_ways(const OffloadConfig& c, const std::string& path) {
+  using Group = typename Optimizer::Group;
+  OffloadModel a(c, 4), b(c, 4);
+  const OffloadedOptions o = offload_options(c);
+  Offloaded<Optimizer> off(a.groups<Group>(a.weights()), o);
+  MixedPrecisionOptions mo;
+  mo.scaler = *o.scaler;
+  mo.max_norm = o.max_norm;
+  MixedPrecision<Optimizer> mixed(b.groups<Group>(b.weights()), mo, OffloadTraits<Optimizer>::options(o));
+  for (int s = 1; s <= 6; ++s) {
+    a.write_gradients(s);
+    offloaded_step(off);
+  }
+  off.save(path);
+  mixed.load(path);  // writes b's weights from the masters
+  EXPECT_EQ(bits(a.weights()), bits(b.weights()));
+  step_both(a, off, b, [&] { mixed.step(); }, 7, 12);
+  EXPECT_EQ(bits(a.weights()), bits(b.weights()));
+  EXPECT_EQ(off.scaler()->state().scale, mixed.loss_scale());
+  mixed.save(path);
+  OffloadModel fresh(c, 99);
+  Offloaded<Optimizer> back(fresh.groups<Group>(fresh.weights()), o);
+  back.load(path);
+  EXPECT_EQ(bits(fresh.weights()), bits(b.weights()));
+  EXPECT_EQ(bits(back.masters()), bits(mixed.masters()));
 }
 
 }  // namespace gradkit::test
