@@ -162,9 +162,26 @@ def test_a_real_backward_with_hooks_equals_the_gpu_step():
     train_side_by_side(model, off, ref, gpu)
 
 
-def train_side_by_side(model, off, ref, gpu):
+@needs_cuda
+@pytest.mark.skipif(not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"),
+                    reason="the hooks need torch >= 2.1")
+def test_an_lr_scheduler_applies_to_the_buckets_that_hooks_hand():
+    """The buckets handed during backward step with the lr the scheduler set after the last step."""
+    torch.manual_seed(1)
+    model = TinyGPT(layers=2, d=64).cuda()
+    ref = copy.deepcopy(model)
+    off = gt.OffloadedAdamW(model.parameters(), lr=3e-3, bucket_mb=0.05)
+    gpu = gt.AdamW(ref.parameters(), lr=3e-3)
+    train_side_by_side(model, off, ref, gpu, lr_step=1)
+
+
+def train_side_by_side(model, off, ref, gpu, lr_step=None):
     """Six bf16-autocast steps of `model` with the offloaded `off` and of its copy `ref` with `gpu`:
-    the weights equal bit for bit after each, and backward's hooks handed buckets."""
+    the weights equal bit for bit after each, and backward's hooks handed buckets. `lr_step`:
+    a StepLR's step_size, each optimizer's scheduler stepped after each step (torch's order)."""
+    schedulers = {}
+    if lr_step:
+        schedulers = {id(o): torch.optim.lr_scheduler.StepLR(o, step_size=lr_step, gamma=0.5) for o in (off, gpu)}
     handed_early = 0
     for step, (x, y) in enumerate(text_batches("cuda", 6, batch=4, block=32)):
         for m, opt in ((model, off), (ref, gpu)):
@@ -175,6 +192,8 @@ def train_side_by_side(model, off, ref, gpu):
                 handed_early += sum(off._handed)
             opt.step()
             opt.zero_grad()
+            if schedulers:
+                schedulers[id(opt)].step()
         for p, q in zip(model.parameters(), ref.parameters()):
             assert torch.equal(p, q), step
     assert handed_early > 0  # from the second step on, backward's hooks handed buckets

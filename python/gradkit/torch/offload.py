@@ -20,6 +20,10 @@ computed by gradkit (docs/offload.md):
   updates follow it, bucket by bucket.
 - Every parameter is updated at every step: a parameter without a gradient
   at step() is an error (torch.optim skips it; one step counter here).
+- The param groups' "lr" is read when a step's first bucket is handed (by a
+  hook during backward, or in step()): an lr scheduler stepped after
+  step(), as torch documents, applies to the next step exactly; a change
+  made between backward and step() applies from the step after.
 - moments="float32" (default), "bfloat16" or "int8" sets the host moments'
   form, as gradkit.torch.AdamW's `moments` does (8-bit here for every
   tensor: the host has no launch to save). Fewer bytes per parameter are
@@ -135,6 +139,10 @@ class _OffloadedBase(torch.optim.Optimizer):
                 raise TypeError(f"params[{t}].grad is {g.dtype} on {g.device}, expected a contiguous "
                                 f"{self._params[t].dtype} gradient on {self._device}")
             grads.append(g.detach())
+        if not any(self._handed):
+            # The step's first bucket: its CPU step may run at once (no check), so the
+            # param groups' lr (a scheduler's change since the last step) applies now.
+            self._apply_lrs()
         if self._refresh:
             self._native.refresh_masters()
             self._refresh = False
@@ -151,7 +159,6 @@ class _OffloadedBase(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._apply_lrs()
         for b, handed in enumerate(self._handed):
             if not handed:
                 self._hand(b)
