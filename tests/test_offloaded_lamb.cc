@@ -36,6 +36,12 @@ TEST(OffloadedLambArguments, LambsOwnArgumentsAreChecked) {
   expect_refused({m.group<LambGroup>()}, o, ErrorCode::dtype_unsupported, {"OffloadedLamb", "options.lamb.moment_dtype", "f16"});
   o = {};
   o.adam.moment_dtype = DType::f16;  // Adam's options are not LAMB's: ignored
+  try {
+    OffloadedLamb(std::vector<LambGroup>{m.group<LambGroup>()}, o);
+  } catch (const Error& e) {  // no GPU: backend_unavailable; a GPU: the fake model's host memory
+    EXPECT_EQ(std::string(e.what()).find("moment_dtype"), std::string::npos) << e.what();
+    EXPECT_TRUE(e.code() == ErrorCode::backend_unavailable || e.code() == ErrorCode::device_mismatch) << e.what();
+  }
   o.lamb.eta = -1.0f;
   expect_refused({m.group<LambGroup>()}, o, ErrorCode::invalid_argument, {"OffloadedLamb", "options.lamb.eta", "-1"});
   o.lamb.eta = INFINITY;

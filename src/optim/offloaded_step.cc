@@ -169,12 +169,15 @@ int64_t Offloaded<Optimizer>::step_count() {
 
 template <class Optimizer>
 void Offloaded<Optimizer>::set_step_count(int64_t steps) {
-  if (steps < 0 || steps == std::numeric_limits<int64_t>::max()) {
+  // The counter after `steps` steps must still count the next one.
+  constexpr int64_t offset = OffloadTraits<Optimizer>::counter_offset;
+  constexpr int64_t largest = std::numeric_limits<int64_t>::max() - 1 - offset;
+  if (steps < 0 || steps > largest) {
     throw_argument_error(ErrorCode::invalid_argument, OffloadTraits<Optimizer>::op, "steps",
-                         "is " + std::to_string(steps) + ", expected 0 to 2^63 - 2");
+                         "is " + std::to_string(steps) + ", expected 0 to " + std::to_string(largest));
   }
   worker_->wait();
-  *OffloadTraits<Optimizer>::counter(*optimizer_) = steps + OffloadTraits<Optimizer>::counter_offset;  // host memory
+  *OffloadTraits<Optimizer>::counter(*optimizer_) = steps + offset;  // host memory
 }
 
 template <class Optimizer>
@@ -189,6 +192,7 @@ template <class Optimizer>
 void Offloaded<Optimizer>::set_lr(int group, float lr)
   requires std::same_as<Optimizer, Adam>
 {
+  check_value(lr >= 0 && lr < INFINITY, OffloadTraits<Optimizer>::op, "lr", lr, "a finite value >= 0");
   worker_->wait();
   optimizer_->set_lr(group, lr);
 }
@@ -205,6 +209,7 @@ template <class Optimizer>
 void Offloaded<Optimizer>::set_eta(float eta)
   requires std::same_as<Optimizer, Lamb>
 {
+  check_value(eta >= 0 && eta < INFINITY, OffloadTraits<Optimizer>::op, "eta", eta, "a finite value >= 0");
   worker_->wait();
   optimizer_->set_eta(eta);
 }

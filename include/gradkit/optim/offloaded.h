@@ -134,7 +134,8 @@ class Offloaded {
   // between steps without stalling the device.
   int64_t step_count();
   // Steps completed, for a framework that loads state of its own layout
-  // (0 to 2^63 - 2: the next step must be able to count).
+  // (0 to 2^63 - 2 for Adam, 2^63 - 3 for LAMB, whose counter holds the
+  // next t: the next step must be able to count).
   void set_step_count(int64_t steps);
   // Adam: each group's learning rate; LAMB: eta, shared by every group.
   float lr(int group) requires std::same_as<Optimizer, Adam>;

@@ -188,7 +188,9 @@ class _OffloadedBase(torch.optim.Optimizer):
 
     @property
     def native(self):
-        """The gradkit.OffloadedAdam or OffloadedLamb underneath (host_bytes, device_bytes, save, load)."""
+        """The gradkit.OffloadedAdam or OffloadedLamb underneath (host_bytes, device_bytes, save, load).
+        Its load() takes the learning rates from the file, but the param groups keep theirs and
+        are applied again once they change: use load_state_dict to move the lr too."""
         return self._native
 
     def _moment_names(self):

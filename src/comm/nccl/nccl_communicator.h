@@ -27,6 +27,7 @@
 // fusion buffer's copies); nccl_create.cc makes it (create_nccl_communicator).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
