@@ -49,6 +49,7 @@ import torch
 import gradkit
 from gradkit.torch._device import common_device, stream_handle
 from gradkit.torch._state_forms import StateForm, absmax_name
+from gradkit.torch.optim import adam_hyperparameters, closure_loss, lamb_hyperparameters
 
 _MOMENT_DTYPES = {"float32": gradkit.DType.f32, "bfloat16": gradkit.DType.bf16, "int8": gradkit.DType.u8}
 
@@ -155,10 +156,7 @@ class _OffloadedBase(torch.optim.Optimizer):
     def step(self, closure=None):
         """Hands the buckets backward has not handed, and makes the current stream wait for
         every updated weight (the host waits for the CPU steps)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for b, handed in enumerate(self._handed):
             if not handed:
                 self._hand(b)
@@ -315,9 +313,7 @@ class _OffloadedAdamBase(_OffloadedBase):
         return gradkit.OffloadedAdam(groups, **options)
 
     def _hyperparameters(self, g):
-        return gradkit.AdamHyperparameters(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
-                                           weight_decay=g["weight_decay"], decay=self._decay, amsgrad=g["amsgrad"],
-                                           maximize=g["maximize"])
+        return adam_hyperparameters(g, self._decay)
 
     def _apply_lrs(self):
         for g, group in enumerate(self.param_groups):
@@ -373,9 +369,7 @@ class OffloadedLamb(_OffloadedBase):
 
     def _hyperparameters(self, g):
         # LAMB's own clipping gets no norm here: max_norm clips globally (the class's docstring).
-        return gradkit.LambHyperparameters(alpha=g["betas"][0], beta=g["betas"][1], lambda_=g["weight_decay"],
-                                           epsilon=g["eps"], ratio_min=g["min_trust"], ratio_max=g["max_trust"],
-                                           max_norm=0.0, bias_correction=g["bias_correction"])
+        return lamb_hyperparameters(g, 0.0)
 
     def _common_lr(self):
         lrs = sorted({float(g["lr"]) for g in self.param_groups})

@@ -46,6 +46,23 @@ def closure_loss(closure):
         return closure()
 
 
+def adam_hyperparameters(group, decay):
+    """gradkit.AdamHyperparameters from a torch param group (lr, betas, eps, weight_decay, amsgrad,
+    maximize) and the weight decay's form: every Adam-like optimizer here maps a group this way."""
+    return gradkit.AdamHyperparameters(lr=float(group["lr"]), beta1=group["betas"][0], beta2=group["betas"][1],
+                                       eps=group["eps"], weight_decay=group["weight_decay"], decay=decay,
+                                       amsgrad=group["amsgrad"], maximize=group["maximize"])
+
+
+def lamb_hyperparameters(group, max_norm):
+    """gradkit.LambHyperparameters from a torch param group (betas, eps, weight_decay, min_trust,
+    max_trust, bias_correction); `max_norm`: LAMB's own clipping threshold (0: none)."""
+    return gradkit.LambHyperparameters(alpha=group["betas"][0], beta=group["betas"][1], lambda_=group["weight_decay"],
+                                       epsilon=group["eps"], ratio_min=group["min_trust"],
+                                       ratio_max=group["max_trust"], max_norm=max_norm,
+                                       bias_correction=group["bias_correction"])
+
+
 class _Cohort:
     """Parameters stepped together by one plan; they share their step count."""
 
@@ -500,9 +517,7 @@ class Adam(_PlannedOptimizer):
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
 
     def _hyperparameters(self, g):
-        return gradkit.AdamHyperparameters(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
-                                           weight_decay=g["weight_decay"], decay=self._decay, amsgrad=g["amsgrad"],
-                                           maximize=g["maximize"])
+        return adam_hyperparameters(g, self._decay)
 
     def _make_plan(self, indices, grads):
         weights, g, groups, copy, remainder = self._plan_lists(indices, grads)
@@ -588,9 +603,7 @@ class Lamb(_PlannedOptimizer):
         return self._layout.group_of[index], self._form.quantized(self._layout.params[index])
 
     def _hyperparameters(self, g):
-        return gradkit.LambHyperparameters(alpha=g["betas"][0], beta=g["betas"][1], lambda_=g["weight_decay"],
-                                           epsilon=g["eps"], ratio_min=g["min_trust"], ratio_max=g["max_trust"],
-                                           max_norm=self.max_grad_norm or 0.0, bias_correction=g["bias_correction"])
+        return lamb_hyperparameters(g, self.max_grad_norm or 0.0)
 
     def _make_plan(self, indices, grads):
         weights, g, groups, copy, remainder = self._plan_lists(indices, grads)

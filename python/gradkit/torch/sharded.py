@@ -40,7 +40,7 @@ from gradkit.torch._dtensor import is_dtensor
 from gradkit.torch._device import common_device, device_name, gradkit_dtype, stream_handle
 from gradkit.torch._state_forms import StateForm
 from gradkit.torch.flat import FlatGradients
-from gradkit.torch.optim import closure_loss
+from gradkit.torch.optim import adam_hyperparameters, closure_loss
 
 if not hasattr(gradkit, "ShardedAdam"):
     raise ImportError("gradkit was built without its communication layer (MPI was not found when it was built)")
@@ -140,9 +140,7 @@ class ShardedAdamW(torch.optim.Optimizer):
 
     @staticmethod
     def _hyperparameters(g):
-        return gradkit.AdamHyperparameters(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
-                                           weight_decay=g["weight_decay"], decay=gradkit.WeightDecay.decoupled,
-                                           amsgrad=g["amsgrad"], maximize=g["maximize"])
+        return adam_hyperparameters(g, gradkit.WeightDecay.decoupled)
 
     def add_param_group(self, param_group):
         if hasattr(self, "_sharded"):
