@@ -89,9 +89,13 @@ void LambPlan::set_hyperparameters(std::span<const LambHyperparameters> hyperpar
   hyper_.set(kOp, hyperparameters, plan_.device());
 }
 
+void validate_eta(float eta, std::string_view op, std::string_view arg) {
+  check_value(std::isfinite(eta) && eta >= 0, op, arg, eta, "a finite value >= 0");
+}
+
 void LambPlan::validate_inputs(const LambStepInputs& in) const {
   const Device device = plan_.device();
-  if (in.eta_device == nullptr) check_value(std::isfinite(in.eta) && in.eta >= 0, kOp, "eta", in.eta, "a finite value >= 0");
+  if (in.eta_device == nullptr) validate_eta(in.eta, kOp, "eta");
   if (in.loss_scale_device == nullptr) {
     check_value(std::isfinite(in.loss_scale) && in.loss_scale > 0, kOp, "loss_scale", in.loss_scale, "a finite value > 0");
   }

@@ -1,6 +1,5 @@
 #include "gradkit/optim/lamb.h"
 
-#include <cmath>
 #include <string>
 
 #include "gradkit/core/error.h"
@@ -23,7 +22,7 @@ Lamb::Lamb(std::vector<LambGroup> groups, LambOptions options) : groups_(std::mo
     throw_argument_error(ErrorCode::dtype_unsupported, kOp, "options.moment_dtype",
                          "is " + std::string(dtype_name(md)) + ", expected f32, bf16 or u8");
   }
-  check_value(options_.eta >= 0 && options_.eta < INFINITY, kOp, "options.eta", options_.eta, "a finite value >= 0");
+  validate_eta(options_.eta, kOp, "options.eta");
   const ParameterLists lists = flatten_groups(kOp, groups_);
   const std::vector<TensorView> remainders = flatten_remainders(kOp, groups_);
   if (!remainders.empty() && md == DType::u8) {
@@ -75,7 +74,7 @@ float Lamb::eta() const {
 }
 
 void Lamb::set_eta(float eta) {
-  check_value(eta >= 0 && eta < INFINITY, kOp, "eta", eta, "a finite value >= 0");
+  validate_eta(eta, kOp, "eta");
   options_.eta = eta;
   copy_from_host(eta_.data(), device_, &eta, sizeof eta);
 }
@@ -118,7 +117,7 @@ void Lamb::check_state(const std::string& path, const StateFile& file) const {
   read_step_and_moment(meta, path, exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype);
   const auto eta = meta.get<float>();
   try {
-    check_value(eta >= 0 && eta < INFINITY, kOp, "eta", eta, "a finite value >= 0");
+    validate_eta(eta, kOp, "eta");
   } catch (const Error& e) {
     throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has a bad eta: " + e.what());
   }

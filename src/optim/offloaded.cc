@@ -46,8 +46,7 @@ void check_arguments(const std::vector<typename Optimizer::Group>& groups, const
     validate(groups[g].hyperparameters, op, name + ".hyperparameters");
   }
   if constexpr (std::is_same_v<Optimizer, Lamb>) {
-    check_value(options.lamb.eta >= 0 && options.lamb.eta < INFINITY, op, "options.lamb.eta", options.lamb.eta,
-                "a finite value >= 0");
+    validate_eta(options.lamb.eta, op, "options.lamb.eta");
   }
   if (lists.params.empty()) {
     throw_argument_error(ErrorCode::invalid_argument, op, "groups", "hold no params; expected at least one");

@@ -209,7 +209,7 @@ template <class Optimizer>
 void Offloaded<Optimizer>::set_eta(float eta)
   requires std::same_as<Optimizer, Lamb>
 {
-  check_value(eta >= 0 && eta < INFINITY, OffloadTraits<Optimizer>::op, "eta", eta, "a finite value >= 0");
+  validate_eta(eta, OffloadTraits<Optimizer>::op, "eta");
   worker_->wait();
   optimizer_->set_eta(eta);
 }

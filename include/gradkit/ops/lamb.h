@@ -33,6 +33,10 @@ struct LambHyperparameters {
 // lambda >= 0, ratio_min <= ratio_max (neither NaN), max_norm finite.
 void validate(const LambHyperparameters& h, std::string_view op, const std::string& arg);
 
+// Throws Error naming `op` and `arg` unless eta, LAMB's learning rate, is
+// finite and >= 0.
+void validate_eta(float eta, std::string_view op, std::string_view arg);
+
 }  // namespace gradkit
 
 #include "gradkit/ops/detail/group_table.h"
