@@ -191,12 +191,7 @@ TEST(OffloadPieces, WithAlignZeroEveryTensorStaysWhole) {
 using Config = OffloadConfig;
 using Model = OffloadModel;
 
-class OffloadedAdamGpu : public ::testing::TestWithParam<Config> {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
-  }
-};
+class OffloadedAdamGpu : public OffloadGpuTest {};
 
 TEST_P(OffloadedAdamGpu, FiftyStepsEqualTheGpuStepBitForBit) {
   const Config c = GetParam();

@@ -80,12 +80,7 @@ std::vector<double> f32_values(const std::vector<TensorView>& tensors) {
   return out;
 }
 
-class OffloadedLambGpu : public ::testing::TestWithParam<OffloadConfig> {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
-  }
-};
+class OffloadedLambGpu : public OffloadGpuTest {};
 
 // The offloaded step is the host LAMB's bit for bit (HostStep: the same
 // plans' arithmetic over whole tensors, whatever the pieces). Against the

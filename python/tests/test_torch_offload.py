@@ -17,6 +17,8 @@ from conftest import cuda_visible  # noqa: E402
 from models import TinyGPT, text_batches  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not cuda_visible(), reason="no CUDA device visible")
+needs_hooks = pytest.mark.skipif(not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"),
+                                 reason="the hooks need torch >= 2.1")
 SHAPES = [(17, 5), (33,), (4, 4, 3), (64, 8), (70000,)]
 
 
@@ -151,34 +153,28 @@ def test_scaler_clipping_and_overflows_equal_ampstep():
 
 
 @needs_cuda
-@pytest.mark.skipif(not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"),
-                    reason="the hooks need torch >= 2.1")
+@needs_hooks
 def test_a_real_backward_with_hooks_equals_the_gpu_step():
-    torch.manual_seed(0)
-    model = TinyGPT(layers=2, d=64).cuda()
-    ref = copy.deepcopy(model)
-    off = gt.OffloadedAdamW(model.parameters(), lr=3e-3, bucket_mb=0.05)
-    gpu = gt.AdamW(ref.parameters(), lr=3e-3)
-    train_side_by_side(model, off, ref, gpu)
+    train_side_by_side(lambda p: gt.OffloadedAdamW(p, lr=3e-3, bucket_mb=0.05), lambda p: gt.AdamW(p, lr=3e-3))
 
 
 @needs_cuda
-@pytest.mark.skipif(not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"),
-                    reason="the hooks need torch >= 2.1")
+@needs_hooks
 def test_an_lr_scheduler_applies_to_the_buckets_that_hooks_hand():
     """The buckets handed during backward step with the lr the scheduler set after the last step."""
-    torch.manual_seed(1)
+    train_side_by_side(lambda p: gt.OffloadedAdamW(p, lr=3e-3, bucket_mb=0.05), lambda p: gt.AdamW(p, lr=3e-3),
+                       lr_step=1, seed=1)
+
+
+def train_side_by_side(make_offloaded, make_gpu, lr_step=None, seed=0):
+    """Six bf16-autocast steps of a seeded TinyGPT with make_offloaded(its parameters) and of
+    its copy with make_gpu(...): the weights equal bit for bit after each, and backward's hooks
+    handed buckets. `lr_step`: a StepLR's step_size, each optimizer's scheduler stepped after
+    each step (torch's order)."""
+    torch.manual_seed(seed)
     model = TinyGPT(layers=2, d=64).cuda()
     ref = copy.deepcopy(model)
-    off = gt.OffloadedAdamW(model.parameters(), lr=3e-3, bucket_mb=0.05)
-    gpu = gt.AdamW(ref.parameters(), lr=3e-3)
-    train_side_by_side(model, off, ref, gpu, lr_step=1)
-
-
-def train_side_by_side(model, off, ref, gpu, lr_step=None):
-    """Six bf16-autocast steps of `model` with the offloaded `off` and of its copy `ref` with `gpu`:
-    the weights equal bit for bit after each, and backward's hooks handed buckets. `lr_step`:
-    a StepLR's step_size, each optimizer's scheduler stepped after each step (torch's order)."""
+    off, gpu = make_offloaded(model.parameters()), make_gpu(ref.parameters())
     schedulers = {}
     if lr_step:
         schedulers = {id(o): torch.optim.lr_scheduler.StepLR(o, step_size=lr_step, gamma=0.5) for o in (off, gpu)}

@@ -7,7 +7,6 @@ on the GPU bit for bit with int8 moments, and to rounding with float32 ones
 (the CPU sums the norms' chunks in f64, CUDA in f32: docs/ops.md); through a
 real backward with the hooks handing buckets (torch >= 2.1), and through
 state_dict both ways. On the CPU: the argument checks that need no GPU."""
-import copy
 
 import numpy as np
 import pytest
@@ -15,11 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 import gradkit  # noqa: E402
 import gradkit.torch as gt  # noqa: E402
-from conftest import cuda_visible  # noqa: E402
-from models import TinyGPT  # noqa: E402
-from test_torch_offload import grads_for, params_on, run_steps, train_side_by_side  # noqa: E402
-
-needs_cuda = pytest.mark.skipif(not cuda_visible(), reason="no CUDA device visible")
+from test_torch_offload import (grads_for, needs_cuda, needs_hooks, params_on, run_steps,  # noqa: E402
+                                train_side_by_side)
 
 
 def two_groups(params):
@@ -89,16 +85,12 @@ def test_equals_lamb_on_the_cpu_bit_for_bit_and_on_the_gpu(dtype, moments):
 
 
 @needs_cuda
-@pytest.mark.skipif(not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"),
-                    reason="the hooks need torch >= 2.1")
+@needs_hooks
 def test_a_real_backward_with_hooks_equals_the_gpu_step():
-    torch.manual_seed(0)
-    model = TinyGPT(layers=2, d=64).cuda()
-    ref = copy.deepcopy(model)
     # int8 moments: the GPU's LAMB gives the CPU's bits (float moments: to rounding)
-    off = gt.OffloadedLamb(model.parameters(), lr=3e-3, weight_decay=0.01, bucket_mb=0.05, moments="int8")
-    gpu = gt.Lamb(ref.parameters(), lr=3e-3, weight_decay=0.01, moments="int8", min_8bit_size=0)
-    train_side_by_side(model, off, ref, gpu)
+    train_side_by_side(
+        lambda p: gt.OffloadedLamb(p, lr=3e-3, weight_decay=0.01, bucket_mb=0.05, moments="int8"),
+        lambda p: gt.Lamb(p, lr=3e-3, weight_decay=0.01, moments="int8", min_8bit_size=0))
 
 
 @needs_cuda

@@ -88,6 +88,14 @@ inline std::string config_name(const OffloadConfig& c) {
          (c.piece_bytes != OffloadedOptions{}.piece_bytes ? "_pieces" : "") + (c.moments == DType::u8 ? "_8bit" : "");
 }
 
+// The GPU tests over the configurations: skipped where no CUDA device is visible.
+class OffloadGpuTest : public ::testing::TestWithParam<OffloadConfig> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  }
+};
+
 // How gtest names a config in its output (not its padding bytes).
 inline void PrintTo(const OffloadConfig& c, std::ostream* os) { *os << config_name(c); }
 
