@@ -5,6 +5,9 @@ arrays, zero-copy, from torch, numpy or any DLPack producer). PyTorch users
 want ``gradkit.torch``: optimizers that subclass ``torch.optim.Optimizer``,
 the fused mixed-precision step, and flat gradients.
 """
-from gradkit._gradkit import *  # noqa: F401,F403
+from gradkit._shared_libraries import load_shared_libraries as _load_shared_libraries
+
+_nccl_library = _load_shared_libraries()  # before the module: it must find torch's NCCL, not load its own
+from gradkit._gradkit import *  # noqa: E402,F401,F403
 
 __version__ = "0.1.0"
