@@ -24,7 +24,12 @@ remainder masters on float32 and bfloat16 parameters, beside torch's fused
 float32 AdamW and, where importable, bitsandbytes' AdamW8bit and torchao's
 AdamW8bit and bf16 stochastic-rounding AdamW (put scripts/gpu-carry's
 .data/pylibs on PYTHONPATH), with the state each holds per parameter.
-usage: bench/torch_step.py [--reps N] [--lists gpt2,bert,small] [--low-bit gpt2] [--markdown FILE] [--profile FILE]
+With --compiled LISTS (default gpt2): AdamW.step() and AmpStep.step() under
+torch.compile (gradkit.torch._compile's operator; default mode and
+mode="reduce-overhead") beside gradkit's eager step, torch's fused AdamW and
+torch's compiled AdamW (foreach, capturable, a tensor lr: torch's recipe).
+usage: bench/torch_step.py [--reps N] [--lists gpt2,bert,small] [--low-bit gpt2] [--compiled gpt2]
+                           [--markdown FILE] [--profile FILE]
 """
 import argparse
 import math
@@ -162,6 +167,48 @@ def bench_list(key, reps, rounds, report):
         ms, host = times[impl]
         report.add(name, what, impl, ms, host, bytes_per_element * numel, times[baseline][0] if baseline else None)
     del params, flat_params, fused, foreach, ours, flat_opt, amp, amp_flat, cases
+    torch.cuda.empty_cache()
+
+
+def bench_compiled(key, reps, rounds, report):
+    """The step alone, compiled (gradkit's and torch's) beside the eager ones."""
+    name, shapes_fn = LISTS[key]
+    params = make_params(shapes_fn())
+    numel = sum(p.numel() for p in params)
+    print(f"\n{name} under torch.compile: {len(params)} tensors, {numel / 1e6:.1f}M parameters", flush=True)
+    kw = dict(lr=1e-4, weight_decay=0.01)
+    fused = torch.optim.AdamW(params, fused=True, **kw)
+    compiled_torch = torch.optim.AdamW(params, foreach=True, capturable=True, lr=torch.tensor(1e-4, device="cuda"),
+                                       weight_decay=0.01)
+    ours = gt.AdamW(params, **kw)
+    ours_ro = gt.AdamW(params, **kw)
+    amp = gt.AmpStep(gt.AdamW(params, **kw), max_norm=1e9, init_scale=1.0)
+    amp_eager = gt.AmpStep(gt.AdamW(params, **kw), max_norm=1e9, init_scale=1.0)
+    # (implementation, call, bytes it must move at least, the case it is compared with)
+    cases = [("torch fused", fused.step, 28, None),
+             ("torch compiled (foreach, capturable)", torch.compile(compiled_torch.step), 28, "torch fused"),
+             ("gradkit eager", ours.step, 28, "torch fused"),
+             ("gradkit compiled", torch.compile(ours.step), 28, "torch compiled (foreach, capturable)"),
+             ("gradkit reduce-overhead", torch.compile(lambda: ours_ro.step(), mode="reduce-overhead"), 28,
+              "torch compiled (foreach, capturable)"),
+             ("gradkit AmpStep eager", amp_eager.step, 32, "torch fused"),
+             ("gradkit AmpStep compiled", torch.compile(lambda: amp.step()), 32, "torch fused")]
+    for _, fn, _, _ in cases:  # compile outside the timing
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    times = measure({impl: fn for impl, fn, _, _ in cases}, reps, rounds)
+    for impl, _, bytes_per_element, baseline in cases:
+        ms, host = times[impl]
+        report.add(name, "compiled step", impl, ms, host, bytes_per_element * numel,
+                   times[baseline][0] if baseline else None)
+    eager, compiled = times["gradkit eager"][0], times["gradkit compiled"][0]
+    print(f"  targets: gradkit compiled {compiled:.3f} ms <= eager {eager:.3f} ms: "
+          f"{'reached' if compiled <= eager * 1.02 else 'not reached'} (2% timing tolerance); "
+          f"torch compiled / gradkit compiled = {times['torch compiled (foreach, capturable)'][0] / compiled:.2f}x "
+          f"(target 1.4x)", flush=True)
+    del params, fused, compiled_torch, ours, ours_ro, amp, amp_eager, cases
+    torch._dynamo.reset()
     torch.cuda.empty_cache()
 
 
@@ -313,6 +360,7 @@ def main():
     parser.add_argument("--lists", default="gpt2,bert,small")
     parser.add_argument("--markdown", help="also write the table here")
     parser.add_argument("--profile", help="write torch.profiler tables of the small GPT's steps here")
+    parser.add_argument("--compiled", default="gpt2", help="lists to step under torch.compile ('' for none)")
     parser.add_argument("--low-bit", default="gpt2",
                         help="lists to step with low-bit state (8-bit moments, remainder masters) beside "
                              "bitsandbytes and torchao where importable ('' for none)")
@@ -327,6 +375,8 @@ def main():
     report = Report(copy)
     for key in filter(None, args.lists.split(",")):
         bench_list(key, args.reps, args.rounds, report)
+    for key in filter(None, args.compiled.split(",")):
+        bench_compiled(key, args.reps, args.rounds, report)
     for key in filter(None, args.low_bit.split(",")):
         bench_low_bit(key, args.reps, args.rounds, report)
     if args.lists:  # --lists "": the low-bit table alone

@@ -14,6 +14,7 @@ import math
 import torch
 
 import gradkit
+from gradkit.torch import _compile
 from gradkit.torch._device import device_name
 from gradkit.torch.optim import GradientCheck
 
@@ -74,6 +75,7 @@ class AmpStep:
         self._scale_scalar = gradkit.DeviceScalar(self._scaler.scale_device)
         self._check = GradientCheck(optimizer, norm=self.norm, max_norm=self.max_norm or 0.0)
         self._stream = None  # the stream of the step in progress; None while nothing was launched
+        self._graph_handle = _compile.register(self)  # for gradkit::step_ (torch.compile)
 
     def scale(self, outputs):
         """outputs * S, S being the current scale on the device; `outputs` is a tensor or
@@ -91,24 +93,54 @@ class AmpStep:
         unlike GradScaler, on every call, since whether the step is skipped is known on the
         device only. Returns what optimizer.step returns (closure()'s loss, or None)."""
         opt = self.optimizer
+        if _compile.is_compiling():
+            # Under torch.compile the optimizer's step() finds this AmpStep here, and its
+            # graph's gradkit::step_ runs _step_in_graph (gradkit.torch._compile).
+            _compile.fused_callers.append(self)
+            try:
+                return opt.step() if closure is None else opt.step(closure)
+            finally:
+                _compile.fused_callers.pop()
         self._stream = None
         opt._fused_step = self._launch_fused
         try:
             loss = opt.step() if closure is None else opt.step(closure)
         finally:
             opt._fused_step = None
-        if self._stream is not None:  # some parameter had a gradient
-            self._scaler.update(self._flag, stream=self._stream)
+        self._update_scale()
         return loss
 
-    def _launch_fused(self):
-        """What optimizer.step() does when called from step(): the check folded into the update."""
+    def graph_outputs(self):
+        """What the fused step writes for the caller besides the parameters: the loss scale,
+        found_inf and the norm (declared mutated by gradkit::step_)."""
+        return [self._scale, self._found_inf, self._norm]
+
+    def _fused_arguments(self):
+        """The optimizer's _step_with arguments that make it the fused step: the flag, the
+        divisor and the check, which also notes the stream of the step."""
         def check(stream):
             self._check.check(stream, found_inf=self._flag, grad_divisor=self._divisor_scalar,
                               global_norm=self._norm_scalar, loss_scale_device=self._scale_scalar)
             self._stream = stream
 
-        self.optimizer._step_with(self._flag, self._divisor_scalar, check)
+        return self._flag, self._divisor_scalar, check
+
+    def _update_scale(self):
+        """The scaler's decision, after a step that launched something."""
+        if self._stream is not None:  # some parameter had a gradient
+            self._scaler.update(self._flag, stream=self._stream)
+
+    def _launch_fused(self):
+        """What optimizer.step() does when called from step(): the check folded into the update."""
+        self.optimizer._step_with(*self._fused_arguments())
+
+    def _step_in_graph(self, params, grads):
+        """gradkit::step_'s implementation for a compiled AmpStep.step(): the fused step and
+        the scaler's decision in one operator (after the optimizer's post-hooks run, as in
+        eager, only if they do not read the scale)."""
+        self._stream = None
+        self.optimizer._step_in_graph(params, grads, fused=self._fused_arguments())
+        self._update_scale()
 
     # -- what GradScaler offers ------------------------------------------------
 

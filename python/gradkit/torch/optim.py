@@ -33,6 +33,7 @@ this module only decides which plans to make and when to re-point them:
 import torch
 
 import gradkit
+from gradkit.torch import _compile
 from gradkit.torch._device import common_device, stream_handle
 from gradkit.torch._dtensor import RankRows, check_placements, is_dtensor, local, shard_group
 from gradkit.torch._state_forms import LOW_PRECISION, StateForm, float_master
@@ -137,6 +138,8 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._lrs = None
         self._lr_device = None
         self._lr_scalar = None
+        self._graph_handle = _compile.register(self)  # for gradkit::step_ (torch.compile)
+        self._capturing = False  # a CUDA graph is being recorded over the step in progress
 
     # -- torch.optim.Optimizer -------------------------------------------------
 
@@ -164,11 +167,59 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         and wrappers of optimizer.step see its steps), which then makes it the fused
         mixed-precision step."""
         loss = closure_loss(closure)
-        if self._fused_step is not None:
+        if _compile.is_compiling():
+            _compile.graph_step(self)
+        elif self._fused_step is not None:
             self._fused_step()
         else:
             self._step_with()
         return loss
+
+    # -- torch.compile (gradkit.torch._compile) ----------------------------------
+
+    def _init_group(self, tensors):
+        """Run by Dynamo, eagerly, when it traces step(): appends to `tensors` the parameters
+        that have a gradient (param_groups order), then those gradients, and makes the state
+        of the ones stepped for the first time (so that the graph's guards see it)."""
+        layout = self._get_layout()
+        if any(is_dtensor(p) for p in layout.params):
+            raise NotImplementedError("gradkit's step over DTensor parameters (FSDP2) is not supported inside "
+                                      "torch.compile; compile the model and call the step outside it")
+        present = [p for p in layout.params if p.grad is not None]
+        for p in present:
+            if not self.state[p]:
+                self._init_state(p, self.state[p])
+        tensors.extend(present)
+        tensors.extend(p.grad for p in present)
+
+    def _check_graph_tensors(self, params, grads):
+        """That a compiled graph handed gradkit::step_ this optimizer's parameters and
+        gradients themselves (the step updates those): RuntimeError otherwise."""
+        present = [p for p in self._get_layout().params if p.grad is not None]
+        same = len(params) == len(present) == len(grads) and all(
+            a.data_ptr() == p.data_ptr() and g.data_ptr() == p.grad.data_ptr()
+            for a, g, p in zip(params, grads, present))
+        if not same:
+            raise RuntimeError(f"a compiled graph handed {type(self).__name__}'s step other tensors than its "
+                               "parameters and their .grad (copies, or a stale graph); gradkit updates the "
+                               "parameters in place and cannot step copies")
+
+    def _step_in_graph(self, params, grads, fused=None):
+        """gradkit::step_'s implementation: the eager step over what the graph handed it.
+        `fused`: AmpStep's (found_inf, grad_divisor, check)."""
+        self._check_graph_tensors(params, grads)
+        self._capturing = self._get_layout().device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        try:
+            self._step_with(*(fused or ()))
+        finally:
+            self._capturing = False
+
+    def _refuse_in_capture(self, what):
+        if self._capturing:
+            raise RuntimeError(f"{type(self).__name__}: {what} while a CUDA graph records its step (torch.compile "
+                               "mode='reduce-overhead'); gradkit re-plans a step only outside a recording. "
+                               "Keep the gradients where they are between steps (flat_gradients, or "
+                               "zero_grad(set_to_none=False)) or compile without CUDA graphs")
 
     def zero_grad(self, set_to_none=True):
         """As torch's, except that flat gradients stay in place and are zeroed in one launch."""
@@ -291,6 +342,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         ptrs = [-1 if g is None else g.data_ptr() for g in grads]
         if ptrs == self._grad_ptrs:
             return self._cohorts
+        self._refuse_in_capture("the gradients moved since the last step")
         present = [g is not None for g in grads]
         if present == self._present:  # the same gradients present, some elsewhere: re-point
             for c in self._cohorts:
@@ -380,6 +432,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         """Rewrites the plans' tables if a group's hyperparameters other than lr changed."""
         key = self._current_hyper_key()
         if key != self._hyper_key:
+            self._refuse_in_capture("the hyperparameters changed")
             hypers = [self._hyperparameters(g) for g in self.param_groups]
             for c in self._cohorts:
                 c.plan.set_hyperparameters(hypers)
@@ -389,6 +442,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         """The per-group learning rates as float32 on the device, rewritten when one changed."""
         lrs = [float(g["lr"]) for g in self.param_groups]
         if lrs != self._lrs:
+            self._refuse_in_capture("the learning rates changed")
             for i, lr in enumerate(lrs):
                 if not lr >= 0 or lr == float("inf"):
                     raise ValueError(f"param_groups[{i}]['lr'] is {lr}, expected a finite value >= 0")
@@ -398,6 +452,9 @@ class _PlannedOptimizer(torch.optim.Optimizer):
                 self._lr_scalar = gradkit.DeviceScalar(self._lr_device)
             self._lr_device.copy_(torch.tensor(lrs, dtype=torch.float32), non_blocking=True)
             self._lrs = lrs
+        if self._capturing:  # the graph's replays write the rates it was recorded with, not another graph's
+            for i, lr in enumerate(lrs):
+                self._lr_device[i].fill_(lr)
         return self._lr_scalar
 
     # -- the step ----------------------------------------------------------------
