@@ -3,8 +3,8 @@ custom operator, gradkit::step_): the compiled step equals the eager step bit
 for bit over 20 steps, for AdamW, Lamb, AmpStep (with a skipped step) and
 int8 moments; called from a compiled function alone, with fullgraph=True,
 inside a compiled training step (forward and backward too), over flat
-gradients, with a learning rate given as a tensor and an LR scheduler (no
-recompilation), and with mode="reduce-overhead" (CUDA graphs) on a GPU. The
+gradients, with an LR scheduler (no recompilation, the rate a float or a
+tensor), and with mode="reduce-overhead" (CUDA graphs) on a GPU. The
 operator refuses copies of the parameters rather than stepping them."""
 import pytest
 
@@ -14,7 +14,7 @@ import gradkit.torch as gt  # noqa: E402
 from gradkit.torch import _compile  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _compile.AVAILABLE,
-                                reason=f"torch {torch.__version__} has no torch.library.custom_op (2.4+)")
+                                reason=f"torch {torch.__version__} has no torch.library.register_fake (2.4+)")
 
 STEPS = 20
 
@@ -121,16 +121,19 @@ def test_compiled_over_flat_gradients(device):
     assert_same(compiled, eager)
 
 
-def test_a_tensor_lr_with_a_scheduler_compiles_once(device):
-    """torch's recipe for a compiled step with an LR scheduler: lr as a tensor, the step and the
-    scheduler in one compiled function (not fullgraph: torch's scheduler wraps optimizer.step in
-    code Dynamo skips, for torch's optimizers too; the step's own frame is compiled)."""
+@pytest.mark.parametrize("lr", ["float", "tensor"])
+def test_an_lr_scheduler_recompiles_nothing(device, lr):
+    """The step reads the learning rates when it runs: a scheduler changing them every step,
+    a float (which makes torch's compiled optimizers recompile) or a tensor (torch's recipe),
+    leaves one graph. The step and the scheduler in one compiled function, not fullgraph:
+    torch's scheduler wraps optimizer.step in code Dynamo skips (for torch's optimizers too);
+    the step's own frame is compiled."""
     from torch._dynamo.utils import counters
 
     def run(compiled):
         torch._dynamo.reset()
         model, data = model_and_data(device)
-        opt = gt.AdamW(model.parameters(), lr=torch.tensor(1e-2))
+        opt = gt.AdamW(model.parameters(), lr=torch.tensor(1e-2) if lr == "tensor" else 1e-2)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 / (1 + i))
 
         def step():

@@ -140,6 +140,9 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._lr_scalar = None
         self._graph_handle = _compile.register(self)  # for gradkit::step_ (torch.compile)
         self._capturing = False  # a CUDA graph is being recorded over the step in progress
+        self._graph_param_ptrs = None  # the parameters a compiled graph handed the last step
+        self._graph_indices = None  # their positions in the layout (None: all of them, in order)
+        self._graph_grads = None  # the gradients a compiled graph handed the step in progress
 
     # -- torch.optim.Optimizer -------------------------------------------------
 
@@ -177,42 +180,41 @@ class _PlannedOptimizer(torch.optim.Optimizer):
 
     # -- torch.compile (gradkit.torch._compile) ----------------------------------
 
-    def _init_group(self, tensors):
-        """Run by Dynamo, eagerly, when it traces step(): appends to `tensors` the parameters
-        that have a gradient (param_groups order), then those gradients, and makes the state
-        of the ones stepped for the first time (so that the graph's guards see it)."""
-        layout = self._get_layout()
-        if any(is_dtensor(p) for p in layout.params):
-            raise NotImplementedError("gradkit's step over DTensor parameters (FSDP2) is not supported inside "
-                                      "torch.compile; compile the model and call the step outside it")
-        present = [p for p in layout.params if p.grad is not None]
-        for p in present:
-            if not self.state[p]:
-                self._init_state(p, self.state[p])
-        tensors.extend(present)
-        tensors.extend(p.grad for p in present)
-
-    def _check_graph_tensors(self, params, grads):
-        """That a compiled graph handed gradkit::step_ this optimizer's parameters and
-        gradients themselves (the step updates those): RuntimeError otherwise."""
-        present = [p for p in self._get_layout().params if p.grad is not None]
-        same = len(params) == len(present) == len(grads) and all(
-            a.data_ptr() == p.data_ptr() and g.data_ptr() == p.grad.data_ptr()
-            for a, g, p in zip(params, grads, present))
-        if not same:
-            raise RuntimeError(f"a compiled graph handed {type(self).__name__}'s step other tensors than its "
-                               "parameters and their .grad (copies, or a stale graph); gradkit updates the "
-                               "parameters in place and cannot step copies")
+    def _graph_gradients(self, params, grads):
+        """The gradients a compiled graph handed gradkit::step_, one per layout parameter (None
+        where it handed none), after checking that `params` are this optimizer's parameters
+        themselves, in order (the step updates those in place: a copy, which functionalization
+        could make, would be updated in vain): RuntimeError otherwise. The check runs again
+        only when the parameters' addresses change."""
+        ptrs = [p.data_ptr() for p in params]
+        if ptrs != self._graph_param_ptrs:
+            layout = self._get_layout()
+            at = {p.data_ptr(): i for i, p in enumerate(layout.params)}
+            indices = [at.get(q, -1) for q in ptrs]
+            if len(grads) != len(params) or -1 in indices or indices != sorted(set(indices)):
+                raise RuntimeError(f"a compiled graph handed {type(self).__name__}'s step other tensors than its "
+                                   "parameters (copies, or a stale graph); gradkit updates the parameters in "
+                                   "place and cannot step copies")
+            self._graph_indices = None if indices == list(range(len(layout.params))) else indices
+            self._graph_param_ptrs = ptrs
+        if self._graph_indices is None:  # every parameter has its gradient: the common case
+            return grads
+        out = [None] * len(self._layout.params)
+        for i, g in zip(self._graph_indices, grads):
+            out[i] = g
+        return out
 
     def _step_in_graph(self, params, grads, fused=None):
         """gradkit::step_'s implementation: the eager step over what the graph handed it.
         `fused`: AmpStep's (found_inf, grad_divisor, check)."""
-        self._check_graph_tensors(params, grads)
+        grads = self._graph_gradients(params, grads)
         self._capturing = self._get_layout().device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        self._graph_grads = grads
         try:
-            self._step_with(*(fused or ()))
+            self._step_with(*(fused or (None, None, None)), grads=grads)
         finally:
             self._capturing = False
+            self._graph_grads = None  # not held past the step
 
     def _refuse_in_capture(self, what):
         if self._capturing:
@@ -328,14 +330,16 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._cohort_version = getattr(self, "_cohort_version", 0) + 1
         self._pointer_version = getattr(self, "_pointer_version", 0) + 1
 
-    def _prepare(self, stream):
+    def _prepare(self, stream, grads=None):
         """The cohorts to launch this step, with their plans pointing at the current gradients
-        (a re-point is enqueued on `stream`, before the launches)."""
+        (a re-point is enqueued on `stream`, before the launches). `grads`: one per parameter
+        (None: no gradient), as a compiled graph hands them; default: each parameter's .grad."""
         layout = self._get_layout()
         params = layout.params
         if self._flat is not None and self._cohorts and self._flat.attached_cheap():
             return self._cohorts
-        grads = [local(p.grad) for p in params]
+        if grads is None:
+            grads = [local(p.grad) for p in params]
         # -1 for a missing gradient (no tensor has that address, an empty one may have 0), so that
         # equal pointers mean the same gradients present where they were: the common step reads
         # each .grad once and compares one list.
@@ -364,7 +368,10 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         return out
 
     def present_grads(self):
-        """The gradients the last prepared step covers, in cohort order."""
+        """The gradients the last prepared step covers, in cohort order (those a compiled
+        graph handed the step in progress, if it did)."""
+        if self._graph_grads is not None:
+            return [self._graph_grads[i] for c in self._cohorts for i in c.indices]
         params = self._get_layout().params
         return [local(params[i].grad) for c in self._cohorts for i in c.indices]
 
@@ -459,11 +466,12 @@ class _PlannedOptimizer(torch.optim.Optimizer):
 
     # -- the step ----------------------------------------------------------------
 
-    def _step_with(self, found_inf=None, grad_divisor=None, check=None):
+    def _step_with(self, found_inf=None, grad_divisor=None, check=None, grads=None):
         """Launches every cohort. `check(stream)`, if given, runs first: the fused
-        mixed-precision step's gradient check, which writes found_inf and grad_divisor."""
+        mixed-precision step's gradient check, which writes found_inf and grad_divisor.
+        `grads`: _prepare's (a compiled graph's gradients)."""
         stream = stream_handle(self._get_layout().device)
-        cohorts = self._prepare(stream)
+        cohorts = self._prepare(stream, grads)
         if not cohorts:
             return False
         self._sync_hyperparameters()
