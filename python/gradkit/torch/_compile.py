@@ -61,6 +61,14 @@ def is_compiling():
     return AVAILABLE and torch.compiler.is_compiling()
 
 
+def eager_only(method):
+    """For the steps gradkit does not put in a graph (the offloaded and sharded optimizers':
+    their steps wait on host work and collectives): Dynamo calls them as they are, a graph
+    break, instead of tracing into them."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)  # torch 2.1+
+    return disable(method) if disable is not None else method
+
+
 def stepper(handle):
     try:
         return _steppers[handle]

@@ -47,6 +47,7 @@ import weakref
 import torch
 
 import gradkit
+from gradkit.torch import _compile
 from gradkit.torch._device import common_device, stream_handle
 from gradkit.torch._state_forms import StateForm, absmax_name
 from gradkit.torch.optim import adam_hyperparameters, closure_loss, lamb_hyperparameters
@@ -152,6 +153,7 @@ class _OffloadedBase(torch.optim.Optimizer):
 
     # -- torch.optim.Optimizer ---------------------------------------------------
 
+    @_compile.eager_only  # under torch.compile: a graph break, the step run as it is
     @torch.no_grad()
     def step(self, closure=None):
         """Hands the buckets backward has not handed, and makes the current stream wait for

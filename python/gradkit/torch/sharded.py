@@ -36,6 +36,7 @@ import weakref
 import torch
 
 import gradkit
+from gradkit.torch import _compile
 from gradkit.torch._dtensor import is_dtensor
 from gradkit.torch._device import common_device, device_name, gradkit_dtype, stream_handle
 from gradkit.torch._state_forms import StateForm
@@ -165,6 +166,7 @@ class ShardedAdamW(torch.optim.Optimizer):
                     v.zero_()
             self.gradients.attach()
 
+    @_compile.eager_only  # under torch.compile: a graph break, the step run as it is
     @torch.no_grad()
     def step(self, closure=None):
         """Reduce-scatter (average), check, AdamW on this rank's shard, loss scaler, all-gather."""
