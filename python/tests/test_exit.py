@@ -27,6 +27,21 @@ def test_a_training_script_exits_without_leak_reports(device):
     assert_clean_exit(done, 1)
 
 
+def test_a_script_that_compiles_its_step_exits_0(device):
+    """exit/compiled.py: exit status 0 and its ": ok" line; not its reports at exit
+    (docs/python.md, "At exit": torch.compile's caches can keep a script's objects past
+    the interpreter's clearing of its globals)."""
+    torch = pytest.importorskip("torch")
+    from gradkit.torch import _compile
+    if not _compile.AVAILABLE:
+        pytest.skip(f"torch {torch.__version__} cannot compile gradkit's step (2.4+)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(SCRIPT.parent / "compiled.py"), device], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert done.stdout.count(": ok") == 1, done.stdout
+
+
 def test_arena_arrays_keep_the_memory_not_the_object(device):
     torch = pytest.importorskip("torch")
     arena = gradkit.GradientArena(device, gradkit.DType.f32, [3, 100, 1])

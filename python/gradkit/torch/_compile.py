@@ -29,6 +29,8 @@ copies (a clone made by functionalization would be updated in vain): it
 raises rather than step something else. It steps the gradients it was
 handed.
 """
+import atexit
+import gc
 import itertools
 import weakref
 
@@ -59,6 +61,16 @@ def register(stepper):
 def is_compiling():
     """Whether Dynamo is tracing the caller (False on a PyTorch without torch.compile)."""
     return AVAILABLE and torch.compiler.is_compiling()
+
+
+def _forget_graphs():
+    """At exit, after a compiled graph ran gradkit's step: Dynamo's caches let go of what the
+    graphs reference, and the cycles that held are collected, while the interpreter can
+    still free them. Otherwise the optimizers, AmpSteps and flat gradients of a script that
+    compiled its step outlive the interpreter's clearing of its globals, and nanobind
+    reports each gradkit object as leaked (docs/python.md, "At exit")."""
+    torch._dynamo.reset()
+    gc.collect()
 
 
 def eager_only(method):
@@ -94,6 +106,8 @@ if AVAILABLE:
         """The step of the object registered as `handle`, over `params` and their `grads`;
         `outputs`: the tensors it writes for its caller besides the parameters (AmpStep's)."""
         global graph_calls
+        if graph_calls == 0:
+            atexit.register(_forget_graphs)
         graph_calls += 1
         stepper(handle)._step_in_graph(params, grads)
 
