@@ -65,12 +65,15 @@ def is_compiling():
 
 def _forget_graphs():
     """At exit, after a compiled graph ran gradkit's step: Dynamo's caches let go of what the
-    graphs reference, and the cycles that held are collected, while the interpreter can
-    still free them. Otherwise the optimizers, AmpSteps and flat gradients of a script that
-    compiled its step outlive the interpreter's clearing of its globals, and nanobind
-    reports each gradkit object as leaked (docs/python.md, "At exit")."""
+    graphs reference, the cycles that held are collected, and the optimizers and AmpSteps
+    still alive let go of their gradkit objects (plans, scalers, device scalars). The
+    objects of a script that compiled its step can otherwise outlive the interpreter's
+    clearing of its globals, and nanobind reports each gradkit object as leaked
+    (docs/python.md, "At exit"). Nothing steps after this."""
     torch._dynamo.reset()
     gc.collect()
+    for stepper in list(_steppers.values()):
+        stepper._release_native()
 
 
 def eager_only(method):

@@ -134,6 +134,11 @@ class AmpStep:
         """What optimizer.step() does when called from step(): the check folded into the update."""
         self.optimizer._step_with(*self._fused_arguments())
 
+    def _release_native(self):
+        """Drops every gradkit object this AmpStep holds (at exit: gradkit.torch._compile)."""
+        self._scaler = self._check = None
+        self._flag = self._divisor_scalar = self._norm_scalar = self._scale_scalar = None
+
     def _step_in_graph(self, params, grads):
         """gradkit::step_'s implementation for a compiled AmpStep.step(): the fused step and
         the scaler's decision in one operator (after the optimizer's post-hooks run, as in

@@ -216,6 +216,12 @@ class _PlannedOptimizer(torch.optim.Optimizer):
             self._capturing = False
             self._graph_grads = None  # not held past the step
 
+    def _release_native(self):
+        """Drops every gradkit object this optimizer holds (at exit: gradkit.torch._compile)."""
+        self._cohorts = []
+        self._lr_device = self._lr_scalar = None
+        self._flat = None
+
     def _refuse_in_capture(self, what):
         if self._capturing:
             raise RuntimeError(f"{type(self).__name__}: {what} while a CUDA graph records its step (torch.compile "
@@ -663,6 +669,10 @@ class Lamb(_PlannedOptimizer):
 
     def _moment_names(self, group):
         return ("exp_avg", "exp_avg_sq")
+
+    def _release_native(self):
+        super()._release_native()
+        self._norm_check = self._global_norm = None
 
     def _cohort_key(self, index):
         return self._layout.group_of[index], self._form.quantized(self._layout.params[index])
