@@ -247,6 +247,14 @@ def main():
     dist.barrier()
     print(f"rank {rank}: ok", flush=True)
     dist.destroy_process_group()
+    if device.type == "cpu":
+        # With gloo, torch 2.11 can abort in the interpreter's finalization, after every
+        # check passed and the group was destroyed: "terminate called without an active
+        # exception", no Python frame (a C++ thread of torch's left joinable; gradkit starts
+        # none here). Seen here 4 times in about 70 runs on 2 cores. The checks are
+        # done and reported, so the rank leaves without finalizing.
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
