@@ -220,3 +220,46 @@ def test_steps_left_out_of_graphs_run_as_they_are(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and done.stdout.strip().endswith("same"), done.stdout[-2000:] + done.stderr[-4000:]
+
+
+DTENSOR_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+from torch.distributed.fsdp import fully_shard
+import gradkit.torch as gt
+model = torch.nn.Linear(8, 8)
+fully_shard(model)
+opt = gt.AdamW(model.parameters(), lr=1e-2)
+model(torch.randn(2, 8)).sum().backward()
+before = [p.full_tensor().clone() for p in model.parameters()]
+try:
+    torch.compile(opt.step)()
+    print("stepped")
+except NotImplementedError as e:
+    same = all(torch.equal(a, p.full_tensor()) for a, p in zip(before, model.parameters()))
+    print("refused:", e, "| unchanged" if same else "| CHANGED")
+dist.destroy_process_group()
+"""
+
+
+def test_dtensor_parameters_are_refused_inside_a_graph(tmp_path):
+    """FSDP2's DTensor parameters inside a compiled step: a NotImplementedError naming the
+    remedy, nothing written (one rank, gloo)."""
+    import os
+    import subprocess
+    import sys
+
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        pytest.skip(f"torch {torch.__version__} has no FSDP2")
+    from test_torch_distributed import free_port
+    script = tmp_path / "dtensor.py"
+    script.write_text(DTENSOR_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(script), str(free_port())], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "refused: gradkit's step over DTensor parameters (FSDP2) is not supported inside torch.compile; " \
+           "compile the model and call the step outside it | unchanged" in done.stdout, done.stdout
