@@ -19,10 +19,13 @@ a float or a tensor, recompiles nothing.
 
 Under CUDA graphs (mode="reduce-overhead") the operator is not recorded: it
 is tagged cudagraph_unsafe, and Inductor runs it between the graphs it
-records, as an eager step (its host cost, independent of the graph). A
-gradkit step recorded into a CUDA graph by other means replays the plans as
-they were when recorded; gradkit refuses to re-plan during a recording
-(the optimizer's _refuse_in_capture).
+records, as an eager step (its host cost, independent of the graph). Where
+the operator is recorded all the same (torch before 2.8, which has no such
+tag; a compiled step run inside the caller's own torch.cuda.graph), its
+replays run the plans as they were when recorded and write the learning
+rates of the recording; gradkit refuses to re-plan during that recording
+(the optimizer's _refuse_in_capture). An eager step recorded by hand is
+not covered by that refusal: it is as it was before torch.compile support.
 
 The operator checks that it was handed the optimizer's own parameters, not
 copies (a clone made by functionalization would be updated in vain): it
