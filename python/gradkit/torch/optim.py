@@ -217,8 +217,9 @@ class _PlannedOptimizer(torch.optim.Optimizer):
             self._graph_grads = None  # not held past the step
 
     def _release_native(self):
-        """Drops every gradkit object this optimizer holds (at exit: gradkit.torch._compile)."""
-        self._cohorts = []
+        """Drops every gradkit object this optimizer holds (at exit: gradkit.torch._compile);
+        the steps taken are kept in the state, and a later step would plan anew."""
+        self._invalidate()
         self._lr_device = self._lr_scalar = None
         self._flat = None
 
