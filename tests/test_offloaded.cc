@@ -227,6 +227,41 @@ TEST_P(OffloadedAdamGpu, FiftyStepsEqualTheGpuStepBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadedAdamGpu, ::testing::ValuesIn(kOffloadConfigs),
                          [](const auto& info) { return config_name(info.param); });
 
+// Release: each bucket handed twice a step (micro-batches), the second hand
+// added on the host, equals the GPU step over the sum (the same gradients
+// twice: their doubles, exactly). Without a check, bit for bit; with one (run
+// on the host over the staged sums), the same skips and scales, the norm to
+// rounding (its f64 partials are added piece by piece).
+TEST_P(OffloadedAdamGpu, ReleaseAddsALaterHandOnTheHost) {
+  const Config c = GetParam();
+  Model a(c, 7), b(c, 7);
+  OffloadedOptions options = offload_options(c);
+  options.release = true;
+  OffloadedAdam off(a.groups<AdamGroup>(a.weights()), options);
+  GpuStep<Adam> gpu(b);
+  for (int s = 1; s <= 12; ++s) {
+    a.write_gradients(s);
+    b.write_gradients(s, 2.0);
+    for (int k = 0; k < off.num_buckets(); ++k) off.bucket_ready(k, {}, {}, false);
+    for (int k = 0; k < off.num_buckets(); ++k) off.bucket_ready(k, {}, {}, k % 2 == 0);  // the rest: finish()
+    off.finish();
+    gpu.step();
+    if (!c.check) {
+      ASSERT_EQ(bits(a.weights()), bits(b.weights())) << "weights differ after step " << s;
+      continue;
+    }
+    ASSERT_EQ(off.last_step_skipped(), gpu.skipped()) << "step " << s;
+    ASSERT_EQ(off.scaler()->state().scale, gpu.scaler->state().scale) << "step " << s;
+    if (!gpu.skipped()) {
+      float norm = 0;
+      copy_to_host(&norm, gpu.divisor() + 1, sizeof norm, Device::cuda(0));
+      EXPECT_NEAR(off.last_grad_norm(), norm, 1e-6 * norm) << "step " << s;
+    }
+  }
+  EXPECT_EQ(off.step_count(), gpu.optimizer->step_count());
+  EXPECT_EQ(off.device_bytes(), c.check ? sizeof(OffloadScalars) + sizeof(LossScalerState) : 0u);
+}
+
 TEST_P(OffloadedAdamGpu, AResumedRunEqualsTheStraightRun) {
   expect_a_resumed_run_equals_the_straight_run<Adam>(GetParam());
 }
@@ -280,6 +315,18 @@ TEST(OffloadedAdamGpuArguments, BucketCallsAreChecked) {
   std::vector<float> host(131073);
   const std::vector<TensorView> on_host = {TensorView{host.data(), 131073, DType::f32, Device::cuda(0)}, m.g[2].view()};
   expect_error([&] { off.bucket_ready(1, {}, on_host); }, ErrorCode::device_mismatch, {"grads[0]", "host memory"});
+  // With release: a bucket handed complete takes no more, and every bucket must be handed before finish().
+  OffloadedOptions release = offload_options(c);
+  release.release = true;
+  OffloadedAdam freed(m.groups<AdamGroup>(m.weights()), release);
+  freed.bucket_ready(0, {}, {}, false);
+  freed.bucket_ready(0);
+  expect_error([&] { freed.bucket_ready(0); }, ErrorCode::invalid_argument, {"bucket", "already handed complete"});
+  expect_error([&] { freed.finish(); }, ErrorCode::invalid_argument, {"bucket", "1 was not handed", "release"});
+  freed.bucket_ready(1);
+  freed.bucket_ready(2);
+  freed.finish();
+  EXPECT_EQ(freed.step_count(), 1);
   // A parameter in host memory that says cuda:0 is refused at construction.
   std::vector<AdamGroup> groups = m.groups<AdamGroup>(m.weights());
   groups[0].params[0] = TensorView{host.data(), 1000, DType::f32, Device::cuda(0)};

@@ -20,7 +20,7 @@ namespace {
 // The options both take; `moment_dtype` is the host moments' form.
 OffloadedOptions offload_options(DType moment_dtype, std::optional<std::vector<int32_t>> buckets, size_t bucket_bytes,
                                  size_t piece_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm,
-                                 NormType norm, int host_threads) {
+                                 NormType norm, int host_threads, bool release) {
   OffloadedOptions options;
   options.adam.moment_dtype = options.lamb.moment_dtype = moment_dtype;
   options.buckets = buckets.value_or(std::vector<int32_t>{});
@@ -30,6 +30,7 @@ OffloadedOptions offload_options(DType moment_dtype, std::optional<std::vector<i
   options.max_norm = max_norm;
   options.norm = norm;
   options.host_threads = host_threads;
+  options.release = release;
   return options;
 }
 
@@ -53,16 +54,21 @@ void bind_offloaded_common(nb::class_<Owned<Offloaded<Optimizer>>>& c) {
           nb::arg("bucket"))
       .def(
           "bucket_ready",
-          [](PyOffloaded& o, int bucket, uintptr_t stream, std::optional<Arrays> grads) {
-            if (!grads) return o.object->bucket_ready(bucket, to_stream(stream));
-            // Views only for the call: the copies are enqueued before it returns, and the
-            // framework keeps the gradients until the step's end (finish orders it).
+          [](PyOffloaded& o, int bucket, uintptr_t stream, std::optional<Arrays> grads, bool complete) {
+            if (!grads) return o.object->bucket_ready(bucket, to_stream(stream), {}, complete);
+            // Views only for the call: the copies are enqueued before it returns. The
+            // framework keeps the gradients until the step's end (finish orders it), or
+            // with release frees them once copy_stream's copies are done.
             const ViewList v = to_views(*grads, "grads");
-            o.object->bucket_ready(bucket, to_stream(stream), v.views);
+            o.object->bucket_ready(bucket, to_stream(stream), v.views, complete);
           },
-          nb::arg("bucket"), nb::arg("stream") = 0, nb::arg("grads") = nb::none(),
-          "Bucket `bucket`'s gradients are complete in stream order on `stream`; `grads`: the bucket's "
-          "gradients now, in bucket_tensors(bucket) order.")
+          nb::arg("bucket"), nb::arg("stream") = 0, nb::arg("grads") = nb::none(), nb::arg("complete") = true,
+          "Bucket `bucket`'s gradients are ready in stream order on `stream`; `grads`: the bucket's "
+          "gradients now, in bucket_tensors(bucket) order; `complete`: no more of this step's gradient comes "
+          "for it. A second hand adds (with release) or replaces (without; only with a check).")
+      .def_prop_ro("copy_stream", [](const PyOffloaded& o) { return reinterpret_cast<uintptr_t>(o.object->copy_stream().handle); },
+                   "The CUDA stream (a handle) that copies handed gradients to the host.")
+      .def_prop_ro("releases_gradients", [](const PyOffloaded& o) { return o.object->releases_gradients(); })
       .def(
           "finish",
           [](PyOffloaded& o, uintptr_t stream) {
@@ -158,19 +164,19 @@ void bind_offload(nb::module_& m) {
       "__init__",
       [](PyAdam* self, const nb::list& groups, DType moment_dtype, std::optional<std::vector<int32_t>> buckets,
          size_t bucket_bytes, size_t piece_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm,
-         NormType norm, int host_threads) {
+         NormType norm, int host_threads, bool release) {
         new (self) PyAdam();
         auto g = to_groups<AdamGroup, AdamHyperparameters>(groups, self->keep);
         // The gradients given here are only looked at for their shapes
         // when bucket_ready() is always given the bucket's gradients.
         self->object = std::make_unique<OffloadedAdam>(
             std::move(g), offload_options(moment_dtype, std::move(buckets), bucket_bytes, piece_bytes, scaler, max_norm,
-                                          norm, host_threads));
+                                          norm, host_threads, release));
       },
       nb::arg("groups"), nb::arg("moment_dtype") = DType::f32, nb::arg("buckets") = nb::none(),
       nb::arg("bucket_bytes") = OffloadedOptions{}.bucket_bytes, nb::arg("piece_bytes") = OffloadedOptions{}.piece_bytes,
       nb::arg("scaler") = nb::none(), nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2,
-      nb::arg("host_threads") = 0);
+      nb::arg("host_threads") = 0, nb::arg("release") = false);
   bind_offloaded_common(adam);
   adam.def("lr", [](PyAdam& o, int group) { return o.object->lr(group); }, nb::arg("group"))
       .def("set_lr", [](PyAdam& o, int group, float lr) { o.object->set_lr(group, lr); }, nb::arg("group"),
@@ -190,18 +196,18 @@ void bind_offload(nb::module_& m) {
       "__init__",
       [](PyLamb* self, const nb::list& groups, float eta, DType moment_dtype, std::optional<std::vector<int32_t>> buckets,
          size_t bucket_bytes, size_t piece_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm,
-         NormType norm, int host_threads) {
+         NormType norm, int host_threads, bool release) {
         new (self) PyLamb();
         auto g = to_groups<LambGroup, LambHyperparameters>(groups, self->keep);
         OffloadedOptions options = offload_options(moment_dtype, std::move(buckets), bucket_bytes, piece_bytes, scaler,
-                                                   max_norm, norm, host_threads);
+                                                   max_norm, norm, host_threads, release);
         options.lamb.eta = eta;
         self->object = std::make_unique<OffloadedLamb>(std::move(g), std::move(options));
       },
       nb::arg("groups"), nb::arg("eta") = 1e-3f, nb::arg("moment_dtype") = DType::f32, nb::arg("buckets") = nb::none(),
       nb::arg("bucket_bytes") = OffloadedOptions{}.bucket_bytes, nb::arg("piece_bytes") = OffloadedOptions{}.piece_bytes,
       nb::arg("scaler") = nb::none(), nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2,
-      nb::arg("host_threads") = 0);
+      nb::arg("host_threads") = 0, nb::arg("release") = false);
   bind_offloaded_common(lamb);
   lamb.def_prop_rw("eta", [](PyLamb& o) { return o.object->eta(); }, [](PyLamb& o, float eta) { o.object->set_eta(eta); });
 }

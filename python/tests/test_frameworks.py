@@ -47,6 +47,21 @@ def steps_taken(optimizer):
     return {float(s["step"]) for s in optimizer.state_dict()["state"].values()}
 
 
+def hf_causal_lm(transformers):
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=32)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(config)
+
+
+def hf_tokens():
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 64, (32, 16), generator=g)
+    return [{"input_ids": t, "labels": t} for t in tokens]  # 8 batches of 4: one epoch
+
+
 # -- a small classifier, for Lightning and accelerate ------------------------------------------
 
 BATCHES = 8  # per epoch
@@ -115,16 +130,9 @@ def test_hugging_face_trainer_resumes_bit_for_bit(tmp_path):
     transformers = pytest.importorskip("transformers")
 
     def causal_lm():
-        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                          max_position_embeddings=32)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            return transformers.LlamaForCausalLM(config)
+        return hf_causal_lm(transformers)
 
-    g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, 64, (32, 16), generator=g)
-    dataset = [{"input_ids": t, "labels": t} for t in tokens]  # 8 batches of 4: one epoch
+    dataset = hf_tokens()
 
     def train(output_dir, optimizer_class=gt.AdamW, max_steps=HF_STEPS, resume=None):
         model = causal_lm()
@@ -157,6 +165,41 @@ def test_hugging_face_trainer_resumes_bit_for_bit(tmp_path):
         assert not torch.equal(ours, p0)
         torch.testing.assert_close(ours.detach(), t.detach(), rtol=TORCH_100_STEPS[0], atol=TORCH_100_STEPS[1])
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the offloaded optimizers need a CUDA device")
+def test_hugging_face_trainer_with_the_offloaded_optimizer(tmp_path):
+    """Trainer clips by default (max_grad_norm=1.0) between backward and step(), after the
+    offloaded optimizer's hooks have copied the gradients: that is an error naming the remedy,
+    never a silent unclipped step. The remedies train as Trainer with gradkit.torch.AdamW on the
+    GPU and its default clipping does: the optimizer's max_norm with max_grad_norm=0, both
+    clippings at once (the gradients are copied again), and release=True."""
+    transformers = pytest.importorskip("transformers")
+
+    def train(output_dir, make_optimizer, max_grad_norm):
+        model = hf_causal_lm(transformers).cuda()
+        opt = make_optimizer(model.parameters())
+        sched = transformers.get_linear_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=HF_STEPS)
+        args = transformers.TrainingArguments(
+            output_dir=str(output_dir), max_steps=HF_STEPS, per_device_train_batch_size=4, save_strategy="no",
+            report_to="none", seed=0, disable_tqdm=True, max_grad_norm=max_grad_norm)
+        transformers.Trainer(model=model, args=args, train_dataset=hf_tokens(), optimizers=(opt, sched)).train()
+        return model
+
+    with pytest.raises(RuntimeError, match=r"max_norm=.*max_grad_norm=0"):
+        train(tmp_path / "default", lambda p: gt.OffloadedAdamW(p, lr=LR, weight_decay=WEIGHT_DECAY), CLIP)
+    reference = train(tmp_path / "gpu", lambda p: gt.AdamW(p, lr=LR, weight_decay=WEIGHT_DECAY), CLIP)
+    remedies = {
+        "max_norm": (dict(max_norm=CLIP), 0.0),
+        "both": (dict(max_norm=CLIP), CLIP),
+        "release": (dict(max_norm=CLIP, release=True), 0.0),
+    }
+    for name, (options, max_grad_norm) in remedies.items():
+        model = train(tmp_path / name, lambda p: gt.OffloadedAdamW(p, lr=LR, weight_decay=WEIGHT_DECAY, **options),
+                      max_grad_norm)
+        for ours, theirs in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=TORCH_100_STEPS[0],
+                                       atol=TORCH_100_STEPS[1], msg=name)
 
 # -- Lightning ---------------------------------------------------------------------------------
 

@@ -27,6 +27,10 @@ AMP_SMOOTHED = 0.05
 # steps over which the AMP runs see the same overflows: the initial backoffs
 # and the first growth, before rounding differences decide borderline cases.
 AMP_SAME_SCALES_STEPS = 100
+# OffloadedAdamW with release=True against AmpStep on the GPU, with clipping:
+# the check runs on the host, whose float64 partial sums of squares are added
+# piece by piece instead of chunk by chunk (f32 weights, after 12 steps).
+HOST_CHECK = (1e-6, 1e-7)
 # norms from gradkit's check against a float64 reference (f32 result of an f64 sum).
 NORM = (1e-6, 0.0)
 # FSDP2 (DTensor parameters): LAMB over the shards against the unsharded

@@ -117,6 +117,8 @@ void OffloadLanes::host_wait(int slot) {
   GRADKIT_CUDA_CHECK(cudaEventSynchronize(impl_->slots.at(static_cast<size_t>(slot))));
 }
 
+Stream OffloadLanes::stream(Lane lane) const { return Stream{impl_->streams[lane]}; }
+
 void OffloadLanes::synchronize() {
   cuda::DeviceGuard guard(impl_->device);
   for (cudaStream_t s : impl_->streams) GRADKIT_CUDA_CHECK(cudaStreamSynchronize(s));

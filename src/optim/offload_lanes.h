@@ -34,6 +34,7 @@ class OffloadLanes {
   void record(Lane lane, int slot);  // slot `slot` marks `lane`'s work so far
   void host_wait(int slot);          // blocks until that work has completed
   void synchronize();                // blocks until both lanes are idle
+  Stream stream(Lane lane) const;    // the lane's stream (for a caller's allocator)
 
   struct Impl;  // the streams and events (public so that helpers can free them)
 

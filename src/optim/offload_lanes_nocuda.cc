@@ -28,5 +28,6 @@ void OffloadLanes::copy(Lane, void*, const void*, size_t) {}
 void OffloadLanes::record(Lane, int) {}
 void OffloadLanes::host_wait(int) {}
 void OffloadLanes::synchronize() {}
+Stream OffloadLanes::stream(Lane) const { return {}; }
 
 }  // namespace gradkit::detail

@@ -254,11 +254,13 @@ Offloaded<Optimizer>::Offloaded(std::vector<Group> groups, OffloadedOptions opti
   lanes_ = std::make_unique<detail::OffloadLanes>(op, device_, static_cast<int>(slices.size()) + 1);
   const PlanList device_lists[] = {{"params", params_, true}, {"grads", grads_, false}};
   (void)MultiTensorPlan(op, device_lists);
-  if (options_.scaler || options_.max_norm > 0) {
-    GradientCheckOptions check_options;
-    check_options.norm = options_.norm;
-    check_options.max_norm = options_.max_norm;
-    check_.emplace(grads_, check_options);
+  GradientCheckOptions check_options;
+  check_options.norm = options_.norm;
+  check_options.max_norm = options_.max_norm;
+  checks_ = options_.scaler || options_.max_norm > 0;
+  if (checks_) {
+    // With release the check runs on the host, over the staged gradients (the pieces' checks, below).
+    if (!options_.release) check_.emplace(grads_, check_options);
     if (options_.scaler) scaler_.emplace(device_, *options_.scaler);
     scalars_device_ = Buffer(device_, sizeof(OffloadScalars));
   }
@@ -297,9 +299,43 @@ Offloaded<Optimizer>::Offloaded(std::vector<Group> groups, OffloadedOptions opti
     typename Traits::Plan plan = piece_plan(*optimizer_, piece, masters_, staged_grads_, staged_copies_, hyper, group_of);
     pieces_.push_back({std::move(piece), std::move(plan)});
   }
+  if (options_.release) prepare_release(check_options);
   handed_.assign(buckets_.size(), false);
+  complete_.assign(buckets_.size(), false);
   worker_ = std::make_unique<detail::HostWorker>();
   worker_->post([threads = options_.host_threads] { detail::set_host_threads(threads); });
+}
+
+template <class Optimizer>
+void Offloaded<Optimizer>::prepare_release(const GradientCheckOptions& check_options) {
+  // The landings: piece p's later hands land in landing p % kLandings, laid
+  // out as the piece's slices, before the worker adds them to the staging.
+  size_t largest = 0;
+  std::vector<size_t> piece_bytes;
+  for (const Piece& p : pieces_) {
+    size_t bytes = 0;
+    for (const OffloadSlice& s : p.slices) bytes += static_cast<size_t>(s.count) * dtype_size(grads_[s.tensor].dtype);
+    piece_bytes.push_back(bytes);
+    largest = std::max(largest, bytes);
+  }
+  const size_t landings = std::min<size_t>(kLandings, pieces_.size());
+  const size_t stride = (largest + 255) / 256 * 256;
+  landing_storage_ = Buffer::pinned(landings * stride);
+  landing_busy_ = std::make_unique<std::atomic<bool>[]>(landings);
+  for (size_t p = 0; p < pieces_.size(); ++p) {
+    std::vector<TensorView> landing;
+    size_t at = (p % landings) * stride;
+    for (const OffloadSlice& s : pieces_[p].slices) {
+      landing.push_back(landing_storage_.view(grads_[s.tensor].dtype, at, s.count));
+      at += static_cast<size_t>(s.count) * dtype_size(grads_[s.tensor].dtype);
+    }
+    const std::vector<TensorView> staged = pick(staged_grads_, pieces_[p].slices);
+    piece_adds_.emplace_back(staged, landing);
+    piece_landing_.push_back(std::move(landing));
+    if (checks_) piece_checks_.emplace_back(staged, check_options);
+  }
+  piece_partials_.assign(2 * pieces_.size(), 0.0);
+  piece_checked_.assign(pieces_.size(), false);
 }
 
 template <class Optimizer>
@@ -333,7 +369,7 @@ std::span<const size_t> Offloaded<Optimizer>::bucket_tensors(int bucket) const {
 template <class Optimizer>
 size_t Offloaded<Optimizer>::host_bytes() const {
   return masters_storage_.bytes() + grad_staging_.bytes() + copy_staging_.bytes() + scalars_host_.bytes() +
-         optimizer_->state_bytes();
+         landing_storage_.bytes() + optimizer_->state_bytes();
 }
 
 template <class Optimizer>

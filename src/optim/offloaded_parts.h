@@ -18,7 +18,12 @@ struct OffloadScalars {
   float grad_divisor;
   float global_norm;
   bool found_inf;
+  float loss_scale;  // with release and a scaler: S, copied to the host for the host check
 };
+
+// With release: how many landing buffers a bucket's later hands go through
+// (the hand waits for the worker only when it is this many pieces behind).
+constexpr int kLandings = 4;
 
 // Elements [offset, offset + count) of one flat tensor.
 struct OffloadSlice {
@@ -94,7 +99,7 @@ struct Offloaded<Optimizer>::Piece {
 };
 
 // Event slots of the lanes: one per piece (its gradients have arrived),
-// then one for the check's scalars.
+// then one for the check's scalars (with release: for the loss scale S).
 inline int scalars_slot(int num_pieces) { return num_pieces; }
 
 // Cuts a bucket's tensors (`numel` and gradient element size per flat

@@ -188,10 +188,11 @@ struct OffloadModel {
   // Step s's gradients: seeded random values times 8; with a check, an Inf
   // at steps 5 and 33 and a NaN at step 17 in one tensor (without one they
   // would make NaN weights, whose payloads the backends need not share).
-  void write_gradients(int s) {
+  // `factor`: the values times it (2: what two hands of the same gradients add up to, exactly).
+  void write_gradients(int s, double factor = 1.0) {
     std::mt19937_64 rng(1000 + static_cast<uint64_t>(s));
     for (size_t i = 0; i < g.size(); ++i) {
-      std::vector<double> v = random_values(rng, g[i].numel(), 8.0);
+      std::vector<double> v = random_values(rng, g[i].numel(), 8.0 * factor);
       if (config.check && i == 1 && (s == 5 || s == 33)) v[77] = INFINITY;
       if (config.check && i == 3 && s == 17) v[4096] = NAN;
       fill(g[i].view(), v);

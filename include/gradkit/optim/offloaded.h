@@ -31,6 +31,7 @@
 // throws backend_unavailable after checking its arguments.
 #pragma once
 
+#include <atomic>
 #include <concepts>
 #include <cstdint>
 #include <memory>
@@ -40,6 +41,7 @@
 #include <vector>
 
 #include "gradkit/ops/grad_check.h"
+#include "gradkit/ops/gradient.h"
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/loss_scaler.h"
@@ -91,6 +93,16 @@ struct OffloadedOptions {
   // Threads of the CPU step (OpenMP). 0: every core but two, which are left
   // to the framework's threads that launch backward's kernels meanwhile.
   int host_threads = 0;
+  // Gradient release (docs/offload.md, "Gradient release"): the caller frees
+  // a bucket's gradients on the device once it has handed them (after the
+  // copy that reads them, in the order of copy_stream()), so the GPU holds a
+  // few buckets of gradients instead of all. A bucket may then be handed
+  // more than once in a step (micro-batches, a tied weight's later
+  // contributions): each later hand's gradients are added to the host
+  // staging, each addition in f32 rounded to the gradient dtype, as torch
+  // accumulates them on the GPU. The check (a scaler or max_norm) runs on
+  // the host over the staged sums, since the device no longer holds them.
+  bool release = false;
 };
 
 // Optimizer: Adam or Lamb.
@@ -112,19 +124,30 @@ class Offloaded {
   int num_buckets() const;
   std::span<const int32_t> bucket_of_tensor() const;
 
-  // Bucket `bucket`'s gradients are complete in stream order on `stream`.
+  // Bucket `bucket`'s gradients are ready in stream order on `stream`.
   // `grads`, if given, are the bucket's gradients now (the same count,
   // element counts, dtype and device as before, in the bucket's tensor
   // order): for frameworks that allocate new gradient tensors each step.
-  // Throws if the bucket was already handed in this step, or if the host
-  // work of an earlier bucket failed (its error).
-  void bucket_ready(int bucket, Stream stream = {}, std::span<const TensorView> grads = {});
+  // `complete`: no more of this step's gradient will come for the bucket, so
+  // its update (or, with release and a check, its part of the check) may
+  // start now; otherwise it waits for a later hand or finish().
+  // A second hand of a bucket in one step: with release, its gradients are
+  // added to the first's; without, they replace the first's (gradients
+  // changed after they were handed, e.g. by clipping), which is allowed only
+  // while the updates wait for finish() (with a check). Throws then, if the
+  // bucket was handed complete, or if the host work of an earlier bucket
+  // failed (its error).
+  void bucket_ready(int bucket, Stream stream = {}, std::span<const TensorView> grads = {}, bool complete = true);
   // The tensors of `bucket`, as indices into the groups' params in order.
   std::span<const size_t> bucket_tensors(int bucket) const;
-  // Hands the buckets not yet handed, runs the check and the ordered steps
-  // when there is one, and makes `stream` wait for every copy-back. Does
-  // not wait on the host.
+  // Hands the buckets not yet handed (with release, every bucket must have
+  // been handed: its gradients may be gone), runs the check and the ordered
+  // steps when there is one, and makes `stream` wait for every copy-back.
+  // Waits on the host until the last copy-back is queued, not for the GPU.
   void finish(Stream stream = {});
+  // The stream the gradient copies to the host run on: a caller that frees
+  // handed gradients tells its allocator that this stream reads them.
+  Stream copy_stream() const;
   // Waits on the host for the step in flight; rethrows an error of its
   // host work.
   void synchronize();
@@ -146,7 +169,8 @@ class Offloaded {
   float last_grad_norm();  // unscaled; NaN when no check runs
   OffloadStepTimes last_step_times();  // waits for the step's CPU work
 
-  bool checks_gradients() const { return check_.has_value(); }
+  bool checks_gradients() const { return checks_; }
+  bool releases_gradients() const { return options_.release; }
   LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
   const LossScaler* scaler() const { return scaler_ ? &*scaler_ : nullptr; }
   const float* loss_scale_device() const { return scaler_ ? scaler_->scale_device() : nullptr; }
@@ -185,7 +209,12 @@ class Offloaded {
   struct Bucket;
   struct Piece;
   void hand(int bucket, Stream stream);  // the bucket's gradients to the host, piece by piece
+  void hand_again(int bucket, Stream stream);  // with release: add them to what the host holds
+  void bucket_complete(int bucket);      // its pieces' updates (or host checks) may start
   void post_update(int piece);           // the worker: wait for the piece's gradients, step, copy back
+  void post_host_check(int piece);       // the worker: the piece's part of the check, on the host
+  void finish_host_check();              // with release: the check from the pieces' parts
+  void prepare_release(const GradientCheckOptions& check_options);  // the landings and the pieces' checks
   void copy_weights_to_device();
 
   std::vector<Group> groups_;  // the host optimizer's groups (masters, staged gradients) once made
@@ -202,10 +231,25 @@ class Offloaded {
   std::vector<Bucket> buckets_;
   std::vector<Piece> pieces_;  // every bucket's, in bucket order
   std::vector<int32_t> bucket_of_;
-  std::optional<GradientCheckPlan> check_;
+  bool checks_ = false;  // a scaler or max_norm: the updates wait for the whole gradient's check
+  std::optional<GradientCheckPlan> check_;  // on the device, without release
   std::optional<LossScaler> scaler_;
   bool grads_moved_ = false;  // the check plan must be re-pointed before its next check
-  std::vector<bool> handed_;  // in this step
+  std::vector<bool> handed_;    // in this step
+  std::vector<bool> complete_;  // handed complete in this step: its pieces' work is posted
+  // With release: K landing buffers (pinned, each the size of the largest
+  // piece) that a bucket's later hands are copied into before the worker
+  // adds them to the staging; piece p uses landing p % K. landing_busy_[k]:
+  // an add from landing k is posted and not yet done.
+  Buffer landing_storage_;
+  std::vector<AccumulatePlan> piece_adds_;           // per piece: staging += its landing
+  std::vector<std::vector<TensorView>> piece_landing_;  // per piece: its slices in its landing
+  std::unique_ptr<std::atomic<bool>[]> landing_busy_;
+  // With release and a check: each piece's check over its staged gradients
+  // (on the host) and its partial (two doubles, GradientCheckOutputs::partial).
+  std::vector<GradientCheckPlan> piece_checks_;
+  std::vector<double> piece_partials_;
+  std::vector<bool> piece_checked_;  // in this step
   // The step's timing: its start is set by the caller's thread at the first
   // hand, the rest by the worker (ordered by the worker's queue).
   int64_t step_began_ns_ = 0;

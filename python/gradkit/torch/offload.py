@@ -18,6 +18,22 @@ computed by gradkit (docs/offload.md):
   has arrived. With either, the copies still overlap backward, but step()
   first checks the whole gradient on the GPU (overflow, norm) and the
   updates follow it, bucket by bucket.
+- A gradient changed after its bucket was handed (torch.nn.utils.clip_grad_norm_,
+  GradScaler.unscale_ or a manual mul_ between backward and step(); seen by the
+  tensor's version counter) is never lost without a word: with a check
+  (loss_scaler or max_norm, whose updates wait for step()) the bucket is
+  copied again as it is now, so the change applies; without one the update
+  has already used the gradient, and step() raises a RuntimeError naming
+  the remedy (max_norm=, or overlap=False).
+- release=True (off by default: it changes what p.grad holds): each bucket's
+  gradients are freed on the GPU as soon as they are handed (p.grad is set to
+  None in the hook; the copy stream is recorded with the caching allocator),
+  so the GPU holds a few buckets of gradients instead of all of them, from
+  the first step on. p.grad is None after backward. Gradients made by later
+  backward passes of the step (micro-batches) are handed too, and summed on
+  the host in the gradient's dtype as torch sums them on the GPU; the
+  check for loss_scaler / max_norm runs on the host over those sums.
+  clip_grad_norm_ then finds no gradient (it returns 0): clip with max_norm=.
 - Every parameter is updated at every step: a parameter without a gradient
   at step() is an error (torch.optim skips it; one step counter here).
 - The param groups' "lr" is read when a step's first bucket is handed (by a
@@ -69,8 +85,11 @@ class _OffloadedBase(torch.optim.Optimizer):
     _make_native(groups, **options) and _apply_lrs()."""
 
     def __init__(self, params, defaults, *, moments="float32", bucket_mb=32.0, piece_mb=32.0, buckets=None,
-                 loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0):
+                 loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0, release=False):
         self._form = StateForm(moments=moments, min_8bit_size=0)  # raises on an unknown form, naming it
+        if release and not (overlap and _HAS_HOOK):
+            raise ValueError("release=True frees each bucket's gradients as backward's hooks hand them, so it needs "
+                             "overlap=True and torch >= 2.1 (register_post_accumulate_grad_hook)")
         super().__init__(params, defaults)
         self._params = [p for g in self.param_groups for p in g["params"]]
         if not self._params:
@@ -97,7 +116,11 @@ class _OffloadedBase(torch.optim.Optimizer):
                                          bucket_bytes=int(bucket_mb * 2 ** 20),
                                          piece_bytes=max(1, int(piece_mb * 2 ** 20)),
                                          scaler=loss_scaler, max_norm=float(max_norm),
-                                         host_threads=int(host_threads))
+                                         host_threads=int(host_threads), release=bool(release))
+        self._release = bool(release)
+        # With release, the caching allocator must know that gradkit's copy stream reads a freed gradient.
+        self._copy_stream = (torch.cuda.ExternalStream(self._native.copy_stream, device=self._device)
+                             if self._release else None)
         self._bucket_of = self._native.bucket_of_tensor
         self._bucket_tensors = [self._native.bucket_tensors(b) for b in range(self._native.num_buckets)]
         self._lrs = [g["lr"] for g in self.param_groups]
@@ -117,30 +140,51 @@ class _OffloadedBase(torch.optim.Optimizer):
     def _new_step(self):
         self._counts = [0] * len(self._params)
         self._handed = [False] * len(self._bucket_tensors)
+        self._complete = [False] * len(self._bucket_tensors)  # handed as complete: its update may have begun
         self._remaining = [len(t) for t in self._bucket_tensors]
+        self._fresh = [False] * len(self._params)  # release: a gradient made since its bucket's last hand
+        self._handed_grads = {}  # without release: params[t] -> (its gradient when handed, that tensor's version)
 
     # -- handing buckets ---------------------------------------------------------
 
     def _gradient_accumulated(self, index):
         self._counts[index] += 1
+        bucket = self._bucket_of[index]
+        if self._release:
+            # Every gradient made is handed (the GPU keeps none): a bucket goes once each of its
+            # tensors has a gradient since its last hand; the sums over micro-batches are kept on
+            # the host. A bucket is complete once every hook fired as often as at the first step.
+            if self._complete[bucket] or self._fresh[index]:
+                return  # a late gradient (step() says so), or one more part of a gradient not yet handed
+            self._fresh[index] = True
+            self._remaining[bucket] -= 1
+            if self._remaining[bucket] == 0:
+                self._hand(bucket, complete=self._bucket_done(bucket))
+            return
         if self._expected is None or self._counts[index] != self._expected[index]:
             return
-        bucket = self._bucket_of[index]
         self._remaining[bucket] -= 1
         if self._remaining[bucket] == 0:
             self._hand(bucket)
 
-    def _hand(self, bucket):
+    def _bucket_done(self, bucket):
+        return self._expected is not None and all(self._counts[t] >= self._expected[t]
+                                                  for t in self._bucket_tensors[bucket])
+
+    def _hand(self, bucket, complete=True):
+        again = self._handed[bucket]
         grads = []
         for t in self._bucket_tensors[bucket]:
             g = self._params[t].grad
             if g is None:
-                raise ValueError(f"params[{t}] has no gradient; the offloaded optimizer updates every parameter "
-                                 "at every step")
+                if not (self._release and again):
+                    raise ValueError(f"params[{t}] has no gradient; the offloaded optimizer updates every parameter "
+                                     "at every step")
+                g = torch.zeros_like(self._params[t])  # no more of its gradient since the bucket's last hand
             if g.device != self._device or g.dtype != self._params[t].dtype or not g.is_contiguous():
                 raise TypeError(f"params[{t}].grad is {g.dtype} on {g.device}, expected a contiguous "
                                 f"{self._params[t].dtype} gradient on {self._device}")
-            grads.append(g.detach())
+            grads.append(g)
         if not any(self._handed):
             # The step's first bucket: its CPU step may run at once (no check), so the
             # param groups' lr (a scheduler's change since the last step) applies now.
@@ -148,8 +192,24 @@ class _OffloadedBase(torch.optim.Optimizer):
         if self._refresh:
             self._native.refresh_masters()
             self._refresh = False
-        self._native.bucket_ready(bucket, stream_handle(self._device), grads)
+        self._native.bucket_ready(bucket, stream_handle(self._device), [g.detach() for g in grads], complete)
+        if self._release:
+            for t, g in zip(self._bucket_tensors[bucket], grads):
+                g.record_stream(self._copy_stream)  # freed now; reused only once the copy has read it
+                self._params[t].grad = None
+                self._fresh[t] = False
+            self._remaining[bucket] = len(self._bucket_tensors[bucket])
+        else:
+            for t, g in zip(self._bucket_tensors[bucket], grads):
+                self._handed_grads[t] = (g, g._version)
         self._handed[bucket] = True
+        self._complete[bucket] = self._complete[bucket] or complete
+
+    def _changed_after_hand(self):
+        """The params whose gradient changed since it was handed (clip_grad_norm_, a manual mul_):
+        another tensor now, or an in-place change (its version counter moved)."""
+        return sorted(t for t, (g, version) in self._handed_grads.items()
+                      if self._params[t].grad is not g or g._version != version)
 
     # -- torch.optim.Optimizer ---------------------------------------------------
 
@@ -159,9 +219,18 @@ class _OffloadedBase(torch.optim.Optimizer):
         """Hands the buckets backward has not handed, and makes the current stream wait for
         every updated weight (the host waits for the CPU steps)."""
         loss = closure_loss(closure)
+        changed = self._changed_after_hand()
+        if changed and self._native.checks_gradients:
+            # The updates wait for the check in finish(): hand those buckets again, as they are now.
+            for b in sorted({self._bucket_of[t] for t in changed}):
+                self._hand(b)
+            changed = []
         for b, handed in enumerate(self._handed):
             if not handed:
                 self._hand(b)
+            elif self._release and not self._complete[b] and any(
+                    self._params[t].grad is not None for t in self._bucket_tensors[b]):
+                self._hand(b)  # what came since its last hand (a tensor's later parts)
         self._native.finish(stream_handle(self._device))
         late = []
         if self._expected is None:
@@ -172,7 +241,16 @@ class _OffloadedBase(torch.optim.Optimizer):
         if late:
             raise RuntimeError(f"params{late[:8]} got gradients after their bucket was handed (their hooks fired "
                                "more often than at the first step), so this step used partial gradients; pass "
-                               "overlap=False when the number of backward passes per step changes")
+                               "overlap=False when the number of backward passes per step changes" +
+                               (" (release=True needs overlap: keep the number of backward passes per step)"
+                                if self._release else ""))
+        if changed:
+            raise RuntimeError(
+                f"the gradients of params{changed[:8]} changed after the offloaded optimizer had copied them to "
+                "the host (torch.nn.utils.clip_grad_norm_ or an in-place change between backward and step()), so "
+                "this step's update used them as they were before the change. Clip with the optimizer's own "
+                "max_norm= instead (and with Hugging Face Trainer, TrainingArguments(max_grad_norm=0)), or pass "
+                "overlap=False to hand every gradient at step()")
         return loss
 
     @property
@@ -333,7 +411,8 @@ class OffloadedAdamW(_OffloadedAdamBase):
     parameter's bucket instead), loss_scaler
     (gradkit.LossScalerOptions: the loss scale is .loss_scale), max_norm (clip the global norm),
     overlap (hand buckets from backward's hooks; torch >= 2.1), host_threads (threads of the CPU
-    step; 0: every core but two)."""
+    step; 0: every core but two), release (free each bucket's gradients on the GPU once handed:
+    p.grad is None after backward; the module's docstring)."""
 
     _decay = gradkit.WeightDecay.decoupled
 
@@ -356,7 +435,7 @@ class OffloadedLamb(_OffloadedBase):
     """gradkit.torch.Lamb's update (ONNX Runtime's LAMB: per-tensor trust ratio clamped to
     [min_trust, max_trust], weight decay inside the update) with the state on the host and
     the step on the CPU. Keyword-only options as OffloadedAdamW's (moments, bucket_mb,
-    piece_mb, buckets, loss_scaler, max_norm, overlap, host_threads). LAMB's pieces hold whole
+    piece_mb, buckets, loss_scaler, max_norm, overlap, host_threads, release). LAMB's pieces hold whole
     tensors (the trust ratio needs each tensor's norms), so piece_mb never cuts a tensor. One
     learning rate for all groups (LAMB's eta)."""
 
