@@ -273,7 +273,14 @@ Offloaded<Optimizer>::Offloaded(std::vector<Group> groups, OffloadedOptions opti
   grad_staging_ = allocate_pinned_moments(grads_, grads_[0].dtype, 1);
   staged_grads_ = moment_views(grad_staging_, grads_, grads_[0].dtype, 1, 0);
   scalars_host_ = Buffer::pinned(sizeof(OffloadScalars));
-  if (low_precision_) {
+  if (low_precision_ && Traits::copy_over_gradient && grads_[0].dtype == params_[0].dtype) {
+    // Adam reads each element's gradient once, before it writes that element's
+    // model copy, so the copy may take the gradient's place in the staging
+    // (the plans allow a written list to be the identical tensor of a list
+    // only read): 2 bytes per parameter less on the host. A skipped step
+    // writes no copy, and so copies nothing back (post_update).
+    staged_copies_ = staged_grads_;
+  } else if (low_precision_) {
     copy_staging_ = allocate_pinned_moments(params_, params_[0].dtype, 1);
     staged_copies_ = moment_views(copy_staging_, params_, params_[0].dtype, 1, 0);
   }

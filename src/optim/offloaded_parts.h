@@ -44,6 +44,9 @@ struct OffloadTraits<Adam> {
   static constexpr std::string_view mixed_kind = "mixed_precision_adam";
   static constexpr std::string_view moment_option = "options.adam.moment_dtype";
   static constexpr bool cuts_tensors = true;
+  // Its CPU step reads an element's gradient once, before writing that
+  // element's model copy: the copy may overwrite the staged gradient.
+  static constexpr bool copy_over_gradient = true;
   static const AdamOptions& options(const OffloadedOptions& o) { return o.adam; }
   // The counter holds the steps completed; an update uses the next.
   static int64_t* counter(const Adam& adam) { return adam.step_count_device(); }
@@ -69,6 +72,7 @@ struct OffloadTraits<Lamb> {
   static constexpr std::string_view moment_option = "options.lamb.moment_dtype";
   // The trust ratio needs each tensor's whole norms, summed as on the GPU.
   static constexpr bool cuts_tensors = false;
+  static constexpr bool copy_over_gradient = false;  // its second pass reads the gradients again
   static const LambOptions& options(const OffloadedOptions& o) { return o.lamb; }
   // The counter holds the t of the next update (from 1).
   static int64_t* counter(const Lamb& lamb) { return lamb.next_step_device(); }

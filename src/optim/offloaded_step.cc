@@ -195,8 +195,9 @@ void Offloaded<Optimizer>::post_update(int piece) {
     const Piece& p = pieces_[static_cast<size_t>(piece)];
     OffloadTraits<Optimizer>::step(p.plan, *optimizer_, scalars);
     times_.update_ms += ms_since(updating);
-    // A skipped step copies back the unchanged weights: the decision is
-    // known only here, after the copy-backs of earlier pieces were queued.
+    // A skipped step wrote nothing, so nothing is copied back (the model
+    // copy's staging may hold the gradients: the constructor).
+    if (scalars != nullptr && scalars->found_inf) return;
     for (const OffloadSlice& s : p.slices) {
       const TensorView& from = low_precision_ ? staged_copies_[s.tensor] : masters_[s.tensor];
       lanes_->copy(OffloadLanes::to_device, element(params_[s.tensor], s.offset), element(from, s.offset),
