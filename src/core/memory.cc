@@ -1,10 +1,10 @@
 #include "gradkit/core/memory.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "backend/cuda_runtime.h"
+#include "core/host_memory.h"
 #include "core/pinned.h"
 #include "gradkit/core/error.h"
 
@@ -36,17 +36,15 @@ Buffer::Buffer(Device device, size_t bytes) : bytes_(bytes), device_(device) {
     data_ = backend::allocate(device, rounded);
     return;
   }
-  void* p = std::aligned_alloc(kAllocationUnit, rounded);
-  if (p == nullptr) throw Error(ErrorCode::invalid_argument, "Buffer: cannot allocate " + std::to_string(bytes) + " bytes");
-  std::memset(p, 0, rounded);
-  data_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  data_ = detail::allocate_host(rounded);  // zero-filled, a large one by every core (host_memory.h)
+  if (!data_) throw Error(ErrorCode::invalid_argument, "Buffer: cannot allocate " + std::to_string(bytes) + " bytes");
 }
 
 Buffer Buffer::pinned(size_t bytes) {
   const size_t rounded = allocation_bytes(bytes);
   if (rounded < bytes) throw Error(ErrorCode::invalid_argument, "Buffer::pinned: cannot allocate " + std::to_string(bytes) + " bytes");
   Buffer out;
-  out.data_ = detail::allocate_pinned(rounded);
+  out.data_ = detail::allocate_registered(rounded);
   out.bytes_ = bytes;
   out.pinned_ = true;
   return out;

@@ -9,6 +9,7 @@
 #include "backend/lamb.h"
 #include "backend/loss_scaler.h"
 #include "backend/step_counter.h"
+#include "core/pinned.h"
 #include "gradkit/core/error.h"
 
 namespace gradkit::backend {
@@ -58,3 +59,12 @@ void update_loss_scale_cuda(LossScalerState*, const bool*, const LossScalerOptio
 void lamb_cuda(const MultiTensorPlan&, const LambLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
 
 }  // namespace gradkit::backend
+
+namespace gradkit::detail {
+
+std::shared_ptr<void> allocate_registered(size_t bytes, bool) {
+  throw Error(ErrorCode::backend_unavailable, "Buffer::pinned: cannot allocate " + std::to_string(bytes) +
+                                                  " bytes of pinned host memory: gradkit was built without CUDA");
+}
+
+}  // namespace gradkit::detail

@@ -84,18 +84,30 @@ void Offloaded<Optimizer>::apply_state(const StateFile& file) {
   }
 }
 
+// Both copies wait for the device once, queue every tensor's copy on a lane
+// (pinned memory: asynchronous) and wait for the lane once, where a
+// synchronous copy per tensor waited for the whole device before each of
+// hundreds of tensors.
 template <class Optimizer>
 void Offloaded<Optimizer>::refresh_masters() {
   if (worker_) synchronize();  // the constructor calls it before the worker exists
   const std::vector<TensorView>& into = low_precision_ ? staged_copies_ : masters_;
-  for (size_t i = 0; i < params_.size(); ++i) copy_to_host(into[i].data, params_[i].data, params_[i].bytes(), device_);
+  gradkit::synchronize(device_);  // the weights as every stream left them
+  for (size_t i = 0; i < params_.size(); ++i) {
+    lanes_->copy(detail::OffloadLanes::to_host, into[i].data, params_[i].data, params_[i].bytes());
+  }
+  lanes_->synchronize();
   if (low_precision_) cast_into(masters_, staged_copies_);
 }
 
 template <class Optimizer>
 void Offloaded<Optimizer>::copy_weights_to_device() {
   const std::vector<TensorView>& from = low_precision_ ? staged_copies_ : masters_;
-  for (size_t i = 0; i < params_.size(); ++i) copy_from_host(params_[i].data, device_, from[i].data, params_[i].bytes());
+  gradkit::synchronize(device_);  // no stream still reads the weights
+  for (size_t i = 0; i < params_.size(); ++i) {
+    lanes_->copy(detail::OffloadLanes::to_device, params_[i].data, from[i].data, params_[i].bytes());
+  }
+  lanes_->synchronize();
 }
 
 // This file's members of both (offloaded.cc instantiates the class).
