@@ -1,6 +1,8 @@
 #include <string>
 
 #include "backend/cuda_runtime.h"
+#include "core/host_memory.h"
+#include "core/pinned.h"
 #include "cuda/check.h"
 
 namespace gradkit {
@@ -131,4 +133,32 @@ void synchronize(Device device) {
 }
 
 }  // namespace backend
+
+namespace detail {
+
+std::shared_ptr<void> allocate_registered(size_t bytes, bool huge_pages) {
+  const auto refused = [bytes](ErrorCode code, const std::string& why) {
+    return Error(code, "Buffer::pinned: cannot allocate " + std::to_string(bytes) +
+                           " bytes of pinned host memory: " + why);
+  };
+  if (backend::cuda_device_count() == 0) throw refused(ErrorCode::backend_unavailable, "no CUDA device is visible");
+  std::shared_ptr<void> host = map_host(bytes, huge_pages);
+  if (!host) throw refused(ErrorCode::cuda_error, "the host has no such memory to give");
+  // Portable: pinned for every CUDA context, as cudaHostAllocPortable was;
+  // mapped: reachable from the device, as cudaHostAlloc's memory is on
+  // every system with unified addressing (all 64-bit ones).
+  const cudaError_t status = cudaHostRegister(host.get(), bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it for the caller's next call
+    throw refused(ErrorCode::cuda_error,
+                  std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")");
+  }
+  // Unregistered before the memory is unmapped (`host` is released after).
+  return std::shared_ptr<void>(host.get(), [host](void* p) mutable {
+    cudaHostUnregister(p);
+    host.reset();
+  });
+}
+
+}  // namespace detail
 }  // namespace gradkit
