@@ -182,3 +182,16 @@ def test_a_gradient_clipped_after_its_hand_is_applied_with_a_check():
             lambda p: gt.AdamW(p, lr=3e-3), clip=0.05)[0]
 
     assert_equal(run(True), run(False))
+
+
+@needs_cuda
+@needs_hooks
+@pytest.mark.parametrize("micro", [1, 2], ids=["one_backward", "two_micro_batches"])
+def test_lamb_with_release_equals_lamb_without(micro):
+    """OffloadedLamb: the sums kept on the host are the bits torch's accumulation on the GPU
+    gives, so release changes no weight (LAMB's pieces hold whole tensors: a tied embedding's)."""
+    model, ref, _, grads_left = train_side_by_side(
+        torch.bfloat16, lambda p: gt.OffloadedLamb(p, lr=3e-3, weight_decay=0.01, bucket_mb=0.05, release=True),
+        lambda p: gt.OffloadedLamb(p, lr=3e-3, weight_decay=0.01, bucket_mb=0.05), micro=micro, tied=True)
+    assert_equal(model, ref)
+    assert grads_left == 0
