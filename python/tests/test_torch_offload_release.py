@@ -11,7 +11,8 @@ On a GPU, through real backward passes whose hooks hand and free the buckets:
   gradients' size;
 - clip_grad_norm_ between backward and step(): applied (with max_norm, whose
   updates wait for the check) or a RuntimeError naming the remedy (without),
-  never a silent wrong step.
+  never a silent wrong step;
+- OffloadedLamb with release gives the weights it gives without, bit for bit.
 On any machine: the argument check."""
 import copy
 
