@@ -14,21 +14,21 @@ namespace gradkit::backend {
 namespace cpu_adam {
 namespace {
 
-// A block's decode and encode: with AVX-512's gathers in the AVX-512 copy
+// A block's decode and encode: with AVX-512's permutes in the AVX-512 copy
 // (quant_avx512.h), else as loops that GCC vectorizes as it can.
-inline void decode(const QuantTable& t, const uint8_t* q, float absmax, int n, float* out, bool gathers) {
+inline void decode(const QuantTable& t, const uint8_t* q, float absmax, int n, float* out, bool avx512) {
 #if GRADKIT_CPU_MULTI_ISA
-  if (gathers) return cpu::decode_avx512(t, q, absmax, n, out);
+  if (avx512) return cpu::decode_avx512(t, q, absmax, n, out);
 #endif
-  (void)gathers;
+  (void)avx512;
   for (int k = 0; k < n; ++k) out[k] = dequantize(t, q[k], absmax);
 }
 
-inline void encode(const QuantTable& t, const float* values, int n, uint8_t* codes, float* absmax, bool gathers) {
+inline void encode(const QuantTable& t, const float* values, int n, uint8_t* codes, float* absmax, bool avx512) {
 #if GRADKIT_CPU_MULTI_ISA
-  if (gathers) return cpu::encode_avx512(t, values, n, codes, absmax);
+  if (avx512) return cpu::encode_avx512(t, values, n, codes, absmax);
 #endif
-  (void)gathers;
+  (void)avx512;
   encode_block(t, values, n, codes, absmax);
 }
 
@@ -39,15 +39,15 @@ struct Span8bit {
   static void run(int64_t n, W* __restrict w, int16_t* __restrict r, const G* __restrict g, uint8_t* __restrict qm,
                   uint8_t* __restrict qv, float* __restrict absmax_m, float* __restrict absmax_v,
                   Copy* __restrict copy, const QuantTables* tables, AdamCoefficients<float> c, float scale,
-                  bool gathers) {
+                  bool avx512) {
     const QuantTable& code_m = tables->table[0];
     const QuantTable& code_v = tables->table[1];
     alignas(64) float m_old[kQuantBlock], v_old[kQuantBlock], m_new[kQuantBlock], v_new[kQuantBlock];
     for (int64_t b = 0; b * kQuantBlock < n; ++b) {
       const int64_t base = b * kQuantBlock;
       const int count = static_cast<int>(std::min<int64_t>(kQuantBlock, n - base));
-      decode(code_m, qm + base, absmax_m[b], count, m_old, gathers);
-      decode(code_v, qv + base, absmax_v[b], count, v_old, gathers);
+      decode(code_m, qm + base, absmax_m[b], count, m_old, avx512);
+      decode(code_v, qv + base, absmax_v[b], count, v_old, avx512);
       for (int k = 0; k < count; ++k) {
         const int64_t i = base + k;
         float wc = Weights::load(w, r, i);
@@ -58,8 +58,8 @@ struct Span8bit {
         m_new[k] = mc;
         v_new[k] = vc;
       }
-      encode(code_m, m_new, count, qm + base, absmax_m + b, gathers);
-      encode(code_v, v_new, count, qv + base, absmax_v + b, gathers);
+      encode(code_m, m_new, count, qm + base, absmax_m + b, avx512);
+      encode(code_v, v_new, count, qv + base, absmax_v + b, avx512);
     }
   }
 };

@@ -1,7 +1,8 @@
-// The 8-bit moments' table lookups with AVX-512 gathers, for the AVX-512
-// copy of the CPU Adam kernel (adam_8bit.cc). GCC 12 vectorizes these loops
-// but, under its generic tuning, emulates each gather with 16 scalar loads;
-// the explicit gathers here compute the same codes and values as
+// The 8-bit moments' table lookups in AVX-512, for the AVX-512 copy of the
+// CPU Adam kernel (adam_8bit.cc). GCC 12 vectorizes these loops but, under
+// its generic tuning, emulates each gather with 16 scalar loads; the
+// permutes (the 256-entry tables) and the gather (the buckets' starts) here
+// compute the same codes and values as
 // quantize() and dequantize() (backend/blockwise_math.h), bit for bit
 // (tests/test_cpu_isa_adam.cc). Compiled only where isa.h has its copies.
 #pragma once
@@ -24,14 +25,43 @@ namespace gradkit::cpu {
 
 #define GRADKIT_AVX512 __attribute__((target("arch=x86-64-v4")))
 
+// A 256-float table in 16 registers, for lookup256.
+struct Table256 {
+  __m512 part[16];
+};
+
+GRADKIT_AVX512 inline Table256 load_table256(const float* table) {
+  Table256 t;
+  for (int j = 0; j < 16; ++j) t.part[j] = _mm512_loadu_ps(table + 16 * j);
+  return t;
+}
+
+// table[index[i]] for 16 indices in [0, 256), the same values a gather
+// reads: a two-register permute per 32 entries (the index's low 5 bits),
+// then three blends on its bits 5, 6 and 7. Permutes run at one a cycle,
+// where a gather of 16 costs tens of cycles (microcode, on CPUs with the
+// gather-data-sampling mitigation): the gathers were most of the 8-bit
+// step's time on the CPU.
+GRADKIT_AVX512 inline __m512 lookup256(const Table256& t, __m512i index) {
+  __m512 r[8];
+  for (int j = 0; j < 8; ++j) r[j] = _mm512_permutex2var_ps(t.part[2 * j], index, t.part[2 * j + 1]);
+  const __mmask16 b5 = _mm512_test_epi32_mask(index, _mm512_set1_epi32(32));
+  const __mmask16 b6 = _mm512_test_epi32_mask(index, _mm512_set1_epi32(64));
+  const __mmask16 b7 = _mm512_test_epi32_mask(index, _mm512_set1_epi32(128));
+  const __m512 s0 = _mm512_mask_blend_ps(b5, r[0], r[1]), s1 = _mm512_mask_blend_ps(b5, r[2], r[3]);
+  const __m512 s2 = _mm512_mask_blend_ps(b5, r[4], r[5]), s3 = _mm512_mask_blend_ps(b5, r[6], r[7]);
+  return _mm512_mask_blend_ps(b7, _mm512_mask_blend_ps(b6, s0, s1), _mm512_mask_blend_ps(b6, s2, s3));
+}
+
 // out[i] = codes[q[i]] * absmax for i < n.
 GRADKIT_AVX512 inline void decode_avx512(const backend::QuantTable& t, const uint8_t* q, float absmax, int n,
                                          float* out) {
   const __m512 scale = _mm512_set1_ps(absmax);
+  const Table256 codes = load_table256(t.codes);
   int i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_i32gather_ps(index, t.codes, 4), scale));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(lookup256(codes, index), scale));
   }
   for (; i < n; ++i) out[i] = backend::dequantize(t, q[i], absmax);
 }
@@ -57,6 +87,7 @@ GRADKIT_AVX512 inline void encode_avx512(const backend::QuantTable& t, const flo
   const __m512i one_bits = _mm512_set1_epi32(0x3f800000), lowest = _mm512_set1_epi32(backend::kQuantLowestBits);
   const __m512i buckets = _mm512_set1_epi32(backend::kQuantBuckets), low_byte = _mm512_set1_epi32(0xff);
   const __m512i one = _mm512_set1_epi32(1), floor = _mm512_set1_epi32(t.positive_floor);
+  const Table256 midpoints = load_table256(t.midpoints);
   for (i = 0; i + 16 <= n; i += 16) {
     const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + i), vscale);
     const __m512i bits = _mm512_castps_si512(x);
@@ -69,7 +100,7 @@ GRADKIT_AVX512 inline void encode_avx512(const backend::QuantTable& t, const flo
     // kept (the buckets in use lie far below the array's end).
     __m512i q = _mm512_and_si512(_mm512_i32gather_epi32(bucket, t.start, 1), low_byte);
     for (int k = 0; k < backend::kQuantSpan; ++k) {
-      const __mmask16 above_point = _mm512_cmp_ps_mask(x, _mm512_i32gather_ps(q, t.midpoints, 4), _CMP_GT_OQ);
+      const __mmask16 above_point = _mm512_cmp_ps_mask(x, lookup256(midpoints, q), _CMP_GT_OQ);
       q = _mm512_mask_add_epi32(q, above_point, q, one);
     }
     // A positive x takes at least the table's positive_floor (quantize's rule): max(q, floor).
