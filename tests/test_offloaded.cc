@@ -235,16 +235,12 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadedAdamGpu, ::testing::ValuesIn(kOffloadC
 TEST_P(OffloadedAdamGpu, ReleaseAddsALaterHandOnTheHost) {
   const Config c = GetParam();
   Model a(c, 7), b(c, 7);
-  OffloadedOptions options = offload_options(c);
-  options.release = true;
-  OffloadedAdam off(a.groups<AdamGroup>(a.weights()), options);
+  OffloadedAdam off(a.groups<AdamGroup>(a.weights()), release_options(c));
   GpuStep<Adam> gpu(b);
   for (int s = 1; s <= 12; ++s) {
     a.write_gradients(s);
     b.write_gradients(s, 2.0);
-    for (int k = 0; k < off.num_buckets(); ++k) off.bucket_ready(k, {}, {}, false);
-    for (int k = 0; k < off.num_buckets(); ++k) off.bucket_ready(k, {}, {}, k % 2 == 0);  // the rest: finish()
-    off.finish();
+    step_handing_twice(off, 0);
     gpu.step();
     if (!c.check) {
       ASSERT_EQ(bits(a.weights()), bits(b.weights())) << "weights differ after step " << s;
@@ -316,9 +312,7 @@ TEST(OffloadedAdamGpuArguments, BucketCallsAreChecked) {
   const std::vector<TensorView> on_host = {TensorView{host.data(), 131073, DType::f32, Device::cuda(0)}, m.g[2].view()};
   expect_error([&] { off.bucket_ready(1, {}, on_host); }, ErrorCode::device_mismatch, {"grads[0]", "host memory"});
   // With release: a bucket handed complete takes no more, and every bucket must be handed before finish().
-  OffloadedOptions release = offload_options(c);
-  release.release = true;
-  OffloadedAdam freed(m.groups<AdamGroup>(m.weights()), release);
+  OffloadedAdam freed(m.groups<AdamGroup>(m.weights()), release_options(c));
   freed.bucket_ready(0, {}, {}, false);
   freed.bucket_ready(0);
   expect_error([&] { freed.bucket_ready(0); }, ErrorCode::invalid_argument, {"bucket", "already handed complete"});

@@ -131,16 +131,12 @@ TEST_P(OffloadedLambGpu, FiftyStepsEqualTheHostStepBitForBitAndTheGpuStep) {
 TEST_P(OffloadedLambGpu, ReleaseAddsALaterHandOnTheHost) {
   const OffloadConfig c = GetParam();
   OffloadModel a(c, 7), h(c, 7);
-  OffloadedOptions options = offload_options(c);
-  options.release = true;
-  OffloadedLamb off(a.groups<LambGroup>(a.weights()), options);
+  OffloadedLamb off(a.groups<LambGroup>(a.weights()), release_options(c));
   HostStep<Lamb> host(h);
   for (int s = 1; s <= 12; ++s) {
     a.write_gradients(s);
     h.write_gradients(s, 2.0);
-    for (int k = 0; k < off.num_buckets(); ++k) off.bucket_ready(k, {}, {}, false);
-    for (int k = 0; k < off.num_buckets(); ++k) off.bucket_ready(k, {}, {}, k % 2 == 1);
-    off.finish();
+    step_handing_twice(off, 1);
     host.step();
     if (c.check) ASSERT_EQ(off.last_step_skipped(), host.found_inf) << "step " << s;
     else ASSERT_EQ(bits(a.weights()), bits(h.weights())) << "weights differ after step " << s;

@@ -334,6 +334,23 @@ void offloaded_step(Offloaded<Optimizer>& off) {
   off.finish();
 }
 
+// The options of offload_options(c) with gradient release.
+inline OffloadedOptions release_options(const OffloadConfig& c) {
+  OffloadedOptions o = offload_options(c);
+  o.release = true;
+  return o;
+}
+
+// One step with release that hands each bucket twice, as two micro-batches
+// do: the second hand completes the buckets whose index has the parity
+// `complete_parity`, finish() the others.
+template <class Optimizer>
+void step_handing_twice(Offloaded<Optimizer>& off, int complete_parity) {
+  for (int b = 0; b < off.num_buckets(); ++b) off.bucket_ready(b, {}, {}, false);
+  for (int b = 0; b < off.num_buckets(); ++b) off.bucket_ready(b, {}, {}, b % 2 == complete_parity);
+  off.finish();
+}
+
 // Steps first..last of `a` offloaded and of `b` by `other_step`, on the same gradients.
 template <class Optimizer, class Step>
 void step_both(OffloadModel& a, Offloaded<Optimizer>& off, OffloadModel& b, Step&& other_step, int first, int last) {
