@@ -48,8 +48,8 @@ Output: a markdown table on stdout (and --markdown FILE), one JSON line per run 
 
 Run it on a GPU machine through scripts/gpu-bench-big (builds the Python module,
 puts .data/pylibs on PYTHONPATH for bitsandbytes and torchao). The offloaded
-optimizers keep about 10 bytes per parameter in host memory (torchao 8), so the
-13b and larger sizes want the 2-GPU machine kind's 251 GiB of host memory; one GPU
+optimizers keep 8 bytes per parameter in host memory with int8 moments, 10 with
+bfloat16 ones (torchao about 8), so the 13b and larger sizes want the 2-GPU machine kind's 251 GiB of host memory; one GPU
 is used. For example:
 
   scripts/gpu-bench-big --sizes 6.7b,13b --configs fwdbwd,gradkit-offload,gradkit-release,torchao
