@@ -22,6 +22,11 @@
 // after another, each copy-back overlapping the next bucket's step. The
 // step counter advances only for a step that is not skipped.
 //
+// With options.release the caller frees each bucket's gradients once it
+// has handed them, so the GPU never holds them all; later hands of a bucket
+// (micro-batches) are summed on the host, and the check runs on the host
+// over those sums (docs/offload.md, "Gradient release").
+//
 // LAMB's trust ratio needs each tensor's whole norms, so Offloaded<Lamb>
 // never cuts a tensor into pieces (a tensor larger than piece_bytes is a
 // piece of its own): each piece runs both of LAMB's passes as soon as it
