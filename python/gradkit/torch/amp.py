@@ -16,7 +16,7 @@ import torch
 import gradkit
 from gradkit.torch import _compile
 from gradkit.torch._device import device_name
-from gradkit.torch.optim import GradientCheck
+from gradkit.torch._gradient_check import GradientCheck
 
 
 class AmpStep:

@@ -66,7 +66,7 @@ import gradkit
 from gradkit.torch import _compile
 from gradkit.torch._device import common_device, stream_handle
 from gradkit.torch._state_forms import StateForm, absmax_name
-from gradkit.torch.optim import adam_hyperparameters, closure_loss, lamb_hyperparameters
+from gradkit.torch._param_groups import adam_hyperparameters, closure_loss, lamb_hyperparameters
 
 _MOMENT_DTYPES = {"float32": gradkit.DType.f32, "bfloat16": gradkit.DType.bf16, "int8": gradkit.DType.u8}
 

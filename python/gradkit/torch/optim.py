@@ -36,32 +36,9 @@ import gradkit
 from gradkit.torch import _compile
 from gradkit.torch._device import common_device, stream_handle
 from gradkit.torch._dtensor import RankRows, check_placements, is_dtensor, local, shard_group
+from gradkit.torch._gradient_check import GradientCheck
+from gradkit.torch._param_groups import adam_hyperparameters, closure_loss, lamb_hyperparameters
 from gradkit.torch._state_forms import LOW_PRECISION, StateForm, float_master
-
-
-def closure_loss(closure):
-    """closure()'s loss, with gradients enabled (a step runs under no_grad), or None."""
-    if closure is None:
-        return None
-    with torch.enable_grad():
-        return closure()
-
-
-def adam_hyperparameters(group, decay):
-    """gradkit.AdamHyperparameters from a torch param group (lr, betas, eps, weight_decay, amsgrad,
-    maximize) and the weight decay's form: every Adam-like optimizer here maps a group this way."""
-    return gradkit.AdamHyperparameters(lr=float(group["lr"]), beta1=group["betas"][0], beta2=group["betas"][1],
-                                       eps=group["eps"], weight_decay=group["weight_decay"], decay=decay,
-                                       amsgrad=group["amsgrad"], maximize=group["maximize"])
-
-
-def lamb_hyperparameters(group, max_norm):
-    """gradkit.LambHyperparameters from a torch param group (betas, eps, weight_decay, min_trust,
-    max_trust, bias_correction); `max_norm`: LAMB's own clipping threshold (0: none)."""
-    return gradkit.LambHyperparameters(alpha=group["betas"][0], beta=group["betas"][1], lambda_=group["weight_decay"],
-                                       epsilon=group["eps"], ratio_min=group["min_trust"],
-                                       ratio_max=group["max_trust"], max_norm=max_norm,
-                                       bias_correction=group["bias_correction"])
 
 
 class _Cohort:
@@ -512,40 +489,6 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         """A state tensor of each parameter of `indices`, as gradkit reads it (the local shard)."""
         params = self._layout.params
         return [local(self.state[params[i]][name]) for i in indices]
-
-
-class GradientCheck:
-    """gradkit's GradientCheckPlan over the gradients an optimizer's last prepared
-    step covers, kept pointing at them: made anew when the optimizer's cohorts
-    are, re-pointed (in stream order) when only the gradients moved. Over
-    sharded DTensor gradients each rank checks its shards and the ranks'
-    partials are combined (every rank gets the same flag, norm and divisor)."""
-
-    def __init__(self, optimizer, **options):
-        self.optimizer = optimizer
-        self.options = options
-        self.plan = None
-        self.versions = None
-        self.partials = None  # RankRows of the shards' partials (sharded DTensor gradients)
-
-    def check(self, stream, **outputs):
-        opt = self.optimizer
-        versions = (opt._cohort_version, opt._pointer_version)
-        if self.plan is None or versions[0] != self.versions[0]:
-            self.plan = gradkit.GradientCheckPlan(opt.present_grads(), hold_grads=False, **self.options)
-        elif versions[1] != self.versions[1]:
-            self.plan.set_grads(opt.present_grads(), hold_grads=False, stream=stream)
-        self.versions = versions
-        layout = opt._get_layout()
-        group = layout.shard_group()
-        if group is None:
-            self.plan.check(stream=stream, **outputs)
-            return
-        if self.partials is None:
-            self.partials = RankRows(group, 2, layout.device)
-        self.plan.check(partial=self.partials.mine, stream=stream)
-        self.partials.gather()
-        self.plan.combine(self.partials.rows, self.partials.count, stream=stream, **outputs)
 
 
 def _check_betas(betas, eps, weight_decay, lr):

@@ -41,7 +41,7 @@ from gradkit.torch._dtensor import is_dtensor
 from gradkit.torch._device import common_device, device_name, gradkit_dtype, stream_handle
 from gradkit.torch._state_forms import StateForm
 from gradkit.torch.flat import FlatGradients
-from gradkit.torch.optim import adam_hyperparameters, closure_loss
+from gradkit.torch._param_groups import adam_hyperparameters, closure_loss
 
 if not hasattr(gradkit, "ShardedAdam"):
     raise ImportError("gradkit was built without its communication layer (MPI was not found when it was built)")
