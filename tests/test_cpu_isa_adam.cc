@@ -103,7 +103,7 @@ struct State {
 
 // The scalar reference of one tensor: the element formula with its choices
 // read per element (RuntimeAdamFlags), one element at a time; 8-bit moments
-// block by block with absmax_fold and the binary search (quantize_search,
+// in the folded form, block by block with absmax_fold and the binary search (quantize_search,
 // the definition), element by element.
 template <class C, class G, class M, class Copy>
 void reference(State& s, int64_t n, const Case& k, const AdamHyperparameters& h, int64_t step, float scale) {
@@ -117,7 +117,9 @@ void reference(State& s, int64_t n, const Case& k, const AdamHyperparameters& h,
       C w = k.remainder ? static_cast<C>(backend::join_master(get<uint16_t>(s.w, i), get<int16_t>(s.r, i)))
                         : cpu::to_compute<C>(get<std::conditional_t<std::is_same_v<C, double>, double, float>>(s.w, i));
       C g = cpu::to_compute<C>(get<G>(s.g, i));
-      if (scale != 1.0f) g = g / static_cast<C>(scale);
+      // 8-bit moments take the folded form (docs/ops.md): the gradient times
+      // the scale's reciprocal, the bias correction folded into the step.
+      if (scale != 1.0f) g = quantized ? g * (C(1) / static_cast<C>(scale)) : g / static_cast<C>(scale);
       C m, v, vmax = 0;
       if (quantized) {
         m = backend::dequantize(tables.table[0], get<uint8_t>(s.m, i), get<float>(s.am, i / kQuantBlock));
@@ -127,7 +129,12 @@ void reference(State& s, int64_t n, const Case& k, const AdamHyperparameters& h,
         v = cpu::to_compute<C>(get<M>(s.v, i));
         if (h.amsgrad) vmax = cpu::to_compute<C>(get<M>(s.vmax, i));
       }
-      backend::adam_element(w, g, m, v, vmax, c);
+      if (quantized) {
+        backend::adam_element<C, backend::RuntimeAdamFlags, backend::AdamForm::folded>(
+            w, g, m, v, vmax, c, backend::RuntimeAdamFlags{c.decay, c.amsgrad, c.maximize});
+      } else {
+        backend::adam_element(w, g, m, v, vmax, c);
+      }
       if (k.remainder) {
         uint16_t wb;
         int16_t rb;

@@ -20,6 +20,9 @@ struct AdamCoefficients {
   C bias2_sqrt;       // sqrt(1 - beta2^t)
   C decay_factor;     // decoupled: 1 - lr * weight_decay
   C decay_after;      // Hugging Face: lr * weight_decay
+  // The low-bit form's constants (AdamForm::folded): lr * sqrt(1 - beta2^t) /
+  // (1 - beta1^t) and eps * sqrt(1 - beta2^t) (Hugging Face: step_size, eps).
+  C folded_step_size, folded_eps;
   int32_t decay;
   bool amsgrad, maximize;
 };
@@ -43,6 +46,8 @@ GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, d
   c.step_size = static_cast<C>(h.decay == WeightDecay::hugging_face ? mul(lr, std::sqrt(bias2)) / bias1 : lr / bias1);
   c.decay_factor = static_cast<C>(sub(1.0, mul(lr, wd)));
   c.decay_after = static_cast<C>(mul(lr, wd));
+  c.folded_step_size = static_cast<C>(mul(lr, std::sqrt(bias2)) / bias1);
+  c.folded_eps = h.decay == WeightDecay::hugging_face ? c.eps : static_cast<C>(mul(static_cast<double>(h.eps), std::sqrt(bias2)));
   c.amsgrad = h.amsgrad;
   c.maximize = h.maximize;
   return c;
@@ -65,6 +70,18 @@ struct RuntimeAdamFlags {
   bool amsgrad, maximize;
 };
 
+// Which form of the update an element takes. torch: as torch.optim and
+// Transformers order it (below), for every path that has a twin to match.
+// folded: the low-bit moments' paths (8-bit), which have none: the square
+// root of v's bias correction is folded into the step size and eps, once
+// per step in f64,
+//   w = w - (lr sqrt(bias2) / bias1) * (m / (sqrt(v) + eps sqrt(bias2))),
+// equal to torch's form in exact arithmetic, with one correctly rounded
+// division per element instead of two (on CUDA each is a reciprocal, its
+// refinement, a range check and a slow-path branch). Hugging Face's form
+// is already this one.
+enum class AdamForm { torch, folded };
+
 // One element: w, m, v (and vmax for amsgrad) updated in place from the
 // unscaled gradient g (already divided by the gradient scale). The order of
 // operations follows the library each mode comes from (torch.optim for l2
@@ -73,7 +90,7 @@ struct RuntimeAdamFlags {
 // (g - m)) or as Transformers' m * beta1 + (1 - beta1) * g, and the update
 // as addcdiv (w - step_size * (m / denom)). Every operation is rounded on
 // its own (exact_math.h), so both backends give the same bits.
-template <class C, class Flags>
+template <class C, class Flags, AdamForm Form = AdamForm::torch>
 GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c, Flags f) {
   using exact::add;
   using exact::mul;
@@ -89,8 +106,12 @@ GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficie
     vmax = vmax > v ? vmax : v;
     second = vmax;
   }
-  const C denom = hugging_face ? add(std::sqrt(second), c.eps) : add(std::sqrt(second) / c.bias2_sqrt, c.eps);
-  w = sub(w, mul(c.step_size, m / denom));
+  if constexpr (Form == AdamForm::folded) {
+    w = sub(w, mul(c.folded_step_size, m / add(std::sqrt(second), c.folded_eps)));
+  } else {
+    const C denom = hugging_face ? add(std::sqrt(second), c.eps) : add(std::sqrt(second) / c.bias2_sqrt, c.eps);
+    w = sub(w, mul(c.step_size, m / denom));
+  }
   if (hugging_face) w = sub(w, mul(c.decay_after, w));
 }
 

@@ -11,40 +11,42 @@
 
 namespace gradkit::backend {
 
-// Where a value's search starts: |x| in [0, 1] is cut into buckets by its
+// Where a value's search starts: |x| in [0, 2] is cut into buckets by its
 // f32 bit pattern (its exponent and the top kQuantMantissaBits of its
-// fraction; every |x| below 2^-(kQuantExponents - 1) falls in bucket 0), one
+// fraction; every |x| below 2^-(kQuantExponents - 2) falls in bucket 0), one
 // set for each sign, and each bucket keeps the number of decision points
 // below its lowest value. Within a bucket at most kQuantSpan decision points
 // lie (checked when the tables are built), so kQuantSpan comparisons finish
 // the count that the binary search (quantize_search) would give: the same
 // code for every x, in 2 table reads instead of 8.
 inline constexpr int kQuantMantissaBits = 7;
-inline constexpr int kQuantExponents = 25;
+inline constexpr int kQuantExponents = 26;  // 2^-24 .. 2^1
 inline constexpr int kQuantBuckets = kQuantExponents << kQuantMantissaBits;  // per sign
 inline constexpr int kQuantSpan = 1;
-inline constexpr uint32_t kQuantLowestBits = static_cast<uint32_t>(127 - (kQuantExponents - 1)) << 23;  // 2^-24
+inline constexpr uint32_t kQuantLowestBits = static_cast<uint32_t>(127 - (kQuantExponents - 2)) << 23;  // 2^-24
+// The bucket every NaN falls in (quantize clamps magnitudes to
+// 2.0's bits; no finite x reaches 2, since |value| <= absmax): its start is
+// 0 for both signs, and a comparison with NaN is false, so a NaN encodes
+// as 0 without a rule of its own.
+inline constexpr uint32_t kQuantNanBits = 0x40000000u;  // 2.0f
 
 // One code table as the kernels read it: the 256 codes, ascending, the 255
 // decision points between neighbours (midpoints[i] between codes i and i + 1,
 // the f64 midpoint rounded to f32 once, on the host), and the buckets' starts
 // (positive x, then negative x).
+//
+// The unsigned map's first decision point is 0, not the midpoint of its
+// codes 0 and 1: a positive exp_avg_sq value never encodes as 0 (docs/ops.md),
+// and counting the decision points below x with that one at 0 is exactly
+// "the nearest code, then at least code 1 for a positive x". The floor is
+// thus part of the table, and costs the encode nothing.
 struct QuantTable {
   float codes[256];
   float midpoints[256];  // 255 used; the last is +Inf, never passed
   uint8_t start[2 * kQuantBuckets];
-  // The lowest code a positive value may take: 1 for the unsigned map (a
-  // positive exp_avg_sq never encodes as 0: docs/ops.md), 0 (no floor) for
-  // the signed one.
-  int32_t positive_floor;
 };
 
-// The lowest code a positive value may take in each map (QuantTable::
-// positive_floor): none for exp_avg's signed map, 1 for exp_avg_sq's.
-inline constexpr int32_t kExpAvgFloor = 0;
-inline constexpr int32_t kExpAvgSqFloor = 1;
-
-// The bucket of a magnitude's bit pattern (at most 1.0f's): the bits above
+// The bucket of a magnitude's bit pattern (at most kQuantNanBits): the bits above
 // the lowest bucket's, shifted. The lowest bucket's pattern has no bits
 // below the shift, so the subtraction can follow the shift (a constant the
 // compiler folds into the table's address).
@@ -82,7 +84,7 @@ GRADKIT_HD float quant_scale(float absmax) { return absmax == 0.0f ? 0.0f : 1.0f
 // The index of the code nearest to x (x already scaled into [-1, 1]): the
 // number of decision points below x, found by a branch-free binary search.
 // A value exactly on a decision point takes the lower code. NaN gives 0.
-// The count alone; quantize() gives the same count and then the floor.
+// The definition; quantize() gives the same count without a search.
 GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) {
   int q = 0;
 #if defined(__CUDA_ARCH__)
@@ -94,28 +96,22 @@ GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) {
 
 // The code of x: quantize_search's count, from the bucket's start and
 // kQuantSpan comparisons (a comparison past the bucket's last decision point
-// is false, so the count stops there), without a branch; then a positive x
-// takes at least the table's positive_floor. |x| > 1 (a rounding of
-// m * (1 / absmax) may pass 1) takes 1.0's bucket: its positive start is 255
-// (every decision point lies below 1), its negative start 0, which is the
-// search's count for x > 1 and x < -1. NaN gives 0, as the search does.
-// `floor` is the table's positive_floor; quantize_with_floor takes it as a
-// compile-time constant where the caller knows which map it encodes (the
-// CUDA kernels: a floor of 0 then costs nothing).
-GRADKIT_HD uint8_t quantize_with_floor(const QuantTable& t, float x, int32_t floor) {
+// is false, so the count stops there), without a branch. 1 < |x| < 2 (a
+// rounding of m * (1 / absmax) may pass 1): the positive start is 255
+// (every decision point lies below 1), the negative start 0, which is the
+// search's count for x > 1 and x < -1. NaN (clamped into the bucket of 2.0,
+// whose starts are 0, and greater than nothing) gives 0, as the search does.
+GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) {
   const uint32_t bits = float_bits(x);
   uint32_t magnitude = bits & 0x7fffffffu;  // -0 is 0
-  magnitude = magnitude < 0x3f800000u ? magnitude : 0x3f800000u;
+  magnitude = magnitude < kQuantNanBits ? magnitude : kQuantNanBits;
   int q = t.start[quant_bucket(magnitude) + static_cast<int>(bits >> 31) * kQuantBuckets];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int k = 0; k < kQuantSpan; ++k) q += x > t.midpoints[q] ? 1 : 0;
-  q = x > 0.0f && q < floor ? floor : q;
-  return static_cast<uint8_t>(x == x ? q : 0);
+  return static_cast<uint8_t>(q);
 }
-
-GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) { return quantize_with_floor(t, x, t.positive_floor); }
 
 GRADKIT_HD float dequantize(const QuantTable& t, uint8_t q, float absmax) { return exact::mul(t.codes[q], absmax); }
 

@@ -1,6 +1,6 @@
 // The Adam update with 8-bit blockwise moments on the CPU: block by block,
 // m and v decoded, every element updated by the shared formula
-// (backend/adam_math.h), then the block encoded again with its new absmax
+// (backend/adam_math.h, its folded form), then the block encoded again with its new absmax
 // (backend/quant_tables.h), as the CUDA kernel does; one loop per
 // instruction set (isa.h), every per-launch choice a template parameter.
 #include <algorithm>
@@ -38,7 +38,7 @@ struct Span8bit {
   using W = typename Weights::Stored;
   static void run(int64_t n, W* __restrict w, int16_t* __restrict r, const G* __restrict g, uint8_t* __restrict qm,
                   uint8_t* __restrict qv, float* __restrict absmax_m, float* __restrict absmax_v,
-                  Copy* __restrict copy, const QuantTables* tables, AdamCoefficients<float> c, float scale,
+                  Copy* __restrict copy, const QuantTables* tables, AdamCoefficients<float> c, float inverse_scale,
                   bool avx512) {
     const QuantTable& code_m = tables->table[0];
     const QuantTable& code_v = tables->table[1];
@@ -52,7 +52,8 @@ struct Span8bit {
         const int64_t i = base + k;
         float wc = Weights::load(w, r, i);
         float mc = m_old[k], vc = v_old[k], unused = 0;
-        adam_element(wc, unscaled<Scaled>(g[i], scale), mc, vc, unused, c, Mode{});
+        adam_element<float, Mode, AdamForm::folded>(wc, unscaled_by_reciprocal<Scaled>(g[i], inverse_scale), mc, vc,
+                                                    unused, c, Mode{});
         Weights::store(w, r, i, wc);
         store_copy(copy, i, wc);
         m_new[k] = mc;
@@ -80,7 +81,7 @@ void run(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
               static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<uint8_t>(2), chunk.tensor<uint8_t>(3),
               chunk.block_tensor<float>(launch.absmax_list, kQuantBlock),
               chunk.block_tensor<float>(launch.absmax_list + 1, kQuantBlock), copy_of<Copy>(chunk, launch),
-              launch.tables, c, values.scale, isa == cpu::Isa::avx512);
+              launch.tables, c, values.inverse_scale, isa == cpu::Isa::avx512);
         });
       }
     });

@@ -24,10 +24,12 @@ using namespace cpu_master;  // the weights, remainders and model copy of every 
 template <class C>
 struct StepValues {
   C scale;
+  C inverse_scale;  // 1 / scale, for the low-bit form (unscaled_by_reciprocal)
   bool scaled;  // scale != 1
   int64_t step;
   explicit StepValues(const AdamStepInputs& in)
       : scale(static_cast<C>(in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale)),
+        inverse_scale(C(1) / scale),
         scaled(scale != C(1)),
         step(in.step_device != nullptr ? *in.step_device : in.step) {}
 
@@ -51,6 +53,16 @@ template <bool Scaled, class C, class G>
 inline C unscaled(G g, C scale) {
   const C x = cpu::to_compute<C>(g);
   if constexpr (Scaled) return x / scale;
+  else return x;
+}
+
+// The low-bit form's (AdamForm::folded) unscaled gradient: times the
+// scale's reciprocal, one division per launch instead of one per element,
+// as the CUDA 8-bit kernel does.
+template <bool Scaled, class C, class G>
+inline C unscaled_by_reciprocal(G g, C inverse_scale) {
+  const C x = cpu::to_compute<C>(g);
+  if constexpr (Scaled) return x * inverse_scale;
   else return x;
 }
 

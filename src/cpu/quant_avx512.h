@@ -69,7 +69,8 @@ GRADKIT_AVX512 inline void decode_avx512(const backend::QuantTable& t, const uin
 // encode_block (backend/quant_tables.h) with the search's table reads
 // gathered: the absmax as the integer max of the magnitudes' bits, then
 // each code from its bucket's start and kQuantSpan comparisons, then the
-// positive floor and the NaN rule.
+// NaN rule (this copy clamps magnitudes to 1 and masks NaN, where quantize
+// clamps them into 2.0's bucket: the same codes).
 GRADKIT_AVX512 inline void encode_avx512(const backend::QuantTable& t, const float* values, int n, uint8_t* codes,
                                          float* absmax) {
   const __m512i sign_off = _mm512_set1_epi32(0x7fffffff);
@@ -86,7 +87,7 @@ GRADKIT_AVX512 inline void encode_avx512(const backend::QuantTable& t, const flo
   const __m512 vscale = _mm512_set1_ps(scale);
   const __m512i one_bits = _mm512_set1_epi32(0x3f800000), lowest = _mm512_set1_epi32(backend::kQuantLowestBits);
   const __m512i buckets = _mm512_set1_epi32(backend::kQuantBuckets), low_byte = _mm512_set1_epi32(0xff);
-  const __m512i one = _mm512_set1_epi32(1), floor = _mm512_set1_epi32(t.positive_floor);
+  const __m512i one = _mm512_set1_epi32(1);
   const Table256 midpoints = load_table256(t.midpoints);
   for (i = 0; i + 16 <= n; i += 16) {
     const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + i), vscale);
@@ -103,8 +104,6 @@ GRADKIT_AVX512 inline void encode_avx512(const backend::QuantTable& t, const flo
       const __mmask16 above_point = _mm512_cmp_ps_mask(x, lookup256(midpoints, q), _CMP_GT_OQ);
       q = _mm512_mask_add_epi32(q, above_point, q, one);
     }
-    // A positive x takes at least the table's positive_floor (quantize's rule): max(q, floor).
-    q = _mm512_mask_max_epi32(q, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), q, floor);
     q = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), q);  // NaN gives 0
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(q));
   }

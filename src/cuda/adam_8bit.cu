@@ -1,6 +1,7 @@
 // The Adam update with 8-bit blockwise moments, as a functor of the
 // multi-tensor driver: one pass that decodes m and v, updates w, m and v in
-// f32 (backend/adam_math.h), finds each block's new absmax and encodes m and
+// f32 (backend/adam_math.h, its folded form, with the gradient times the
+// scale's reciprocal), finds each block's new absmax and encodes m and
 // v again (backend/blockwise_math.h). A warp owns one 256-element block at a
 // time, 8 consecutive elements per lane, and reduces the block's absmax with
 // shuffles; a chunk (64K elements) holds whole blocks, so a thread block
@@ -62,18 +63,19 @@ struct Adam8bitOp {
     __syncthreads();
     const AdamCoefficients<float> c = shared;
     const float scale = in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale;
+    const float inverse_scale = 1.0f / scale;
     switch (static_cast<WeightDecay>(c.decay)) {
-      case WeightDecay::l2: return update(plan, chunk, c, Flags8bit<WeightDecay::l2>{c.maximize}, scale, tables);
+      case WeightDecay::l2: return update(plan, chunk, c, Flags8bit<WeightDecay::l2>{c.maximize}, scale, inverse_scale, tables);
       case WeightDecay::decoupled:
-        return update(plan, chunk, c, Flags8bit<WeightDecay::decoupled>{c.maximize}, scale, tables);
+        return update(plan, chunk, c, Flags8bit<WeightDecay::decoupled>{c.maximize}, scale, inverse_scale, tables);
       case WeightDecay::hugging_face: break;
     }
-    update(plan, chunk, c, Flags8bit<WeightDecay::hugging_face>{c.maximize}, scale, tables);
+    update(plan, chunk, c, Flags8bit<WeightDecay::hugging_face>{c.maximize}, scale, inverse_scale, tables);
   }
 
   template <class Flags>
   __device__ __forceinline__ void update(const PlanArgs& plan, const PlanChunk& chunk, const AdamCoefficients<float>& c,
-                                         Flags flags, float scale, const QuantTables& tables) const {
+                                         Flags flags, float scale, float inverse_scale, const QuantTables& tables) const {
     W* w = plan.tensor<W>(0, chunk);
     const G* g = plan.tensor<G>(1, chunk);
     uint8_t* qm = plan.tensor<uint8_t>(2, chunk);
@@ -108,13 +110,13 @@ struct Adam8bitOp {
       float gc[kPerLane];
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) gc[k] = cuda::to_compute<float>(gr[k]);
-      // A branch around all eight divisions, uniform across the launch:
-      // written per element, the compiler computed the division always and
-      // selected (a dozen instructions per element, in a kernel bound by
-      // instruction issue).
+      // The gradient times the scale's reciprocal (the folded form: one
+      // division per thread block, not per element), under a branch uniform
+      // across the launch: written per element, the compiler computed the
+      // product always and selected.
       if (scale != 1.0f) {
 #pragma unroll
-        for (int k = 0; k < kPerLane; ++k) gc[k] = gc[k] / scale;
+        for (int k = 0; k < kPerLane; ++k) gc[k] = exact::mul(gc[k], inverse_scale);
       }
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
@@ -123,7 +125,7 @@ struct Adam8bitOp {
         else wc = cuda::to_compute<float>(wr[k]);
         float mc = dequantize(tables.table[0], mr[k], old_m), vc = dequantize(tables.table[1], vr[k], old_v);
         float unused = 0.0f;
-        adam_element(wc, gc[k], mc, vc, unused, c, flags);
+        adam_element<float, Flags, AdamForm::folded>(wc, gc[k], mc, vc, unused, c, flags);
         if constexpr (kRemainder) split_master(wc, wr[k], rr[k]);
         else wr[k] = cuda::from_compute<W>(wc);
         if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(wc);
@@ -144,8 +146,8 @@ struct Adam8bitOp {
       const float scale_m = quant_scale(block_m), scale_v = quant_scale(block_v);
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
-        mr[k] = quantize_with_floor(tables.table[0], exact::mul(m_new[k], scale_m), kExpAvgFloor);
-        vr[k] = quantize_with_floor(tables.table[1], exact::mul(v_new[k], scale_v), kExpAvgSqFloor);
+        mr[k] = quantize(tables.table[0], exact::mul(m_new[k], scale_m));
+        vr[k] = quantize(tables.table[1], exact::mul(v_new[k], scale_v));
       }
       store_lane(w + at, wr, n, vectorized);
       store_lane(qm + at, mr, n, vectorized);

@@ -83,8 +83,8 @@ struct Norms8bitOp {
       bool lane_finite = true;
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
-        mq[k] = quantize_with_floor(tables.table[0], exact::mul(m_new[k], scale_m), kExpAvgFloor);
-        vq[k] = quantize_with_floor(tables.table[1], exact::mul(v_new[k], scale_v), kExpAvgSqFloor);
+        mq[k] = quantize(tables.table[0], exact::mul(m_new[k], scale_m));
+        vq[k] = quantize(tables.table[1], exact::mul(v_new[k], scale_v));
         if (k < n) {
           const float d = lamb_8bit_direction(wr[k], mq[k], vq[k], amax_m, amax_v, tables, c);
           lane_finite = lane_finite && finite(d);

@@ -47,6 +47,9 @@ std::array<float, 256> build_code(bool is_signed) {
 // Each bucket's start (backend::quantize): the binary search's count at the
 // bucket's lowest value, checking that its highest lies at most kQuantSpan
 // decision points further (else quantize would stop short: a logic error).
+// Past 1 every decision point lies below a positive x and above a negative
+// one (255 and 0); from 2.0's bucket on (only NaN reaches it: quantize
+// clamps magnitudes there) 0 for both signs.
 void fill_bucket_starts(backend::QuantTable& t) {
   using backend::kQuantBuckets;
   const uint32_t one = backend::float_bits(1.0f);
@@ -54,8 +57,9 @@ void fill_bucket_starts(backend::QuantTable& t) {
     const uint32_t step = 1u << (23 - backend::kQuantMantissaBits);
     const uint32_t low = b == 0 ? 0u : backend::kQuantLowestBits + static_cast<uint32_t>(b) * step;
     const uint32_t high = std::min(backend::kQuantLowestBits + static_cast<uint32_t>(b + 1) * step - 1, one);
-    if (low > one) {  // buckets past 1: never read (quantize clamps |x| to 1 first)
-      t.start[b] = t.start[kQuantBuckets + b] = 255;
+    if (low > one) {
+      t.start[b] = low < backend::kQuantNanBits ? 255 : 0;
+      t.start[kQuantBuckets + b] = 0;
       continue;
     }
     const float small = backend::bits_float(low), large = backend::bits_float(high);
@@ -70,14 +74,15 @@ void fill_bucket_starts(backend::QuantTable& t) {
   }
 }
 
-// `positive_floor`: see backend::QuantTable.
-backend::QuantTable build_table(const std::array<float, 256>& code, int32_t positive_floor) {
+// `positive_floor`: the unsigned map's rule (backend::QuantTable): its
+// first decision point is 0, so a positive value counts at least one.
+backend::QuantTable build_table(const std::array<float, 256>& code, bool positive_floor) {
   backend::QuantTable t{};
-  t.positive_floor = positive_floor;
   for (int i = 0; i < 256; ++i) t.codes[i] = code[i];
   for (int i = 0; i < 255; ++i) {
     t.midpoints[i] = static_cast<float>((static_cast<double>(code[i]) + static_cast<double>(code[i + 1])) / 2);
   }
+  if (positive_floor) t.midpoints[0] = 0.0f;
   t.midpoints[255] = std::numeric_limits<float>::infinity();
   fill_bucket_starts(t);
   return t;
@@ -107,8 +112,8 @@ namespace backend {
 const QuantTables& quant_tables() {
   static const QuantTables tables = [] {
     QuantTables t{};
-    t.table[0] = build_table(quant_code(QuantCode::signed_dynamic), backend::kExpAvgFloor);
-    t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic), backend::kExpAvgSqFloor);
+    t.table[0] = build_table(quant_code(QuantCode::signed_dynamic), false);
+    t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic), true);
     return t;
   }();
   return tables;
