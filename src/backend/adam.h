@@ -9,21 +9,25 @@
 
 namespace gradkit::backend {
 
-struct QuantTables;  // backend/blockwise_math.h
+struct QuantTables;   // backend/blockwise_math.h
+struct QuantTables4;  // backend/blockwise4_math.h
 
 struct AdamLaunch {
   const AdamHyperparameters* groups;  // on the plan's device (host memory for the CPU)
   AdamStepInputs inputs;
   int max_list = -1;
   int copy_list = -1;
-  int absmax_list = -1;               // 8-bit moments: m's absmax list, v's at absmax_list + 1
+  int absmax_list = -1;               // 8- or 4-bit moments: m's absmax list, v's at absmax_list + 1
+  int moment_bits = 0;                // 8 or 4 with u8 moments
   int remainder_list = -1;            // bf16 weights: the remainder list
-  const QuantTables* tables = nullptr;  // the code tables, on the plan's device
+  const QuantTables* tables = nullptr;    // the 8-bit code tables, on the plan's device
+  const QuantTables4* tables4 = nullptr;  // the 4-bit ones
 };
 
 void adam_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch);
 void adam_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream);
-// 8-bit moments (launch.absmax_list >= 0), called by adam_cuda.
+// 8-bit moments (launch.moment_bits == 8), called by adam_cuda; 4-bit ones.
 void adam_8bit_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream);
+void adam_4bit_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream);
 
 }  // namespace gradkit::backend

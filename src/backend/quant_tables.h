@@ -5,11 +5,13 @@
 
 #include <cstdint>
 
+#include "backend/blockwise4_math.h"
 #include "backend/blockwise_math.h"
 
 namespace gradkit::backend {
 
 const QuantTables& quant_tables();
+const QuantTables4& quant_tables4();
 
 // Encodes the block's n values (n <= kQuantBlock): its absmax, then each
 // value's code. Inline, so that each instruction-set copy of the CPU kernel

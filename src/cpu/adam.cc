@@ -78,7 +78,9 @@ void adam_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch) {
   const cpu::Isa isa = cpu::active_isa();  // before anything is written: it may throw
   if (launch.inputs.found_inf != nullptr && *launch.inputs.found_inf) return;
   if (plan.dtype(0) == DType::f64) return run<PlainWeights<double>, double, double, NoCopy>(plan, launch, isa);
-  if (launch.absmax_list >= 0) return adam_8bit_cpu(plan, launch, isa);
+  if (launch.absmax_list >= 0) {
+    return launch.moment_bits == 4 ? adam_4bit_cpu(plan, launch, isa) : adam_8bit_cpu(plan, launch, isa);
+  }
   if (launch.remainder_list >= 0) return run_weights<RemainderWeights>(plan, launch, isa);
   run_weights<PlainWeights<float>>(plan, launch, isa);
 }

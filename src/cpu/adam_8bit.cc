@@ -1,4 +1,4 @@
-// The Adam update with 8-bit blockwise moments on the CPU: block by block,
+// The Adam update with 8- or 4-bit blockwise moments on the CPU: block by block,
 // m and v decoded, every element updated by the shared formula
 // (backend/adam_math.h, its folded form), then the block encoded again with its new absmax
 // (backend/quant_tables.h), as the CUDA kernel does; one loop per
@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "backend/blockwise4_math.h"
 #include "backend/quant_tables.h"
 #include "cpu/adam_kernel.h"
 #include "cpu/quant_avx512.h"
@@ -32,22 +33,50 @@ inline void encode(const QuantTable& t, const float* values, int n, uint8_t* cod
   encode_block(t, values, n, codes, absmax);
 }
 
-// One chunk (whole blocks: the plan's chunks are multiples of kQuantBlock).
-template <class Weights, class G, class Copy, class Mode, bool Scaled>
-struct Span8bit {
+// The 8-bit form of a block: kQuantBlock elements, one code a byte.
+struct Codec8 {
+  static constexpr int kBlock = kQuantBlock;
+  const QuantTables* tables;
+  bool avx512;
+  void decode(int moment, const uint8_t* codes, int64_t base, float absmax, int n, float* out) const {
+    cpu_adam::decode(tables->table[moment], codes + base, absmax, n, out, avx512);
+  }
+  void encode(int moment, const float* values, int n, uint8_t* codes, int64_t base, float* absmax) const {
+    cpu_adam::encode(tables->table[moment], values, n, codes + base, absmax, avx512);
+  }
+};
+
+// The 4-bit form (backend/blockwise4_math.h): kQuant4Block elements, two
+// codes a byte; a block starts on an even element, so on a byte.
+struct Codec4 {
+  static constexpr int kBlock = kQuant4Block;
+  const QuantTables4* tables;
+  void decode(int moment, const uint8_t* codes, int64_t base, float absmax, int n, float* out) const {
+    const QuantTable4& t = tables->table[moment];
+    for (int k = 0; k < n; ++k) out[k] = dequantize4(t, nibble(codes[(base + k) / 2], k), absmax);
+  }
+  void encode(int moment, const float* values, int n, uint8_t* codes, int64_t base, float* absmax) const {
+    uint8_t c[kQuant4Block + 1];
+    *absmax = encode_block4(tables->table[moment], values, n, c);
+    c[n] = 0;  // the high nibble of an odd-length tensor's last byte
+    for (int k = 0; k < n; k += 2) codes[(base + k) / 2] = pack_nibbles(c[k], c[k + 1]);
+  }
+};
+
+// One chunk (whole blocks: the plan's chunks are multiples of both block sizes).
+template <class Codec, class Weights, class G, class Copy, class Mode, bool Scaled>
+struct SpanLowBit {
   using W = typename Weights::Stored;
+  static constexpr int kBlock = Codec::kBlock;
   static void run(int64_t n, W* __restrict w, int16_t* __restrict r, const G* __restrict g, uint8_t* __restrict qm,
                   uint8_t* __restrict qv, float* __restrict absmax_m, float* __restrict absmax_v,
-                  Copy* __restrict copy, const QuantTables* tables, AdamCoefficients<float> c, float inverse_scale,
-                  bool avx512) {
-    const QuantTable& code_m = tables->table[0];
-    const QuantTable& code_v = tables->table[1];
-    alignas(64) float m_old[kQuantBlock], v_old[kQuantBlock], m_new[kQuantBlock], v_new[kQuantBlock];
-    for (int64_t b = 0; b * kQuantBlock < n; ++b) {
-      const int64_t base = b * kQuantBlock;
-      const int count = static_cast<int>(std::min<int64_t>(kQuantBlock, n - base));
-      decode(code_m, qm + base, absmax_m[b], count, m_old, avx512);
-      decode(code_v, qv + base, absmax_v[b], count, v_old, avx512);
+                  Copy* __restrict copy, Codec codec, AdamCoefficients<float> c, float inverse_scale) {
+    alignas(64) float m_old[kBlock], v_old[kBlock], m_new[kBlock], v_new[kBlock];
+    for (int64_t b = 0; b * kBlock < n; ++b) {
+      const int64_t base = b * kBlock;
+      const int count = static_cast<int>(std::min<int64_t>(kBlock, n - base));
+      codec.decode(0, qm, base, absmax_m[b], count, m_old);
+      codec.decode(1, qv, base, absmax_v[b], count, v_old);
       for (int k = 0; k < count; ++k) {
         const int64_t i = base + k;
         float wc = Weights::load(w, r, i);
@@ -59,57 +88,71 @@ struct Span8bit {
         m_new[k] = mc;
         v_new[k] = vc;
       }
-      encode(code_m, m_new, count, qm + base, absmax_m + b, avx512);
-      encode(code_v, v_new, count, qv + base, absmax_v + b, avx512);
+      codec.encode(0, m_new, count, qm, base, absmax_m + b);
+      codec.encode(1, v_new, count, qv, base, absmax_v + b);
     }
   }
 };
 
-template <class Weights, class G, class Copy>
-void run(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
+template <class Codec, class Weights, class G, class Copy>
+void run(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa, Codec codec) {
   using W = typename Weights::Stored;
+  constexpr int codes_per_byte = Codec::kBlock == kQuant4Block ? 2 : 1;
   const StepValues<float> values(launch.inputs);
   cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
     const AdamCoefficients<float> c = values.coefficients(plan, launch, chunk.chunk);
-    // amsgrad is refused with 8-bit moments (ops/adam.cc validates it before
-    // any launch), so its modes have no instance here.
+    // amsgrad is refused with 8- and 4-bit moments (ops/adam.cc validates it
+    // before any launch), so its modes have no instance here. The moments'
+    // pointers are the chunk's first byte; the element index within the
+    // chunk then finds the byte (a chunk starts on a whole block).
     with_mode(c, [&]<class Mode>() {
       if constexpr (!Mode::amsgrad) {
         with_scaling(values.scaled, [&]<bool Scaled>() {
-          cpu::run_kernel<Span8bit<Weights, G, Copy, Mode, Scaled>>(
+          cpu::run_kernel<SpanLowBit<Codec, Weights, G, Copy, Mode, Scaled>>(
               isa, int64_t{chunk.chunk.length}, chunk.tensor<W>(0), remainder_of<Weights>(chunk, launch),
-              static_cast<const G*>(chunk.tensor<G>(1)), chunk.tensor<uint8_t>(2), chunk.tensor<uint8_t>(3),
-              chunk.block_tensor<float>(launch.absmax_list, kQuantBlock),
-              chunk.block_tensor<float>(launch.absmax_list + 1, kQuantBlock), copy_of<Copy>(chunk, launch),
-              launch.tables, c, values.inverse_scale, isa == cpu::Isa::avx512);
+              static_cast<const G*>(chunk.tensor<G>(1)), chunk.block_tensor<uint8_t>(2, codes_per_byte),
+              chunk.block_tensor<uint8_t>(3, codes_per_byte),
+              chunk.block_tensor<float>(launch.absmax_list, Codec::kBlock),
+              chunk.block_tensor<float>(launch.absmax_list + 1, Codec::kBlock), copy_of<Copy>(chunk, launch), codec,
+              c, values.inverse_scale);
         });
       }
     });
   });
 }
 
-template <class Weights, class G>
-void run_copy(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
-  if (launch.copy_list < 0) return run<Weights, G, NoCopy>(plan, launch, isa);
+template <class Weights, class G, class Codec>
+void run_copy(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa, Codec codec) {
+  if (launch.copy_list < 0) return run<Codec, Weights, G, NoCopy>(plan, launch, isa, codec);
   dispatch_dtype(plan.dtype(launch.copy_list), [&]<class Copy>() {
-    if constexpr (std::is_same_v<Copy, half> || std::is_same_v<Copy, bfloat16>) run<Weights, G, Copy>(plan, launch, isa);
+    if constexpr (std::is_same_v<Copy, half> || std::is_same_v<Copy, bfloat16>) {
+      run<Codec, Weights, G, Copy>(plan, launch, isa, codec);
+    }
   });
 }
 
-template <class Weights>
-void run_weights(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
+template <class Weights, class Codec>
+void run_weights(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa, Codec codec) {
   dispatch_dtype(plan.dtype(1), [&]<class G>() {
-    if constexpr (!std::is_same_v<G, double>) run_copy<Weights, G>(plan, launch, isa);
+    if constexpr (!std::is_same_v<G, double>) run_copy<Weights, G>(plan, launch, isa, codec);
   });
+}
+
+template <class Codec>
+void run_codec(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa, Codec codec) {
+  if (launch.remainder_list >= 0) return run_weights<RemainderWeights>(plan, launch, isa, codec);
+  run_weights<PlainWeights<float>>(plan, launch, isa, codec);
 }
 
 }  // namespace
 }  // namespace cpu_adam
 
 void adam_8bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
-  using namespace cpu_adam;
-  if (launch.remainder_list >= 0) return run_weights<RemainderWeights>(plan, launch, isa);
-  run_weights<PlainWeights<float>>(plan, launch, isa);
+  cpu_adam::run_codec(plan, launch, isa, cpu_adam::Codec8{launch.tables, isa == cpu::Isa::avx512});
+}
+
+void adam_4bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
+  cpu_adam::run_codec(plan, launch, isa, cpu_adam::Codec4{launch.tables4});
 }
 
 }  // namespace gradkit::backend

@@ -97,5 +97,7 @@ void with_mode(const AdamCoefficients<C>& c, const F& f) {
 
 // 8-bit moments (launch.absmax_list >= 0): adam_8bit.cc.
 void adam_8bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa);
+// 4-bit moments (launch.moment_bits == 4): adam_8bit.cc, the same loop.
+void adam_4bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa);
 
 }  // namespace gradkit::backend

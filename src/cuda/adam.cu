@@ -134,7 +134,9 @@ struct FloatMoments {
 }  // namespace
 
 void adam_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream) {
-  if (launch.absmax_list >= 0) return adam_8bit_cuda(plan, launch, stream);
+  if (launch.absmax_list >= 0) {
+    return launch.moment_bits == 4 ? adam_4bit_cuda(plan, launch, stream) : adam_8bit_cuda(plan, launch, stream);
+  }
   if (plan.dtype(0) == DType::f64) return launch_adam<double, double, double, cuda::NoCopy>(plan, launch, stream);
   cuda::dispatch_adam<FloatMoments>(plan, launch, stream);
 }

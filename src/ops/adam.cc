@@ -18,15 +18,24 @@ namespace {
 
 constexpr std::string_view kOp = "adam_step";
 
-// What 8-bit moments rule out (the lists they need: check_absmax_lists).
+// What 8- and 4-bit moments rule out (the lists they need: check_absmax_lists).
 void check_quantized_lists(const AdamTensors& t, std::span<const AdamHyperparameters> hyperparameters,
                            bool quantized) {
+  if (t.moment_bits != 8 && t.moment_bits != 4) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "moment_bits",
+                         "is " + std::to_string(t.moment_bits) + ", expected 8 or 4");
+  }
+  if (t.moment_bits == 4 && !quantized) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "moment_bits",
+                         "is 4 with exp_avg not u8; expected 8 (the default) unless the moments are u8");
+  }
   ops::check_absmax_lists(kOp, t.weights.size(), t.exp_avg_absmax.size(), t.exp_avg_sq_absmax.size(), quantized);
   if (!quantized) return;
   for (size_t i = 0; i < hyperparameters.size(); ++i) {
     if (hyperparameters[i].amsgrad) {
       throw_argument_error(ErrorCode::invalid_argument, kOp, "hyperparameters[" + std::to_string(i) + "].amsgrad",
-                           "is true with 8-bit moments (exp_avg u8); expected false");
+                           "is true with " + std::to_string(t.moment_bits) +
+                               "-bit moments (exp_avg u8); expected false");
     }
   }
 }
@@ -63,10 +72,13 @@ AdamPlan::AdamPlan(const AdamTensors& t, std::span<const AdamHyperparameters> hy
   check_quantized_lists(t, hyperparameters, quantized);
   // Every list of encoded state is a storage list; the dtype rules below say
   // which storage dtype each may hold.
+  // 4-bit moments hold two codes a byte: one element per 2 (PlanList::block).
+  const bool four_bit = quantized && t.moment_bits == 4;
+  const int32_t codes_per_element = four_bit ? 2 : 1, absmax_block = four_bit ? kQuant4Block : kQuantBlock;
   std::vector<PlanList> lists = {{"weights", t.weights, true},
                                  {"grads", t.grads, false},
-                                 {"exp_avg", t.exp_avg, true, 1, true},
-                                 {"exp_avg_sq", t.exp_avg_sq, true, 1, true}};
+                                 {"exp_avg", t.exp_avg, true, codes_per_element, true},
+                                 {"exp_avg_sq", t.exp_avg_sq, true, codes_per_element, true}};
   Lists at;
   auto add = [&](int& index, PlanList list) {
     index = static_cast<int>(lists.size());
@@ -75,8 +87,8 @@ AdamPlan::AdamPlan(const AdamTensors& t, std::span<const AdamHyperparameters> hy
   if (any_amsgrad) add(at.max_exp_avg_sq, {"max_exp_avg_sq", t.max_exp_avg_sq, true});
   if (!t.model_copy.empty()) add(at.model_copy, {"model_copy", t.model_copy, true});
   if (quantized) {
-    add(at.absmax, {"exp_avg_absmax", t.exp_avg_absmax, true, kQuantBlock});
-    lists.push_back({"exp_avg_sq_absmax", t.exp_avg_sq_absmax, true, kQuantBlock});
+    add(at.absmax, {"exp_avg_absmax", t.exp_avg_absmax, true, absmax_block});
+    lists.push_back({"exp_avg_sq_absmax", t.exp_avg_sq_absmax, true, absmax_block});
   }
   if (!t.weight_remainder.empty()) add(at.remainder, {"weight_remainder", t.weight_remainder, true, 1, true});
   plan_ = MultiTensorPlan(kOp, lists, MultiTensorPlan::kDefaultChunkElements, groups,
@@ -87,8 +99,10 @@ AdamPlan::AdamPlan(const AdamTensors& t, std::span<const AdamHyperparameters> hy
                                .weight_remainder = at.remainder,
                                .u8_moments = true});
   lists_ = at;
+  moment_bits_ = quantized ? t.moment_bits : 0;
   if (quantized && plan_.device().is_cuda()) {
-    tables_ = backend::upload(plan_.device(), &backend::quant_tables(), sizeof(backend::QuantTables));
+    tables_ = four_bit ? backend::upload(plan_.device(), &backend::quant_tables4(), sizeof(backend::QuantTables4))
+                       : backend::upload(plan_.device(), &backend::quant_tables(), sizeof(backend::QuantTables));
   }
   set_hyperparameters(hyperparameters);
 }
@@ -127,7 +141,14 @@ void AdamPlan::step(const AdamStepInputs& in, Stream stream) const {
   launch.copy_list = lists_.model_copy;
   launch.absmax_list = lists_.absmax;
   launch.remainder_list = lists_.remainder;
-  launch.tables = device.is_cuda() ? static_cast<const backend::QuantTables*>(tables_.get()) : &backend::quant_tables();
+  launch.moment_bits = moment_bits_;
+  if (moment_bits_ == 4) {
+    launch.tables4 =
+        device.is_cuda() ? static_cast<const backend::QuantTables4*>(tables_.get()) : &backend::quant_tables4();
+  } else {
+    launch.tables =
+        device.is_cuda() ? static_cast<const backend::QuantTables*>(tables_.get()) : &backend::quant_tables();
+  }
   launch.groups = hyper_.on(device);
   if (device.is_cuda()) backend::adam_cuda(plan_, launch, stream);
   else backend::adam_cpu(plan_, launch);

@@ -44,6 +44,44 @@ std::array<float, 256> build_code(bool is_signed) {
   return code;
 }
 
+// The 4-bit tables (Li et al. 2023). The signed dynamic map with 3 decimal
+// exponents: for e = -2 .. 0 (k = e + 2), the centres of 2^k equal steps of
+// [0.1, 1] times 10^e, with both signs, then 0 and 1 (7 + 7 + 2 values).
+// The linear map without zero: (i + 1) / 16 for i = 0 .. 15. Computed in
+// f64, rounded to f32 once.
+std::array<float, 16> build_code4(bool is_signed) {
+  std::vector<double> values;
+  if (is_signed) {
+    double decade = 1e-2;
+    for (int k = 0; k < 3; ++k, decade *= 10) {
+      const int steps = 1 << k;
+      for (int i = 0; i < steps; ++i) {
+        const double value = decade * (0.1 + 0.9 * (i + 0.5) / steps);
+        values.push_back(value);
+        values.push_back(-value);
+      }
+    }
+    values.push_back(0.0);
+    values.push_back(1.0);
+  } else {
+    for (int i = 0; i < 16; ++i) values.push_back((i + 1) / 16.0);
+  }
+  std::sort(values.begin(), values.end());
+  std::array<float, 16> code{};
+  for (size_t i = 0; i < code.size(); ++i) code[i] = static_cast<float>(values.at(i));
+  return code;
+}
+
+backend::QuantTable4 build_table4(const std::array<float, 16>& code) {
+  backend::QuantTable4 t{};
+  for (int i = 0; i < 16; ++i) t.codes[i] = code[i];
+  for (int i = 0; i < 15; ++i) {
+    t.midpoints[i] = static_cast<float>((static_cast<double>(code[i]) + static_cast<double>(code[i + 1])) / 2);
+  }
+  t.midpoints[15] = std::numeric_limits<float>::infinity();
+  return t;
+}
+
 // Each bucket's start (backend::quantize): the binary search's count at the
 // bucket's lowest value, checking that its highest lies at most kQuantSpan
 // decision points further (else quantize would stop short: a logic error).
@@ -90,6 +128,8 @@ backend::QuantTable build_table(const std::array<float, 256>& code, bool positiv
 
 constexpr std::string_view kQuantize = "quantize_blockwise";
 constexpr std::string_view kDequantize = "dequantize_blockwise";
+constexpr std::string_view kQuantize4 = "quantize_blockwise4";
+constexpr std::string_view kDequantize4 = "dequantize_blockwise4";
 
 void check_code(std::string_view op, QuantCode code) {
   const auto c = static_cast<int32_t>(code);
@@ -107,7 +147,23 @@ const std::array<float, 256>& quant_code(QuantCode code) {
   return tables[static_cast<int>(code)];
 }
 
+const std::array<float, 16>& quant_code4(QuantCode code) {
+  static const std::array<float, 16> tables[2] = {build_code4(true), build_code4(false)};
+  check_code("quant_code4", code);
+  return tables[static_cast<int>(code)];
+}
+
 namespace backend {
+
+const QuantTables4& quant_tables4() {
+  static const QuantTables4 tables = [] {
+    QuantTables4 t{};
+    t.table[0] = build_table4(quant_code4(QuantCode::signed_dynamic));
+    t.table[1] = build_table4(quant_code4(QuantCode::unsigned_dynamic));
+    return t;
+  }();
+  return tables;
+}
 
 const QuantTables& quant_tables() {
   static const QuantTables tables = [] {
@@ -151,6 +207,47 @@ void dequantize_blockwise(QuantCode code, const TensorView& codes, const TensorV
   std::vector<float> x(q.size());
   const backend::QuantTable& table = backend::quant_tables().table[static_cast<int>(code)];
   for (size_t i = 0; i < x.size(); ++i) x[i] = backend::dequantize(table, q[i], amax[i / kQuantBlock]);
+  copy_from_host(values.data, device, x.data(), x.size() * sizeof(float));
+}
+
+void quantize_blockwise4(QuantCode code, const TensorView& values, const TensorView& codes, const TensorView& absmax) {
+  check_code(kQuantize4, code);
+  const Device device = values.device;
+  ops::check_staged(kQuantize4, "values", values, DType::f32, values.numel, device);
+  ops::check_staged(kQuantize4, "codes", codes, DType::u8, quant4_bytes(values.numel), device);
+  ops::check_staged(kQuantize4, "absmax", absmax, DType::f32, quant4_blocks(values.numel), device);
+  const std::vector<float> x = ops::to_host<float>(values);
+  std::vector<uint8_t> q(static_cast<size_t>(quant4_bytes(values.numel)), 0);
+  std::vector<float> amax(static_cast<size_t>(absmax.numel));
+  const backend::QuantTable4& table = backend::quant_tables4().table[static_cast<int>(code)];
+  uint8_t block_codes[kQuant4Block];
+  for (int64_t b = 0; b < absmax.numel; ++b) {
+    const int64_t begin = b * kQuant4Block;
+    const int n = static_cast<int>(std::min<int64_t>(kQuant4Block, values.numel - begin));
+    amax[b] = backend::encode_block4(table, x.data() + begin, n, block_codes);
+    for (int i = 0; i < n; ++i) {
+      const int64_t e = begin + i;
+      q[e / 2] = static_cast<uint8_t>(q[e / 2] | (block_codes[i] << ((e & 1) * 4)));
+    }
+  }
+  copy_from_host(codes.data, device, q.data(), q.size());
+  copy_from_host(absmax.data, device, amax.data(), amax.size() * sizeof(float));
+}
+
+void dequantize_blockwise4(QuantCode code, const TensorView& codes, const TensorView& absmax,
+                           const TensorView& values) {
+  check_code(kDequantize4, code);
+  const Device device = codes.device;
+  ops::check_staged(kDequantize4, "values", values, DType::f32, values.numel, device);
+  ops::check_staged(kDequantize4, "codes", codes, DType::u8, quant4_bytes(values.numel), device);
+  ops::check_staged(kDequantize4, "absmax", absmax, DType::f32, quant4_blocks(values.numel), device);
+  const std::vector<uint8_t> q = ops::to_host<uint8_t>(codes);
+  const std::vector<float> amax = ops::to_host<float>(absmax);
+  std::vector<float> x(static_cast<size_t>(values.numel));
+  const backend::QuantTable4& table = backend::quant_tables4().table[static_cast<int>(code)];
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = backend::dequantize4(table, backend::nibble(q[i / 2], static_cast<int64_t>(i)), amax[i / kQuant4Block]);
+  }
   copy_from_host(values.data, device, x.data(), x.size() * sizeof(float));
 }
 

@@ -87,20 +87,25 @@ std::function<void()> prepare_adam(BenchDevice& dev, const Workload& w, DType gr
   return adam_steps(dev, std::move(lists), tensors);
 }
 
-// 8-bit blockwise moments (gradkit/ops/blockwise.h), f32 weights and
-// gradients: read w 4, g 4, m 1, v 1; write w 4, m 1, v 1 (and each block's
-// two absmax values, 16 bytes per 256 elements).
-std::function<void()> prepare_adam_8bit(BenchDevice& dev, const Workload& w) {
-  Workload blocks{w.name, {}};
-  for (int64_t n : w.sizes) blocks.sizes.push_back(quant_blocks(n));
+// 8- or 4-bit blockwise moments (gradkit/ops/blockwise.h), f32 weights and
+// gradients: read w 4, g 4, m and v 1 each (4-bit: 0.5); write w 4, m and v
+// 1 each (0.5); and each block's two absmax values, read and written (16
+// bytes per block).
+std::function<void()> prepare_adam_low_bit(BenchDevice& dev, const Workload& w, int32_t bits) {
+  Workload codes{w.name, {}}, blocks{w.name, {}};
+  for (int64_t n : w.sizes) {
+    codes.sizes.push_back(bits == 4 ? quant4_bytes(n) : n);
+    blocks.sizes.push_back(bits == 4 ? quant4_blocks(n) : quant_blocks(n));
+  }
   auto lists = std::make_shared<std::vector<TensorList>>();
   lists->push_back(carve(dev, w, DType::f32, 1));
   lists->push_back(carve(dev, w, DType::f32, 2));
-  lists->push_back(carve(dev, w, DType::u8, 3));
-  lists->push_back(carve(dev, w, DType::u8, 4));
+  lists->push_back(carve(dev, codes, DType::u8, 3));
+  lists->push_back(carve(dev, codes, DType::u8, 4));
   lists->push_back(carve(dev, blocks, DType::f32, 5, /*positive=*/true));
   lists->push_back(carve(dev, blocks, DType::f32, 6, /*positive=*/true));
   AdamTensors tensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}, (*lists)[4], (*lists)[5], {}};
+  tensors.moment_bits = bits;
   return adam_steps(dev, std::move(lists), tensors);
 }
 
@@ -162,7 +167,10 @@ const std::vector<BenchOp>& bench_ops() {
       // m 4, v 4; write w 4, m 4, v 4, copy 2.
       {"adam-mixed", 28,
        [](BenchDevice& dev, const Workload& w) { return prepare_adam(dev, w, DType::bf16, DType::bf16); }},
-      {"adam-8bit", 16 + 16.0 / kQuantBlock, prepare_adam_8bit},
+      {"adam-8bit", 16 + 16.0 / kQuantBlock,
+       [](BenchDevice& dev, const Workload& w) { return prepare_adam_low_bit(dev, w, 8); }},
+      {"adam-4bit", 14 + 16.0 / kQuant4Block,
+       [](BenchDevice& dev, const Workload& w) { return prepare_adam_low_bit(dev, w, 4); }},
       // bf16 weights with i16 remainders (the f32 master in 4 bytes), bf16
       // gradients, f32 moments: read w 2, r 2, g 2, m 4, v 4; write w 2, r 2,
       // m 4, v 4.

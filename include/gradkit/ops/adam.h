@@ -51,7 +51,8 @@ namespace gradkit {
 //
 // u8 moments are 8-bit blockwise (gradkit/ops/blockwise.h): exp_avg with
 // the signed code, exp_avg_sq with the unsigned one, each with its f32
-// absmax list (quant_blocks(numel) elements per tensor); no amsgrad.
+// absmax list (quant_blocks(numel) elements per tensor); no amsgrad. With
+// moment_bits = 4 they are 4-bit blockwise instead (docs/ops.md).
 struct AdamTensors {
   std::span<const TensorView> weights;
   std::span<const TensorView> grads;
@@ -64,6 +65,10 @@ struct AdamTensors {
   // bf16 weights: what rounding the f32 master to the weight took away
   // (docs/ops.md, "the remainder master"); the master is (weight, remainder).
   std::span<const TensorView> weight_remainder;
+  // u8 moments: 8 (one code a byte, blocks of kQuantBlock) or 4 (two codes a
+  // byte, quant4_bytes(numel) bytes per tensor; blocks of kQuant4Block, so
+  // quant4_blocks(numel) absmax values: gradkit/ops/blockwise.h).
+  int32_t moment_bits = 8;
 };
 
 // Per-step inputs. Each may be a host value or a pointer into memory on the
@@ -105,6 +110,7 @@ class AdamPlan {
   bool has_model_copy() const { return lists_.model_copy >= 0; }
   bool has_max_exp_avg_sq() const { return lists_.max_exp_avg_sq >= 0; }
   bool quantized_moments() const { return lists_.absmax >= 0; }
+  int32_t moment_bits() const { return moment_bits_; }
   bool has_weight_remainder() const { return lists_.remainder >= 0; }
 
   // Where each optional list sits in plan() (-1: absent).
@@ -116,7 +122,8 @@ class AdamPlan {
   MultiTensorPlan plan_;
   detail::GroupTable<AdamHyperparameters> hyper_;
   Lists lists_;
-  std::shared_ptr<void> tables_;  // the code tables, on the plan's CUDA device (8-bit moments)
+  int32_t moment_bits_ = 0;  // 8 or 4 with u8 moments, else 0
+  std::shared_ptr<void> tables_;  // the code tables, on the plan's CUDA device (8- or 4-bit moments)
 };
 
 // One call, planned each time (see docs/ops.md on unplanned calls).

@@ -37,4 +37,27 @@ const std::array<float, 256>& quant_code(QuantCode code);
 void quantize_blockwise(QuantCode code, const TensorView& values, const TensorView& codes, const TensorView& absmax);
 void dequantize_blockwise(QuantCode code, const TensorView& codes, const TensorView& absmax, const TensorView& values);
 
+// 4-bit blockwise moments (Li et al., "Memory Efficient Optimizers with
+// 4-bit States", 2023): two codes a byte (element 2k in the low nibble),
+// each the index of the nearest entry of a 16-entry table after scaling by
+// its block's 1 / absmax, with one f32 absmax per block of kQuant4Block
+// elements. docs/ops.md ("4-bit moments") states the tables.
+inline constexpr int32_t kQuant4Block = 128;
+constexpr int64_t quant4_blocks(int64_t numel) { return (numel + kQuant4Block - 1) / kQuant4Block; }
+// Bytes of a 4-bit tensor of `numel` codes.
+constexpr int64_t quant4_bytes(int64_t numel) { return (numel + 1) / 2; }
+
+// The two 4-bit tables: signed_dynamic is the dynamic map with 3 decimal
+// exponents (first moments); unsigned_dynamic here names the linear map
+// without zero, (i + 1) / 16 (second moments: the code 0 is the value 1/16,
+// so no positive v is stored as 0).
+const std::array<float, 16>& quant_code4(QuantCode code);
+
+// quantize_blockwise / dequantize_blockwise for the 4-bit form: `codes` is
+// u8 with quant4_bytes(values.numel) elements, `absmax` f32 with
+// quant4_blocks(values.numel).
+void quantize_blockwise4(QuantCode code, const TensorView& values, const TensorView& codes, const TensorView& absmax);
+void dequantize_blockwise4(QuantCode code, const TensorView& codes, const TensorView& absmax,
+                           const TensorView& values);
+
 }  // namespace gradkit

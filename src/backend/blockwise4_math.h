@@ -1,0 +1,69 @@
+// The encode and decode of 4-bit blockwise moments (include/gradkit/ops/
+// blockwise.h), written once and compiled for both backends, so that the CPU
+// and CUDA kernels store the same nibble for the same value. The absmax of a
+// block and the scale (1 / absmax) are the 8-bit form's (blockwise_math.h).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/blockwise_math.h"
+
+namespace gradkit::backend {
+
+// One 16-entry table: the codes, ascending, and the decision points between
+// neighbours (midpoints[i] between codes i and i + 1, the f64 midpoint
+// rounded to f32 once, on the host; midpoints[15] is +Inf, never passed).
+struct QuantTable4 {
+  float codes[16];
+  float midpoints[16];
+};
+
+// exp_avg's table (the signed dynamic map) then exp_avg_sq's (the linear
+// map without zero).
+struct QuantTables4 {
+  QuantTable4 table[2];
+};
+
+// The index of the code nearest to x (x already scaled by its block's
+// 1 / absmax): the number of decision points below x, by a branch-free
+// binary search of 4 steps. A value exactly on a decision point takes the
+// lower code; NaN (greater than nothing) gives 0.
+GRADKIT_HD uint8_t quantize4(const QuantTable4& t, float x) {
+  int q = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int step = 8; step > 0; step >>= 1) q += x > t.midpoints[q + step - 1] ? step : 0;
+  return static_cast<uint8_t>(q);
+}
+
+// The same count as quantize4, as a sum of 15 comparisons: no branch and no
+// data-dependent index, so that the CPU loops vectorize it (the search's
+// compares became branches there, a mispredicted one per step). The CUDA
+// kernel keeps the search: 4 selects against 15 comparisons.
+inline uint8_t quantize4_count(const QuantTable4& t, float x) {
+  int q = 0;
+  for (int i = 0; i < 15; ++i) q += x > t.midpoints[i] ? 1 : 0;
+  return static_cast<uint8_t>(q);
+}
+
+GRADKIT_HD float dequantize4(const QuantTable4& t, uint8_t q, float absmax) { return exact::mul(t.codes[q], absmax); }
+
+// Two codes a byte: element 2k in the low nibble, element 2k + 1 in the high.
+GRADKIT_HD uint8_t nibble(uint8_t byte, int64_t element) {
+  return static_cast<uint8_t>((element & 1) != 0 ? byte >> 4 : byte & 0x0f);
+}
+GRADKIT_HD uint8_t pack_nibbles(uint8_t low, uint8_t high) { return static_cast<uint8_t>(low | (high << 4)); }
+
+// Encodes the block's n values (n <= kQuant4Block) into codes[0 .. n), one
+// code a byte (the caller packs them), and returns the absmax.
+inline float encode_block4(const QuantTable4& table, const float* values, int n, uint8_t* codes) {
+  uint32_t top = 0;
+  for (int i = 0; i < n; ++i) top = absmax_bits_fold(top, magnitude_bits(values[i]));
+  const float amax = bits_float(top);
+  const float scale = quant_scale(amax);
+  for (int i = 0; i < n; ++i) codes[i] = quantize4_count(table, exact::mul(values[i], scale));
+  return amax;
+}
+
+}  // namespace gradkit::backend
