@@ -235,8 +235,9 @@ def optional_optimizers():
         print(f"    bitsandbytes not measured: {type(e).__name__}: {str(e)[:120]}", flush=True)
     try:
         import torchao
-        from torchao.optim import AdamW8bit, _AdamW
+        from torchao.optim import AdamW4bit, AdamW8bit, _AdamW
         found["torchao AdamW8bit"] = (torchao.__version__, AdamW8bit)
+        found["torchao AdamW4bit"] = (torchao.__version__, AdamW4bit)
         found["torchao _AdamW bf16 SR"] = (torchao.__version__, lambda p, **kw: _AdamW(p, bf16_stochastic_round=True,
                                                                                             **kw))
     except Exception as e:
@@ -267,13 +268,20 @@ def bench_low_bit(key, reps, rounds, report):
             ("AdamW bf16", "gradkit f32 master", lambda p: gt.AdamW(p, **kw), 28, torch.bfloat16),
             ("AdamW bf16", "gradkit remainder", lambda p: gt.AdamW(p, master="remainder", **kw), 26, torch.bfloat16),
             ("AdamW bf16", "gradkit remainder int8",
-             lambda p: gt.AdamW(p, master="remainder", moments="int8", **kw), 14, torch.bfloat16)]
+             lambda p: gt.AdamW(p, master="remainder", moments="int8", **kw), 14, torch.bfloat16),
+            ("AdamW f32", "gradkit int4 moments", lambda p: gt.AdamW(p, moments="int4", **kw), 14, torch.float32),
+            ("AdamW bf16", "gradkit remainder int4",
+             lambda p: gt.AdamW(p, master="remainder", moments="int4", **kw), 12, torch.bfloat16)]
     for impl, (version, cls) in others.items():
         if "bf16 SR" in impl:
             rows.append(("AdamW bf16", f"{impl} {version}", lambda p, c=cls: c(p, **kw), 14, torch.bfloat16))
             continue
-        rows.append(("AdamW f32", f"{impl} {version}", lambda p, c=cls: c(p, **kw), 16, torch.float32))
-        rows.append(("AdamW bf16", f"{impl} {version}", lambda p, c=cls: c(p, **kw), 10, torch.bfloat16))
+        # The floor of each: f32 weights w 8, g 4, moments 2 (8-bit) or 1 (4-bit), read and
+        # written; bf16 weights (no master) w 4, g 2 and the moments.
+        moment_bytes = 1 if "4bit" in impl else 2
+        rows.append(("AdamW f32", f"{impl} {version}", lambda p, c=cls: c(p, **kw), 12 + 2 * moment_bytes, torch.float32))
+        rows.append(("AdamW bf16", f"{impl} {version}", lambda p, c=cls: c(p, **kw), 6 + 2 * moment_bytes,
+                     torch.bfloat16))
     params = {torch.float32: make_params(shapes), torch.bfloat16: make_params(shapes, seed=2)}
     for p in params[torch.bfloat16]:
         p.data, p.grad = p.data.bfloat16(), p.grad.bfloat16()

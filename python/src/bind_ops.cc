@@ -49,7 +49,7 @@ struct PyAdamPlan {
   PyAdamPlan(const Arrays& w, const Arrays& g, const Arrays& m, const Arrays& v,
              const std::vector<AdamHyperparameters>& hyper, const std::vector<int32_t>& groups, const Arrays& vmax,
              const Arrays& copy, const Arrays& m_absmax, const Arrays& v_absmax, const Arrays& remainder,
-             bool hold_grads)
+             bool hold_grads, int32_t moment_bits)
       : weights(to_views(w, "weights")),
         grads(to_views(g, "grads")),
         exp_avg(to_views(m, "exp_avg")),
@@ -60,7 +60,7 @@ struct PyAdamPlan {
         exp_avg_sq_absmax(to_views(v_absmax, "exp_avg_sq_absmax")),
         weight_remainder(to_views(remainder, "weight_remainder")),
         plan({weights.views, grads.views, exp_avg.views, exp_avg_sq.views, max_exp_avg_sq.views, model_copy.views,
-              exp_avg_absmax.views, exp_avg_sq_absmax.views, weight_remainder.views},
+              exp_avg_absmax.views, exp_avg_sq_absmax.views, weight_remainder.views, moment_bits},
              hyper, groups) {
     if (!hold_grads) grads.arrays.clear();
   }
@@ -224,14 +224,15 @@ void bind_ops(nb::module_& m) {
                          "list belongs to one parameter; groups[i] picks its hyperparameters.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const Arrays&, const std::vector<AdamHyperparameters>&,
                     const std::vector<int32_t>&, const Arrays&, const Arrays&, const Arrays&, const Arrays&,
-                    const Arrays&, bool>(),
+                    const Arrays&, bool, int32_t>(),
            nb::arg("weights"), nb::arg("grads"), nb::arg("exp_avg"), nb::arg("exp_avg_sq"),
            nb::arg("hyperparameters"), nb::arg("groups") = std::vector<int32_t>{},
            nb::arg("max_exp_avg_sq") = Arrays{}, nb::arg("model_copy") = Arrays{},
            nb::arg("exp_avg_absmax") = Arrays{}, nb::arg("exp_avg_sq_absmax") = Arrays{},
-           nb::arg("weight_remainder") = Arrays{}, nb::arg("hold_grads") = true,
+           nb::arg("weight_remainder") = Arrays{}, nb::arg("hold_grads") = true, nb::arg("moment_bits") = 8,
            "uint8 moments are 8-bit blockwise, each with its float32 absmax list (quant_blocks(numel) per "
-           "tensor); bfloat16 weights with weight_remainder (int16) hold their float32 master exactly.")
+           "tensor), or with moment_bits=4 4-bit blockwise (quant4_bytes(numel) bytes, quant4_blocks(numel) "
+           "absmax); bfloat16 weights with weight_remainder (int16) hold their float32 master exactly.")
       .def(
           "step",
           [](const PyAdamPlan& p, int64_t step, nb::handle step_device, nb::handle lr_device,

@@ -43,6 +43,34 @@ void bind_state(nb::module_& m) {
       },
       nb::arg("code"), nb::arg("codes"), nb::arg("absmax"), nb::arg("values"),
       "codes (uint8) and absmax (float32) -> values (float32). Synchronous.");
+  m.attr("QUANT4_BLOCK") = kQuant4Block;
+  m.def("quant4_blocks", &quant4_blocks, nb::arg("numel"),
+        "The number of 4-bit quantization blocks (and absmax values) of a tensor of `numel` elements.");
+  m.def("quant4_bytes", &quant4_bytes, nb::arg("numel"), "Bytes of `numel` 4-bit codes (two a byte).");
+  m.def(
+      "quant_code4",
+      [](QuantCode code) {
+        const auto& table = quant_code4(code);
+        return std::vector<float>(table.begin(), table.end());
+      },
+      nb::arg("code"),
+      "The 4-bit table's 16 values, ascending: signed_dynamic (first moments), unsigned_dynamic names the linear "
+      "map without zero (second moments; docs/ops.md, 4-bit moments).");
+  m.def(
+      "quantize_blockwise4",
+      [](QuantCode code, const Array& values, const Array& codes, const Array& absmax) {
+        quantize_blockwise4(code, to_view(values, "values"), to_view(codes, "codes"), to_view(absmax, "absmax"));
+      },
+      nb::arg("code"), nb::arg("values"), nb::arg("codes"), nb::arg("absmax"),
+      "values (float32) -> codes (uint8, quant4_bytes(numel)) and absmax (float32, quant4_blocks(numel)), as the "
+      "optimizer kernels encode 4-bit moments. Synchronous.");
+  m.def(
+      "dequantize_blockwise4",
+      [](QuantCode code, const Array& codes, const Array& absmax, const Array& values) {
+        dequantize_blockwise4(code, to_view(codes, "codes"), to_view(absmax, "absmax"), to_view(values, "values"));
+      },
+      nb::arg("code"), nb::arg("codes"), nb::arg("absmax"), nb::arg("values"),
+      "codes (uint8, two a byte) and absmax (float32) -> values (float32, as many as the tensor has). Synchronous.");
   m.def(
       "split_masters",
       [](const Array& masters, const Array& weights, const Array& remainder) {

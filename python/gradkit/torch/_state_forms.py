@@ -9,6 +9,11 @@ Moments ("exp_avg", "exp_avg_sq", amsgrad's "max_exp_avg_sq"):
   (biases, norms: a negligible share of the memory) keep float32 moments, as
   bitsandbytes does: a small tensor's few blocks put unrelated values under one
   absmax, and a second moment rounded to zero turns its update into m / eps.
+- "int4": 4-bit blockwise (docs/ops.md, "4-bit moments"): a flat uint8 tensor of
+  gradkit.quant4_bytes(numel) bytes (two codes a byte) and a float32 absmax per
+  block of gradkit.QUANT4_BLOCK elements, "<name>_absmax4". No amsgrad; parameters
+  of fewer than `min_4bit_size` elements keep float32 moments; not for DTensor
+  parameters yet.
 
 Masters of float16/bfloat16 parameters:
 - "float32": "master_param", float32, the parameter its rounded copy;
@@ -32,7 +37,7 @@ import torch
 import gradkit
 from gradkit.torch._dtensor import DTensor, is_dtensor, local
 
-MOMENT_FORMS = ("float32", "bfloat16", "int8")
+MOMENT_FORMS = ("float32", "bfloat16", "int8", "int4")
 MASTER_FORMS = ("float32", "remainder")
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 _CODES = {"exp_avg": gradkit.QuantCode.signed_dynamic, "exp_avg_sq": gradkit.QuantCode.unsigned_dynamic,
@@ -43,30 +48,43 @@ def absmax_name(name):
     return name + "_absmax"
 
 
+def absmax4_name(name):
+    return name + "_absmax4"
+
+
+def _is_absmax_key(key, names):
+    """Whether `key` is the absmax of one of `names`, 8- or 4-bit."""
+    return any(key in (absmax_name(n), absmax4_name(n)) for n in names)
+
+
 class StateForm:
     """How an optimizer stores its moments and masters (see the module's text)."""
 
-    __slots__ = ("moments", "master", "min_8bit_size")
+    __slots__ = ("moments", "master", "min_8bit_size", "min_4bit_size")
 
-    def __init__(self, moments="float32", master="float32", min_8bit_size=4096):
+    def __init__(self, moments="float32", master="float32", min_8bit_size=4096, min_4bit_size=4096):
         if moments not in MOMENT_FORMS:
             raise ValueError(f"moments is {moments!r}, expected one of {', '.join(map(repr, MOMENT_FORMS))}")
         if master not in MASTER_FORMS:
             raise ValueError(f"master is {master!r}, expected one of {', '.join(map(repr, MASTER_FORMS))}")
-        if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
-            raise ValueError(f"min_8bit_size is {min_8bit_size!r}, expected an integer >= 0")
+        for name, value in (("min_8bit_size", min_8bit_size), ("min_4bit_size", min_4bit_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} is {value!r}, expected an integer >= 0")
         self.moments = moments
         self.master = master
         self.min_8bit_size = min_8bit_size
+        self.min_4bit_size = min_4bit_size
 
     def __getstate__(self):
-        return (self.moments, self.master, self.min_8bit_size)
+        return (self.moments, self.master, self.min_8bit_size, self.min_4bit_size)
 
     def __setstate__(self, state):
-        self.moments, self.master, self.min_8bit_size = state
+        # A form pickled before 4-bit moments has three fields.
+        self.moments, self.master, self.min_8bit_size, self.min_4bit_size = (tuple(state) + (4096,))[:4]
 
     def __repr__(self):
-        return f"StateForm(moments={self.moments!r}, master={self.master!r}, min_8bit_size={self.min_8bit_size})"
+        return (f"StateForm(moments={self.moments!r}, master={self.master!r}, min_8bit_size={self.min_8bit_size}, "
+                f"min_4bit_size={self.min_4bit_size})")
 
     # -- what the parameters allow ----------------------------------------------
 
@@ -76,17 +94,33 @@ class StateForm:
         if self.moments != "float32" and torch.float64 in dtypes:
             raise TypeError(f"moments={self.moments!r} with float64 parameters; float64 parameters take "
                             "moments='float32' (float64 moments) only")
-        if self.moments == "int8" and amsgrad:
-            raise ValueError("amsgrad=True with moments='int8'; 8-bit moments have no amsgrad (use moments='float32')")
+        if self.moments in ("int8", "int4") and amsgrad:
+            raise ValueError(f"amsgrad=True with moments={self.moments!r}; {self.moments[3:]}-bit moments have no "
+                             "amsgrad (use moments='float32')")
+        if self.moments == "int4" and any(is_dtensor(p) for p in params):
+            raise TypeError("moments='int4' with DTensor parameters; 4-bit moments are not yet offered for FSDP2's "
+                            "DTensor parameters (use moments='int8')")
         if self.master == "remainder" and dtypes != {torch.bfloat16}:
             raise TypeError(f"master='remainder' with parameters of dtypes {sorted(str(d) for d in dtypes)}; it "
                             "needs bfloat16 parameters (a float16 weight cannot carry its float32 master in 16 more "
                             "bits; float32 parameters are their own masters)")
 
+    def bits(self, p):
+        """8 or 4 if p's moments are 8- or 4-bit, else 0 (for a DTensor, decided by its whole
+        size, so that every rank decides alike)."""
+        if self.moments == "int8" and p.numel() >= self.min_8bit_size:
+            return 8
+        if self.moments == "int4" and p.numel() >= self.min_4bit_size:
+            return 4
+        return 0
+
     def quantized(self, p):
-        """Whether p's moments are 8-bit (for a DTensor, decided by its whole size, so that
-        every rank decides alike)."""
-        return self.moments == "int8" and p.numel() >= self.min_8bit_size
+        """Whether p's moments are 8- or 4-bit."""
+        return self.bits(p) != 0
+
+    def absmax_key(self, p, name):
+        """The state key of the absmax of p's moment `name` (p's moments quantized)."""
+        return absmax4_name(name) if self.bits(p) == 4 else absmax_name(name)
 
     def moment_dtype(self, p):
         if self.quantized(p):
@@ -106,6 +140,9 @@ class StateForm:
     def new_state(self, p, names, state):
         """Zero moments and p's master (from p) in this form."""
         for name in names:
+            if self.bits(p) == 4:
+                state[name], state[absmax4_name(name)] = _new_4bit(p)
+                continue
             state[name] = torch.zeros_like(p, dtype=self.moment_dtype(p), memory_format=torch.contiguous_format)
             if self.quantized(p):
                 state[absmax_name(name)] = _new_absmax(p)
@@ -125,19 +162,26 @@ class StateForm:
     def convert_moments(self, p, names, state):
         """convert() for the moments alone (p only gives their shape, dtype and device)."""
         for name in names:
-            if self.quantized(p) and _is_8bit(state, name):
+            bits = self.bits(p)
+            if (bits == 8 and _is_8bit(state, name)) or (bits == 4 and _is_4bit(state, name)):
+                key = self.absmax_key(p, name)
                 state[name] = _on(state[name], p, torch.uint8)
-                state[absmax_name(name)] = _on(state[absmax_name(name)], p, torch.float32)
+                state[key] = _on(state[key], p, torch.float32)
                 continue
             values = _float_moment(state, name, p)
-            if self.quantized(p):
+            state.pop(absmax_name(name), None)
+            state.pop(absmax4_name(name), None)
+            if bits == 8:
                 codes = torch.empty_like(p, dtype=torch.uint8, memory_format=torch.contiguous_format)
                 absmax = _new_absmax(p)
                 gradkit.quantize_blockwise(_CODES[name], local(_on(values, p, torch.float32)), local(codes), absmax)
                 state[name], state[absmax_name(name)] = codes, absmax
+            elif bits == 4:
+                codes, absmax = _new_4bit(p)
+                gradkit.quantize_blockwise4(_CODES[name], _on(values, p, torch.float32).reshape(-1), codes, absmax)
+                state[name], state[absmax4_name(name)] = codes, absmax
             else:
                 state[name] = _on(values, p, self.moment_dtype(p))
-                state.pop(absmax_name(name), None)
 
     def _convert_master(self, p, state):
         key = self.master_key(p)
@@ -158,8 +202,7 @@ class StateForm:
         """A copy of p's state as the float32 form has it (torch.optim's layout plus
         "master_param" for float16/bfloat16 parameters)."""
         out = {k: v for k, v in state.items()
-               if k not in names and k not in ("master_param", "weight_remainder")
-               and not (k.endswith("_absmax") and k[:-len("_absmax")] in names)}
+               if k not in names and k not in ("master_param", "weight_remainder") and not _is_absmax_key(k, names)}
         for name in names:
             out[name] = _on(_float_moment(state, name, p), p, torch.float32 if p.dtype != torch.float64 else p.dtype,
                             copy=True)
@@ -176,9 +219,9 @@ class StateForm:
         parameter go everywhere. load_state_dict encodes them again: the same codes,
         absmax and remainders when the sharding is the same (a decoded block encodes back
         to itself; the parameter is its master's rounding)."""
-        out = {k: v for k, v in state.items() if not (k.endswith("_absmax") and k[:-len("_absmax")] in names)}
+        out = {k: v for k, v in state.items() if not _is_absmax_key(k, names)}
         for name in names:
-            if _is_8bit(state, name):
+            if _is_8bit(state, name) or _is_4bit(state, name):
                 out[name] = _float_moment(state, name, p)
         if "weight_remainder" in out:
             del out["weight_remainder"]
@@ -195,6 +238,13 @@ def _new_absmax(p):
     (they start where the shard starts), so the absmax is a plain tensor of this rank's."""
     shard = local(p)
     return torch.zeros(gradkit.quant_blocks(shard.numel()), dtype=torch.float32, device=shard.device)
+
+
+def _new_4bit(p):
+    """Zero 4-bit codes (flat, two a byte) and absmax for p (a plain tensor)."""
+    n = p.numel()
+    return (torch.zeros(gradkit.quant4_bytes(n), dtype=torch.uint8, device=p.device),
+            torch.zeros(gradkit.quant4_blocks(n), dtype=torch.float32, device=p.device))
 
 
 def _like(values, p):
@@ -214,6 +264,10 @@ def _is_8bit(state, name):
     return name in state and state[name].dtype == torch.uint8 and absmax_name(name) in state
 
 
+def _is_4bit(state, name):
+    return name in state and state[name].dtype == torch.uint8 and absmax4_name(name) in state
+
+
 def _float_moment(state, name, p):
     """state[name] as floating point (decoded if it is 8-bit, shaped as p is); raises if the
     state has no such moment or holds it in a form gradkit does not know."""
@@ -223,6 +277,11 @@ def _float_moment(state, name, p):
     t = state[name]
     if t.is_floating_point():
         return t
+    if _is_4bit(state, name):
+        values = torch.empty(p.numel(), dtype=torch.float32, device=t.device)
+        gradkit.dequantize_blockwise4(_CODES[name], t.contiguous(), state[absmax4_name(name)].to(torch.float32)
+                                      .contiguous(), values)
+        return values.view(p.shape)
     key = absmax_name(name)
     if t.dtype != torch.uint8 or key not in state:
         raise ValueError(f"the state's '{name}' is {t.dtype} without '{key}'; expected floating-point moments or "

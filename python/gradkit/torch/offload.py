@@ -87,6 +87,9 @@ class _OffloadedBase(torch.optim.Optimizer):
     def __init__(self, params, defaults, *, moments="float32", bucket_mb=32.0, piece_mb=32.0, buckets=None,
                  loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0, release=False):
         self._form = StateForm(moments=moments, min_8bit_size=0)  # raises on an unknown form, naming it
+        if moments not in _MOMENT_DTYPES:
+            raise ValueError(f"moments is {moments!r}, expected one of {', '.join(map(repr, _MOMENT_DTYPES))} (the "
+                             "offloaded optimizers have no 4-bit host moments yet)")
         if release and not (overlap and _HAS_HOOK):
             raise ValueError("release=True frees each bucket's gradients as backward's hooks hand them, so it needs "
                              "overlap=True and torch >= 2.1 (register_post_accumulate_grad_hook)")

@@ -480,10 +480,17 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         return weights, g, groups, [], []
 
     def _absmax_lists(self, indices):
-        if not self._form.quantized(self._layout.params[indices[0]]):
+        """The plan's absmax lists (and moment_bits for 4-bit moments); a cohort's
+        parameters share their form (_cohort_key)."""
+        p = self._layout.params[indices[0]]
+        bits = self._form.bits(p)
+        if not bits:
             return {}
-        return {"exp_avg_absmax": self._state_list(indices, "exp_avg_absmax"),
-                "exp_avg_sq_absmax": self._state_list(indices, "exp_avg_sq_absmax")}
+        lists = {"exp_avg_absmax": self._state_list(indices, self._form.absmax_key(p, "exp_avg")),
+                 "exp_avg_sq_absmax": self._state_list(indices, self._form.absmax_key(p, "exp_avg_sq"))}
+        if bits == 4:
+            lists["moment_bits"] = 4
+        return lists
 
     def _state_list(self, indices, name):
         """A state tensor of each parameter of `indices`, as gradkit reads it (the local shard)."""
@@ -506,22 +513,23 @@ class Adam(_PlannedOptimizer):
     """torch.optim.Adam's update (L2 weight decay added to the gradient) in gradkit's
     one-pass kernel. Same arguments; `foreach`, `fused` and `capturable` are accepted
     and ignored (gradkit's step is always one launch per cohort). Two of gradkit's own:
-    moments="float32" (torch's), "bfloat16" or "int8" (8-bit blockwise, about 2.06
+    moments="float32" (torch's), "bfloat16", "int8" (8-bit blockwise, about 2.06
     bytes of state per parameter; parameters of fewer than min_8bit_size elements
-    keep float32 moments), and for bfloat16 parameters master="float32" (4 bytes per
-    parameter) or "remainder" (2 bytes, the same master bit for bit);
-    gradkit.torch._state_forms says what each stores."""
+    keep float32 moments) or "int4" (4-bit blockwise, about 1.06 bytes; likewise
+    min_4bit_size; not for DTensor parameters yet), and for bfloat16 parameters
+    master="float32" (4 bytes per parameter) or "remainder" (2 bytes, the same
+    master bit for bit); gradkit.torch._state_forms says what each stores."""
 
     _decay = gradkit.WeightDecay.l2
     _copied_attributes = ("_form",)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
                  maximize=False, foreach=None, fused=None, capturable=False, differentiable=False,
-                 moments="float32", master="float32", min_8bit_size=4096):
+                 moments="float32", master="float32", min_8bit_size=4096, min_4bit_size=4096):
         _check_betas(betas, eps, weight_decay, lr)
         if differentiable:
             raise ValueError("differentiable=True is not supported: gradkit's step is not part of the autograd graph")
-        self._form = StateForm(moments, master, min_8bit_size)
+        self._form = StateForm(moments, master, min_8bit_size, min_4bit_size)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize)
         super().__init__(params, defaults)
@@ -553,7 +561,7 @@ class Adam(_PlannedOptimizer):
                                 hold_grads=False, **self._absmax_lists(indices))
 
     def _cohort_key(self, index):
-        """8-bit and float32 moments (min_8bit_size) never share a plan."""
+        """Quantized and float32 moments (min_8bit_size, min_4bit_size) never share a plan."""
         return self._form.quantized(self._layout.params[index])
 
     def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
@@ -571,10 +579,10 @@ class AdamW(Adam):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, fused=None, capturable=False, differentiable=False,
-                 moments="float32", master="float32", min_8bit_size=4096):
+                 moments="float32", master="float32", min_8bit_size=4096, min_4bit_size=4096):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, foreach=foreach,
                          fused=fused, capturable=capturable, differentiable=differentiable, moments=moments,
-                         master=master, min_8bit_size=min_8bit_size)
+                         master=master, min_8bit_size=min_8bit_size, min_4bit_size=min_4bit_size)
 
 
 class Lamb(_PlannedOptimizer):
@@ -596,6 +604,9 @@ class Lamb(_PlannedOptimizer):
         _check_betas(betas, eps, weight_decay, lr)
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm is {max_grad_norm}, expected a value > 0 (or None: no clipping)")
+        if moments == "int4":
+            raise ValueError("moments='int4' is not yet offered by Lamb; expected 'float32', 'bfloat16' or 'int8' "
+                             "(gradkit.torch.Adam and AdamW take 'int4')")
         self._form = StateForm(moments, master, min_8bit_size)
         if master == "remainder" and moments == "int8":
             raise ValueError("moments='int8' with master='remainder'; LAMB's remainder master takes float moments "
