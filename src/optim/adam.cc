@@ -26,6 +26,7 @@ Adam::Adam(std::vector<AdamGroup> groups, AdamOptions options)
     throw_argument_error(ErrorCode::dtype_unsupported, kOp, "options.moment_dtype",
                          "is " + std::string(dtype_name(md)) + ", expected f32, bf16 or u8");
   }
+  check_moment_bits(kOp, "options.moment_bits", options_.moment_bits, md);
   const ParameterLists lists = flatten_groups(kOp, groups_);
   device_ = lists.device;
   const DType moment = lists.params.empty() || lists.params[0].dtype != DType::f64 ? options_.moment_dtype : DType::f64;
@@ -38,10 +39,16 @@ Adam::Adam(std::vector<AdamGroup> groups, AdamOptions options)
   const int moments = amsgrad ? 3 : 2;
   // Zero-filled 8-bit moments decode to zero whatever their codes: their
   // absmax is 0.
-  state_ = allocate_moments(device_, lists.params, moment, moments);
+  // 4-bit codes: quant4_bytes(numel) bytes per tensor, laid out as moments of that many elements.
+  const int32_t bits = moment == DType::u8 ? options_.moment_bits : 0;
+  const std::vector<TensorView> shapes = bits == 4 ? packed_4bit(lists.params) : lists.params;
+  state_ = allocate_moments(device_, shapes, moment, moments);
   std::vector<std::vector<TensorView>*> views = {&exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_};
-  for (int k = 0; k < moments; ++k) *views[k] = moment_views(state_, lists.params, moment, moments, k);
-  if (moment == DType::u8) absmax_ = allocate_absmax(device_, lists.params, exp_avg_absmax_, exp_avg_sq_absmax_);
+  for (int k = 0; k < moments; ++k) *views[k] = moment_views(state_, shapes, moment, moments, k);
+  if (moment == DType::u8) {
+    absmax_ = allocate_absmax(device_, lists.params, exp_avg_absmax_, exp_avg_sq_absmax_,
+                              bits == 4 ? kQuant4Block : kQuantBlock);
+  }
 
   counter_ = Buffer(device_, sizeof(int64_t));
   lrs_ = Buffer(device_, sizeof(float) * groups_.size());
@@ -50,6 +57,7 @@ Adam::Adam(std::vector<AdamGroup> groups, AdamOptions options)
   tensors.exp_avg_sq_absmax = exp_avg_sq_absmax_;
   const std::vector<TensorView> remainders = flatten_remainders(kOp, groups_);
   tensors.weight_remainder = remainders;
+  if (bits == 4) tensors.moment_bits = 4;
   plan_ = AdamPlan(tensors, hyper, lists.group_of_tensor);
   upload_lrs();
 }
@@ -57,7 +65,7 @@ Adam::Adam(std::vector<AdamGroup> groups, AdamOptions options)
 std::vector<StateSection> Adam::sections() const {
   std::vector<StateSection> out = {
       {"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}, {"max_exp_avg_sq", &max_exp_avg_sq_}};
-  if (!exp_avg_absmax_.empty()) {  // 8-bit moments (format version 2)
+  if (!exp_avg_absmax_.empty()) {  // 8-bit moments (format version 2), 4-bit ones (version 3)
     out.push_back({"exp_avg_absmax", &exp_avg_absmax_});
     out.push_back({"exp_avg_sq_absmax", &exp_avg_sq_absmax_});
   }
@@ -121,7 +129,7 @@ void Adam::save_to(StateFile& file) const {
   synchronize(device_);
   add_sections(file, sections());
   SectionWriter meta;
-  meta.put(step_count()).put(static_cast<uint32_t>(exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype));
+  meta.put(step_count()).put(moment_code(exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype, plan_.moment_bits()));
   file.add("meta", meta.take());
   std::vector<AdamHyperparameters> hyper;
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -133,7 +141,7 @@ void Adam::save_to(StateFile& file) const {
 
 void Adam::check_state(const std::string& path, const StateFile& file) const {
   SectionReader meta(file.get("meta"), "meta");
-  read_step_and_moment(meta, path, exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype);
+  read_step_and_moment(meta, path, moment_code(exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype, plan_.moment_bits()));
   if (!meta.done()) throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has trailing bytes");
   const std::vector<AdamHyperparameters> hyper = read_groups(path, file.get("groups"), master_groups(groups_));
   for (size_t g = 0; g < hyper.size(); ++g) {

@@ -5,6 +5,8 @@
 namespace gradkit {
 
 std::string dtype_code_name(uint32_t code) {
+  if (code == static_cast<uint32_t>(DType::u8)) return "u8 (8-bit moments)";
+  if (code == kFourBitMomentCode) return "u4 (4-bit moments)";
   for (DType d : kAllDTypes) {
     if (code == static_cast<uint32_t>(d)) return std::string(dtype_name(d));
   }
@@ -12,15 +14,19 @@ std::string dtype_code_name(uint32_t code) {
 }
 
 int64_t read_step_and_moment(SectionReader& meta, const std::string& path, DType moment) {
+  return read_step_and_moment(meta, path, static_cast<uint32_t>(moment));
+}
+
+int64_t read_step_and_moment(SectionReader& meta, const std::string& path, uint32_t moment) {
   const auto step = meta.get<int64_t>();
   const auto code = meta.get<uint32_t>();
   if (step < 0 || step == std::numeric_limits<int64_t>::max()) {
     throw Error(ErrorCode::io_error, "state file '" + path + "' has step count " + std::to_string(step) +
                                          " in section 'meta', expected 0 to 2^63 - 2");
   }
-  if (code != static_cast<uint32_t>(moment)) {
+  if (code != moment) {
     throw Error(ErrorCode::io_error, "state file '" + path + "' has moments of dtype " + dtype_code_name(code) +
-                                         ", expected " + std::string(dtype_name(moment)));
+                                         ", expected " + dtype_code_name(moment));
   }
   return step;
 }

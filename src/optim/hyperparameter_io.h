@@ -27,6 +27,14 @@ std::string dtype_code_name(uint32_t code);
 // field unless the count is one the next step can increment (0 to
 // 2^63 - 2) and the dtype is `moment`; returns the count.
 int64_t read_step_and_moment(SectionReader& meta, const std::string& path, DType moment);
+// The same against a moment code (moment_code).
+int64_t read_step_and_moment(SectionReader& meta, const std::string& path, uint32_t moment);
+// The u32 a state file's meta gives the moments (docs/state-format.md): the
+// dtype's code, or kFourBitMomentCode for 4-bit moments (u8 with 4 bits).
+inline constexpr uint32_t kFourBitMomentCode = 5;
+inline uint32_t moment_code(DType moment, int32_t bits) {
+  return moment == DType::u8 && bits == 4 ? kFourBitMomentCode : static_cast<uint32_t>(moment);
+}
 
 template <class Group, class Hyper>
 std::vector<uint8_t> write_groups(const std::vector<Group>& groups, const std::vector<Hyper>& hyper) {

@@ -47,13 +47,29 @@ std::vector<TensorView> moment_views(const Buffer& buffer, const std::vector<Ten
 }
 
 Buffer allocate_absmax(Device device, const std::vector<TensorView>& params, std::vector<TensorView>& exp_avg_absmax,
-                       std::vector<TensorView>& exp_avg_sq_absmax) {
+                       std::vector<TensorView>& exp_avg_sq_absmax, int32_t block) {
   std::vector<TensorView> blocks = params;
-  for (TensorView& b : blocks) b.numel = quant_blocks(b.numel);
+  for (TensorView& b : blocks) b.numel = (b.numel + block - 1) / block;
   Buffer buffer = allocate_moments(device, blocks, DType::f32, 2);
   exp_avg_absmax = moment_views(buffer, blocks, DType::f32, 2, 0);
   exp_avg_sq_absmax = moment_views(buffer, blocks, DType::f32, 2, 1);
   return buffer;
+}
+
+std::vector<TensorView> packed_4bit(std::vector<TensorView> params) {
+  for (TensorView& p : params) p.numel = quant4_bytes(p.numel);
+  return params;
+}
+
+void check_moment_bits(std::string_view op, std::string_view arg, int32_t bits, DType moment) {
+  if (bits != 8 && bits != 4) {
+    throw_argument_error(ErrorCode::invalid_argument, op, std::string(arg), "is " + std::to_string(bits) +
+                                                                             ", expected 8 or 4");
+  }
+  if (bits == 4 && moment != DType::u8) {
+    throw_argument_error(ErrorCode::invalid_argument, op, std::string(arg),
+                         "is 4 with moment_dtype " + std::string(dtype_name(moment)) + "; expected u8 moments");
+  }
 }
 
 std::vector<uint8_t> download(const std::vector<TensorView>& tensors) {

@@ -10,6 +10,7 @@
 
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
+#include "gradkit/ops/blockwise.h"
 #include "gradkit/optim/loss_scaler.h"
 #include "gradkit/optim/state_file.h"
 
@@ -100,8 +101,14 @@ std::vector<TensorView> moment_views(const Buffer& buffer, const std::vector<Ten
 // The absmax lists of 8-bit moments (gradkit/ops/blockwise.h): for each
 // param, quant_blocks(numel) f32 values for exp_avg and as many for
 // exp_avg_sq, zero-filled (zero-filled codes then decode to 0), in one buffer.
+// `block`: kQuantBlock, or kQuant4Block for 4-bit moments.
 Buffer allocate_absmax(Device device, const std::vector<TensorView>& params, std::vector<TensorView>& exp_avg_absmax,
-                       std::vector<TensorView>& exp_avg_sq_absmax);
+                       std::vector<TensorView>& exp_avg_sq_absmax, int32_t block = kQuantBlock);
+// params with each element count replaced by its 4-bit codes' bytes
+// (quant4_bytes): the shapes allocate_moments lays 4-bit moments out by.
+std::vector<TensorView> packed_4bit(std::vector<TensorView> params);
+// Throws naming `arg` unless bits is 8, or 4 with u8 moments.
+void check_moment_bits(std::string_view op, std::string_view arg, int32_t bits, DType moment);
 
 // The bytes of a list of tensors, concatenated, and back.
 std::vector<uint8_t> download(const std::vector<TensorView>& tensors);

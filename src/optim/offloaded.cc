@@ -86,6 +86,13 @@ void check_arguments(const std::vector<typename Optimizer::Group>& groups, const
     throw_argument_error(ErrorCode::dtype_unsupported, op, Traits::moment_option,
                          "is " + std::string(dtype_name(md)) + ", expected f32, bf16 or u8");
   }
+  if constexpr (std::is_same_v<Optimizer, Adam>) {
+    if (options.adam.moment_bits != 8) {
+      throw_argument_error(ErrorCode::invalid_argument, op, "options.adam.moment_bits",
+                           "is " + std::to_string(options.adam.moment_bits) +
+                               ", expected 8 (the offloaded optimizers have no 4-bit host moments yet)");
+    }
+  }
   if (!(std::isfinite(options.max_norm) && options.max_norm >= 0)) {
     throw_argument_error(ErrorCode::invalid_argument, op, "options.max_norm",
                          "is " + std::to_string(options.max_norm) + ", expected a finite value >= 0 (0: no clipping)");

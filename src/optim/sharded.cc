@@ -165,6 +165,13 @@ Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std
     : comm_(comm), layout_(layout), communication_stream_(options.communication_stream) {
   if (groups.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
   layout_.validate(kOp);
+  if constexpr (std::is_same_v<Optimizer, Adam>) {
+    if (options.adam.moment_bits != 8) {
+      throw_argument_error(ErrorCode::invalid_argument, kOp, "options.adam.moment_bits",
+                           "is " + std::to_string(options.adam.moment_bits) +
+                               ", expected 8 (the sharded optimizers have no 4-bit moments yet)");
+    }
+  }
   if (Traits<Optimizer>::options(options).moment_dtype == DType::u8) {
     check_blocks_line_up(layout_, std::is_same_v<Optimizer, Adam> ? "options.adam.moment_dtype" : "options.lamb.moment_dtype");
   }

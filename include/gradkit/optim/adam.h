@@ -30,6 +30,10 @@ struct AdamOptions {
   // f32; bf16 to halve the optimizer state; u8 for 8-bit blockwise moments
   // (docs/ops.md, "8-bit moments": 2 bytes per parameter plus 8 per 256).
   DType moment_dtype = DType::f32;
+  // With u8 moments: 8, or 4 for 4-bit blockwise moments (docs/ops.md, "4-bit
+  // moments": 1 byte per parameter plus 8 per 128). Adam and
+  // MixedPrecision<Adam> take 4; the sharded and offloaded optimizers refuse it.
+  int32_t moment_bits = 8;
 };
 
 class Adam {
@@ -58,7 +62,8 @@ class Adam {
   const std::vector<TensorView>& exp_avg() const { return exp_avg_; }
   const std::vector<TensorView>& exp_avg_sq() const { return exp_avg_sq_; }
   const std::vector<TensorView>& max_exp_avg_sq() const { return max_exp_avg_sq_; }
-  // 8-bit moments: each tensor's per-block absmax of exp_avg and exp_avg_sq (empty otherwise).
+  // 8- or 4-bit moments: each tensor's per-block absmax of exp_avg and exp_avg_sq (empty otherwise).
+  // 4-bit moments' codes are flat: quant4_bytes(numel) bytes per tensor.
   const std::vector<TensorView>& exp_avg_absmax() const { return exp_avg_absmax_; }
   const std::vector<TensorView>& exp_avg_sq_absmax() const { return exp_avg_sq_absmax_; }
   // Bytes of optimizer-owned state (moments, absmax, counter, lrs).
