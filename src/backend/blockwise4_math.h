@@ -28,14 +28,7 @@ struct QuantTables4 {
 // 1 / absmax): the number of decision points below x, by a branch-free
 // binary search of 4 steps. A value exactly on a decision point takes the
 // lower code; NaN (greater than nothing) gives 0.
-GRADKIT_HD uint8_t quantize4(const QuantTable4& t, float x) {
-  int q = 0;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (int step = 8; step > 0; step >>= 1) q += x > t.midpoints[q + step - 1] ? step : 0;
-  return static_cast<uint8_t>(q);
-}
+GRADKIT_HD uint8_t quantize4(const QuantTable4& t, float x) { return count_below(t.midpoints, x); }
 
 // The same count as quantize4, as a sum of 15 comparisons: no branch and no
 // data-dependent index, so that the CPU loops vectorize it (the search's

@@ -85,14 +85,21 @@ GRADKIT_HD float quant_scale(float absmax) { return absmax == 0.0f ? 0.0f : 1.0f
 // number of decision points below x, found by a branch-free binary search.
 // A value exactly on a decision point takes the lower code. NaN gives 0.
 // The definition; quantize() gives the same count without a search.
-GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) {
+// The count of decision points below x among the N - 1 of an N-entry table
+// (midpoints[N - 1] is +Inf), by a branch-free binary search of log2(N)
+// steps: the 8-bit tables' definition, and the 4-bit kernels' encode.
+template <int N>
+GRADKIT_HD uint8_t count_below(const float (&midpoints)[N], float x) {
+  static_assert(N >= 2 && (N & (N - 1)) == 0, "a power of two");
   int q = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int step = 128; step > 0; step >>= 1) q += x > t.midpoints[q + step - 1] ? step : 0;
+  for (int step = N / 2; step > 0; step >>= 1) q += x > midpoints[q + step - 1] ? step : 0;
   return static_cast<uint8_t>(q);
 }
+
+GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) { return count_below(t.midpoints, x); }
 
 // The code of x: quantize_search's count, from the bucket's start and
 // kQuantSpan comparisons (a comparison past the bucket's last decision point

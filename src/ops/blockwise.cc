@@ -139,6 +139,17 @@ void check_code(std::string_view op, QuantCode code) {
   }
 }
 
+// The arguments of the 4-bit whole-tensor encode and decode: the element
+// count is the values' (the codes hold two a byte).
+void check_4bit(std::string_view op, QuantCode code, const TensorView& values, const TensorView& codes,
+                const TensorView& absmax) {
+  check_code(op, code);
+  const Device device = values.device;
+  ops::check_staged(op, "values", values, DType::f32, values.numel, device);
+  ops::check_staged(op, "codes", codes, DType::u8, quant4_bytes(values.numel), device);
+  ops::check_staged(op, "absmax", absmax, DType::f32, quant4_blocks(values.numel), device);
+}
+
 }  // namespace
 
 const std::array<float, 256>& quant_code(QuantCode code) {
@@ -211,11 +222,8 @@ void dequantize_blockwise(QuantCode code, const TensorView& codes, const TensorV
 }
 
 void quantize_blockwise4(QuantCode code, const TensorView& values, const TensorView& codes, const TensorView& absmax) {
-  check_code(kQuantize4, code);
+  check_4bit(kQuantize4, code, values, codes, absmax);
   const Device device = values.device;
-  ops::check_staged(kQuantize4, "values", values, DType::f32, values.numel, device);
-  ops::check_staged(kQuantize4, "codes", codes, DType::u8, quant4_bytes(values.numel), device);
-  ops::check_staged(kQuantize4, "absmax", absmax, DType::f32, quant4_blocks(values.numel), device);
   const std::vector<float> x = ops::to_host<float>(values);
   std::vector<uint8_t> q(static_cast<size_t>(quant4_bytes(values.numel)), 0);
   std::vector<float> amax(static_cast<size_t>(absmax.numel));
@@ -236,11 +244,8 @@ void quantize_blockwise4(QuantCode code, const TensorView& values, const TensorV
 
 void dequantize_blockwise4(QuantCode code, const TensorView& codes, const TensorView& absmax,
                            const TensorView& values) {
-  check_code(kDequantize4, code);
+  check_4bit(kDequantize4, code, values, codes, absmax);
   const Device device = codes.device;
-  ops::check_staged(kDequantize4, "values", values, DType::f32, values.numel, device);
-  ops::check_staged(kDequantize4, "codes", codes, DType::u8, quant4_bytes(values.numel), device);
-  ops::check_staged(kDequantize4, "absmax", absmax, DType::f32, quant4_blocks(values.numel), device);
   const std::vector<uint8_t> q = ops::to_host<uint8_t>(codes);
   const std::vector<float> amax = ops::to_host<float>(absmax);
   std::vector<float> x(static_cast<size_t>(values.numel));

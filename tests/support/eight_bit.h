@@ -59,15 +59,20 @@ inline std::vector<std::vector<uint8_t>> device_bytes(std::initializer_list<cons
 // when `first`): each block's absmax agrees to f32 rounding, each code is
 // the reference's or a neighbour (f32 arithmetic may land on the other side
 // of a decision point).
+// `codes` one per element; `bits` 8 (tables of 256, blocks of kQuantBlock,
+// the unsigned map's positive floor) or 4 (tables of 16, blocks of
+// kQuant4Block, no zero in the second moment's map).
 inline void expect_encoded(const std::vector<double>& want, const std::vector<double>& codes,
-                           const std::vector<double>& absmax, bool first, const std::string& what) {
-  const std::vector<double> table = reference_code(first);
+                           const std::vector<double>& absmax, bool first, const std::string& what, int bits = 8) {
+  const std::vector<double> table = bits == 4 ? reference_code4(first) : reference_code(first);
+  const size_t block = bits == 4 ? kQuant4Block : kQuantBlock;
   for (size_t b = 0; b < absmax.size(); ++b) {
-    const size_t end = std::min(want.size(), (b + 1) * kQuantBlock);
-    const double want_absmax = block_absmax(want, b * kQuantBlock, end);
+    const size_t end = std::min(want.size(), (b + 1) * block);
+    const double want_absmax = block_absmax(want, b * block, end);
     ASSERT_NEAR(absmax[b], want_absmax, 8 * 0x1p-24 * want_absmax) << what << " block " << b;
-    for (size_t k = b * kQuantBlock; k < end; ++k) {
-      const int expected = nearest_code(table, want[k] / want_absmax, !first).index;
+    for (size_t k = b * block; k < end; ++k) {
+      const int expected =
+          want_absmax == 0 ? 0 : nearest_code(table, want[k] / want_absmax, bits == 8 && !first).index;
       ASSERT_LE(std::abs(static_cast<int>(codes[k]) - expected), 1)
           << what << (first ? " exp_avg" : " exp_avg_sq") << " element " << k;
     }
@@ -116,18 +121,29 @@ std::vector<std::vector<uint8_t>> moment_state(const Optimizer& o) {
   return device_bytes({&o.exp_avg(), &o.exp_avg_sq(), &o.exp_avg_absmax(), &o.exp_avg_sq_absmax()});
 }
 
-// An owning optimizer (Adam or Lamb) with 8-bit moments: about 2 bytes of
-// state per parameter; 3 steps, saved, 4 more; a second optimizer loads the
-// file and takes the same 4 steps: the same weights and state, bit for bit;
-// an f32-moment optimizer refuses the file.
+// What an owning optimizer's low-bit state holds for OwningModel's third
+// tensor (70001 elements): 8-bit moments by default; 4-bit:
+// {1.11, quant4_bytes(70001), quant4_blocks(70001)}.
+struct LowBitSizes {
+  double max_bytes_per_param = 2.1;  // OwningModel's small tensors' alignment included
+  int64_t codes = 70001;
+  int64_t blocks = quant_blocks(70001);
+};
+
+// An owning optimizer (Adam or Lamb) with 8- or 4-bit moments: about 2 (or
+// 1) bytes of state per parameter; 3 steps, saved, 4 more; a second
+// optimizer loads the file and takes the same 4 steps: the same weights and
+// state, bit for bit; an f32-moment optimizer refuses the file.
 template <class Optimizer>
 void expect_resumed_run_equals_straight_run(Device device, const typename Optimizer::Group& group,
-                                            const typename Optimizer::Options& options) {
+                                            const typename Optimizer::Options& options, LowBitSizes sizes = {}) {
   OwningModel straight(device, 5), resumed(device, 5);
   Optimizer first(straight.groups(group), options);
-  EXPECT_LE(static_cast<double>(first.state_bytes()) / straight.numel(), 2.1) << "bytes of state per parameter";
+  EXPECT_LE(static_cast<double>(first.state_bytes()) / straight.numel(), sizes.max_bytes_per_param)
+      << "bytes of state per parameter";
   EXPECT_EQ(first.exp_avg()[2].dtype, DType::u8);
-  EXPECT_EQ(first.exp_avg_absmax()[2].numel, quant_blocks(70001));
+  EXPECT_EQ(first.exp_avg()[2].numel, sizes.codes);
+  EXPECT_EQ(first.exp_avg_absmax()[2].numel, sizes.blocks);
   std::mt19937_64 rng(6);
   for (int s = 0; s < 3; ++s) {
     straight.new_gradients(rng);
