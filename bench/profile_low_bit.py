@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Steps gradkit.torch.AdamW with 8-bit moments over the GPT-2 124M list a few
 times: a target for Nsight Compute, to see where the 8-bit kernel's time goes.
-usage: ncu --kernel-name regex:Adam8bit --launch-skip 2 --launch-count 1 \\
+usage: ncu --kernel-name "regex:AdamLowBitOp.*Codec8" --launch-skip 2 --launch-count 1 \\
            --set detailed python3 bench/profile_low_bit.py [--remainder]
 """
 import sys

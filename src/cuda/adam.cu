@@ -1,6 +1,6 @@
 // The Adam update as a functor of the multi-tensor driver: one pass, reading
 // w, g, m, v (and vmax, and the remainder of bf16 weights) and writing w, m,
-// v (vmax, the model copy, the remainder). 8-bit moments: cuda/adam_8bit.cu.
+// v (vmax, the model copy, the remainder). 8- and 4-bit moments: cuda/adam_low_bit.cu.
 #include <type_traits>
 
 #include "backend/adam.h"

@@ -1,5 +1,5 @@
 // The dtype dispatch the Adam kernels share (float moments in cuda/adam.cu,
-// 8-bit moments in cuda/adam_8bit.cu): weights f32 or bf16 with their
+// 8- and 4-bit moments in cuda/adam_low_bit.cu): weights f32 or bf16 with their
 // remainder, gradients f32/f16/bf16, moments f32 or bf16, model copy none,
 // f16 or bf16. Kernel<Weights, G, M, Copy>::launch is instantiated for each
 // combination the validation lets through (host element types; NoCopy for

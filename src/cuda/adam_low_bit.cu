@@ -92,23 +92,13 @@ struct Codec4 {
   }
 };
 
-// Copies a codec's tables into shared memory with the block's threads; the
-// caller synchronizes before reading them.
-template <class Tables>
-__device__ __forceinline__ void copy_codec_tables(Tables& to, const Tables* from) {
-  static_assert(sizeof(Tables) % sizeof(float) == 0);
-  const auto* src = reinterpret_cast<const float*>(from);
-  auto* dst = reinterpret_cast<float*>(&to);
-  for (int k = threadIdx.x; k < static_cast<int>(sizeof(Tables) / sizeof(float)); k += blockDim.x) dst[k] = src[k];
-}
-
 // The update's flags for one chunk: the decay rule fixed at compile time
 // (one copy of the block loop per rule, picked per chunk, since groups may
 // differ), so that no element computes the other rules' operations under
-// predicates; maximize read at run time (one select); no amsgrad (8-bit
-// moments refuse it: gradkit/ops/adam.h).
+// predicates; maximize read at run time (one select); no amsgrad (8- and
+// 4-bit moments refuse it: gradkit/ops/adam.h).
 template <WeightDecay Decay>
-struct Flags8bit {
+struct FlagsLowBit {
   static constexpr int32_t decay = static_cast<int32_t>(Decay);
   static constexpr bool amsgrad = false;
   bool maximize;
@@ -133,18 +123,18 @@ struct AdamLowBitOp {
     __shared__ AdamCoefficients<float> shared;
     __shared__ Tables tables;
     if (threadIdx.x == 0) shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
-    copy_codec_tables(tables, Codec::tables(launch));
+    cuda::copy_tables(tables, Codec::tables(launch));
     __syncthreads();
     const AdamCoefficients<float> c = shared;
     const float scale = in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale;
     const float inverse_scale = 1.0f / scale;
     switch (static_cast<WeightDecay>(c.decay)) {
-      case WeightDecay::l2: return update(plan, chunk, c, Flags8bit<WeightDecay::l2>{c.maximize}, scale, inverse_scale, tables);
+      case WeightDecay::l2: return update(plan, chunk, c, FlagsLowBit<WeightDecay::l2>{c.maximize}, scale, inverse_scale, tables);
       case WeightDecay::decoupled:
-        return update(plan, chunk, c, Flags8bit<WeightDecay::decoupled>{c.maximize}, scale, inverse_scale, tables);
+        return update(plan, chunk, c, FlagsLowBit<WeightDecay::decoupled>{c.maximize}, scale, inverse_scale, tables);
       case WeightDecay::hugging_face: break;
     }
-    update(plan, chunk, c, Flags8bit<WeightDecay::hugging_face>{c.maximize}, scale, inverse_scale, tables);
+    update(plan, chunk, c, FlagsLowBit<WeightDecay::hugging_face>{c.maximize}, scale, inverse_scale, tables);
   }
 
   template <class Flags>

@@ -1,4 +1,4 @@
-// What the kernels over 8-bit moments share (cuda/adam_8bit.cu,
+// What the kernels over 8-bit and 4-bit moments share (cuda/adam_low_bit.cu,
 // cuda/lamb_8bit.cu): a warp owns one quantization block at a time, lane k
 // the kPerLane consecutive elements from k * kPerLane; the code tables are
 // copied into shared memory once per thread block.
@@ -48,14 +48,15 @@ __device__ __forceinline__ void for_each_warp_block(int length, Body&& body) {
   }
 }
 
-// Copies both tables into `to` (shared memory) with the block's threads;
-// the caller synchronizes before reading them.
-__device__ __forceinline__ void copy_tables(backend::QuantTables& to, const backend::QuantTables* from) {
+// Copies a form's tables (backend::QuantTables, QuantTables4) into `to`
+// (shared memory) with the block's threads; the caller synchronizes before
+// reading them.
+template <class Tables>
+__device__ __forceinline__ void copy_tables(Tables& to, const Tables* from) {
+  static_assert(sizeof(Tables) % sizeof(float) == 0);
   const auto* src = reinterpret_cast<const float*>(from);
   auto* dst = reinterpret_cast<float*>(&to);
-  for (int k = threadIdx.x; k < static_cast<int>(sizeof(backend::QuantTables) / sizeof(float)); k += blockDim.x) {
-    dst[k] = src[k];
-  }
+  for (int k = threadIdx.x; k < static_cast<int>(sizeof(Tables) / sizeof(float)); k += blockDim.x) dst[k] = src[k];
 }
 
 }  // namespace gradkit::cuda

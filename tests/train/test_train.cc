@@ -278,8 +278,11 @@ TEST(Training, ShardedRunWritesTheUnshardedCheckpoint) {
   }
 }
 
-// 8-bit moments and remainder masters: a short run ends within 5% of the
-// f32 run's training loss (measured: within 2%), for Adam and LAMB.
+// 8- and 4-bit moments and remainder masters: a short run ends within 5% of
+// the f32 run's training loss (measured: within 2%), for Adam and LAMB; with
+// 4-bit moments within 10% (measured: 6.3% above with f32 masters, 7.1% with
+// remainders: the second moment normalised per block, docs/ops.md "4-bit
+// moments"; issue 38's 2% is not reached on this model).
 TEST(Training, EightBitMomentsAndRemainderMastersEndNearTheF32Loss) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   for (const char* optimizer : {"adam", "lamb"}) {
@@ -287,21 +290,26 @@ TEST(Training, EightBitMomentsAndRemainderMastersEndNearTheF32Loss) {
     f32.optimizer = optimizer;
     const double want = run_training(f32).back().train_loss;
     std::vector<std::pair<std::string, std::string>> variants = {{"int8", "f32"}, {"bf16", "f32"}};
-    if (std::string(optimizer) == "adam") variants.push_back({"int8", "remainder"});
+    if (std::string(optimizer) == "adam") {
+      variants.push_back({"int8", "remainder"});
+      variants.push_back({"int4", "f32"});
+      variants.push_back({"int4", "remainder"});
+    }
     for (const auto& [moments, master] : variants) {
       TrainOptions o = small_run();
       o.optimizer = optimizer;
       o.moments = moments;
       o.master = master;
       const double got = run_training(o).back().train_loss;
-      EXPECT_LT(std::abs(got - want), 0.05 * want) << optimizer << " " << moments << " moments, " << master << " master";
+      const double bound = moments == "int4" ? 0.10 : 0.05;
+      EXPECT_LT(std::abs(got - want), bound * want) << optimizer << " " << moments << " moments, " << master << " master";
       EXPECT_NE(got, want) << "the storage must change something";
     }
   }
 }
 
-// Resumed runs with 8-bit moments, remainder masters and a sharded 8-bit
-// run: the checkpoint of the straight run, byte for byte.
+// Resumed runs with 8- and 4-bit moments, remainder masters and a sharded
+// 8-bit run: the checkpoint of the straight run, byte for byte.
 TEST(Training, ResumesWithEightBitMomentsAndRemainderMasters) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   struct Variant {
@@ -311,6 +319,7 @@ TEST(Training, ResumesWithEightBitMomentsAndRemainderMasters) {
     int shard;
   };
   for (const Variant& v : {Variant{"adam", "int8", "f32", 0}, Variant{"adam", "int8", "remainder", 0},
+                           Variant{"adam", "int4", "f32", 0}, Variant{"adam", "int4", "remainder", 0},
                            Variant{"lamb", "int8", "f32", 0}, Variant{"adam", "int8", "f32", 1},
                            Variant{"lamb", "int8", "f32", 2}}) {
     auto setup = [&](const std::string& name) {
@@ -333,7 +342,7 @@ TEST(Training, ResumesWithEightBitMomentsAndRemainderMasters) {
     const std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
     EXPECT_FALSE(sa.empty()) << what;
     EXPECT_TRUE(sa == sb) << what;
-    // The checkpoint holds the 8-bit state: u8 codes and their absmax.
+    // The checkpoint holds the 8- or 4-bit state: u8 codes and their absmax.
     const StateFile file = StateFile::read(straight.save);
     EXPECT_FALSE(file.get("exp_avg_absmax").empty()) << what;
     if (std::string(v.master) == "remainder") EXPECT_FALSE(file.get("masters").empty()) << what;
@@ -434,9 +443,17 @@ TEST(Training, ChecksItsOptionsFirst) {
   expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
                {"--shard: needs --reduce allreduce"});
   o = small_run();
-  o.moments = "int4";
+  o.moments = "int2";
   expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
-               {"--moments: expected f32, bf16 or int8, not 'int4'"});
+               {"--moments: expected f32, bf16, int8 or int4, not 'int2'"});
+  for (auto [optimizer, shard] : {std::pair{"lamb", 0}, std::pair{"adam", 1}}) {
+    o = small_run();
+    o.moments = "int4";
+    o.optimizer = optimizer;
+    o.shard = shard;
+    expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
+                 {"--moments int4: needs --optimizer adam, without --shard or --offload"});
+  }
   o = small_run();
   o.master = "remainder";
   o.device = "cuda";

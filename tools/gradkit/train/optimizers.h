@@ -63,7 +63,13 @@ class OptimizerOf final : public Optimizer {
 
 // The moments' storage dtype --moments names.
 inline DType moment_dtype(const TrainOptions& o) {
-  return o.moments == "int8" ? DType::u8 : o.moments == "bf16" ? DType::bf16 : DType::f32;
+  return o.moments == "int8" || o.moments == "int4" ? DType::u8 : o.moments == "bf16" ? DType::bf16 : DType::f32;
+}
+
+// Adam's options for --moments (int4: u8 moments of 4 bits; check_train_options
+// keeps int4 to Adam, unsharded, not offloaded).
+inline AdamOptions adam_options(const TrainOptions& o) {
+  return AdamOptions{.moment_dtype = moment_dtype(o), .moment_bits = o.moments == "int4" ? 4 : 8};
 }
 
 // One group over every parameter, with the run's hyperparameters.
@@ -117,8 +123,7 @@ inline std::unique_ptr<Optimizer> make_mixed_optimizer(const TrainOptions& o, st
   };
   if (o.optimizer == "adam") {
     return finish(std::make_unique<OptimizerOf<MixedPrecisionAdam>>(
-        std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, options,
-        AdamOptions{.moment_dtype = moment_dtype(o)}));
+        std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)}, options, adam_options(o)));
   }
   return finish(std::make_unique<OptimizerOf<MixedPrecisionLamb>>(
       std::vector<LambGroup>{one_group<LambGroup>(o, params, grads)}, options,
@@ -130,7 +135,7 @@ inline std::unique_ptr<Optimizer> make_plain_optimizer(const TrainOptions& o, st
   if (shard != nullptr) return make_sharded_optimizer(o, params, grads, *shard, {.mode = LossScaling::none});
   if (o.optimizer == "adam") {
     return std::make_unique<OptimizerOf<Adam>>(std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)},
-                                               AdamOptions{.moment_dtype = moment_dtype(o)});
+                                               adam_options(o));
   }
   return std::make_unique<OptimizerOf<Lamb>>(std::vector<LambGroup>{one_group<LambGroup>(o, params, grads)},
                                              LambOptions{.eta = o.lr, .moment_dtype = moment_dtype(o)});

@@ -104,8 +104,9 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
   app.add_option("--accumulate", o.accumulate, "micro-batches accumulated per step")->check(tool::integer(1, 1 << 16));
   app.add_option("--optimizer", o.optimizer, "adam or lamb")->check(tool::one_of({"adam", "lamb"}));
   app.add_option("--moments", o.moments,
-                 "optimizer moments: f32; bf16; int8 (8-bit blockwise, about 2 bytes per parameter)")
-      ->check(tool::one_of({"f32", "bf16", "int8"}));
+                 "optimizer moments: f32; bf16; int8 (8-bit blockwise, about 2 bytes per parameter); int4 "
+                 "(4-bit blockwise, about 1 byte; adam only, not sharded or offloaded)")
+      ->check(tool::one_of({"f32", "bf16", "int8", "int4"}));
   app.add_option("--master", o.master,
                  "f32 master weights: f32 (the cpu backend trains f32 weights, cuda keeps f32 masters of its f16 "
                  "ones); remainder (cpu: bf16 weights, each completed to its f32 master by a 16-bit remainder; "

@@ -175,8 +175,12 @@ void check_train_options(const TrainOptions& o, bool writes) {
                                                  std::to_string(o.epochs) + "), not '" +
                                                  std::to_string(o.stop_after) + "'");
   }
-  if (o.moments != "f32" && o.moments != "bf16" && o.moments != "int8") {
-    throw Error(ErrorCode::invalid_argument, "--moments: expected f32, bf16 or int8, not '" + o.moments + "'");
+  if (o.moments != "f32" && o.moments != "bf16" && o.moments != "int8" && o.moments != "int4") {
+    throw Error(ErrorCode::invalid_argument, "--moments: expected f32, bf16, int8 or int4, not '" + o.moments + "'");
+  }
+  if (o.moments == "int4" && (o.optimizer != "adam" || o.shard > 0 || o.offload)) {
+    throw Error(ErrorCode::invalid_argument, "--moments int4: needs --optimizer adam, without --shard or --offload "
+                                             "(4-bit moments are Adam's alone so far: docs/ops.md)");
   }
   if (o.master != "f32" && o.master != "remainder") {
     throw Error(ErrorCode::invalid_argument, "--master: expected f32 or remainder, not '" + o.master + "'");
