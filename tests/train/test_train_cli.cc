@@ -273,9 +273,15 @@ TEST(Files, UnwritablePathsAreRefusedBeforeTraining) {
 // work is refused before any work (status 2); a run with both trains and
 // says how it keeps its state.
 TEST(StateOptions, AreCheckedFirstAndTrain) {
-  Result r = run({"train", "--ranks", "1", "--moments", "int4"});
+  Result r = run({"train", "--ranks", "1", "--moments", "int2"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("gradkit train: error: --moments: expected one of f32, bf16, int8, not 'int4'"), std::string::npos)
+  EXPECT_NE(r.err.find("gradkit train: error: --moments: expected one of f32, bf16, int8, int4, not 'int2'"),
+            std::string::npos)
+      << r.err;
+  r = run({"train", "--ranks", "1", "--moments", "int4", "--optimizer", "lamb"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("--moments int4: needs --optimizer adam, without --shard or --offload"), std::string::npos)
       << r.err;
   r = run({"train", "--ranks", "2", "--master", "remainder", "--device", "cuda"});
   EXPECT_EQ(r.status, 2);
