@@ -43,10 +43,12 @@ GRADKIT_HD AdamCoefficients<C> adam_coefficients(const AdamHyperparameters& h, d
   c.weight_decay = static_cast<C>(wd);
   c.decay = static_cast<int32_t>(h.decay);
   c.bias2_sqrt = static_cast<C>(std::sqrt(bias2));
-  c.step_size = static_cast<C>(h.decay == WeightDecay::hugging_face ? mul(lr, std::sqrt(bias2)) / bias1 : lr / bias1);
+  // Hugging Face's step size, and every mode's in the folded form.
+  const double folded_step = mul(lr, std::sqrt(bias2)) / bias1;
+  c.step_size = static_cast<C>(h.decay == WeightDecay::hugging_face ? folded_step : lr / bias1);
   c.decay_factor = static_cast<C>(sub(1.0, mul(lr, wd)));
   c.decay_after = static_cast<C>(mul(lr, wd));
-  c.folded_step_size = static_cast<C>(mul(lr, std::sqrt(bias2)) / bias1);
+  c.folded_step_size = static_cast<C>(folded_step);
   c.folded_eps = h.decay == WeightDecay::hugging_face ? c.eps : static_cast<C>(mul(static_cast<double>(h.eps), std::sqrt(bias2)));
   c.amsgrad = h.amsgrad;
   c.maximize = h.maximize;
@@ -72,7 +74,7 @@ struct RuntimeAdamFlags {
 
 // Which form of the update an element takes. torch: as torch.optim and
 // Transformers order it (below), for every path that has a twin to match.
-// folded: the low-bit moments' paths (8-bit), which have none: the square
+// folded: the low-bit moments' paths (8- and 4-bit), which have none: the square
 // root of v's bias correction is folded into the step size and eps, once
 // per step in f64,
 //   w = w - (lr sqrt(bias2) / bias1) * (m / (sqrt(v) + eps sqrt(bias2))),

@@ -17,17 +17,18 @@ namespace gradkit {
 namespace {
 
 // The dynamic map of Dettmers (2016, "8-Bit Approximations for Parallelism
-// in Deep Learning"), as the 8-bit optimizers paper uses it with 8 bits:
-// for each decimal exponent e = -6 .. 0, the midpoints of n equal steps of
-// [0.1, 1] times 10^e, where n doubles with e (1, 2, 4, ... 64 for the
-// signed map, which takes each value with both signs; 2, 4, ... 128 for the
+// in Deep Learning") over `decades` decimal exponents from `lowest`
+// (10^-(decades - 1)) up: for the k-th exponent, the midpoints of n equal
+// steps of [0.1, 1] times 10^e, where n doubles with k (1, 2, 4, ... for the
+// signed map, which takes each value with both signs; 2, 4, ... for the
 // unsigned map, which has the sign bit as one more fraction bit); then 0
-// and 1. Each count is 2^7 - 1 or 2^8 - 2 values plus 2: 256 either way.
-// Computed in f64, rounded to f32 once.
-std::array<float, 256> build_code(bool is_signed) {
+// and 1, ascending, in f64. The 8-bit maps take 7 decades (2^7 - 1 or
+// 2^8 - 2 values plus 2: 256 either way); the 4-bit first moment's signed
+// map 3 (Li et al. 2023: 7 + 7 + 2 values).
+std::vector<double> dynamic_map(bool is_signed, int decades, double lowest) {
   std::vector<double> values;
-  double decade = 1e-6;
-  for (int e = 0; e < 7; ++e, decade *= 10) {
+  double decade = lowest;
+  for (int e = 0; e < decades; ++e, decade *= 10) {
     const int steps = is_signed ? (1 << e) : (2 << e);
     for (int i = 0; i < steps; ++i) {
       const double low = 0.1 + 0.9 * i / steps, high = 0.1 + 0.9 * (i + 1) / steps;
@@ -39,37 +40,27 @@ std::array<float, 256> build_code(bool is_signed) {
   values.push_back(0.0);
   values.push_back(1.0);
   std::sort(values.begin(), values.end());
-  std::array<float, 256> code{};
-  for (size_t i = 0; i < code.size(); ++i) code[i] = static_cast<float>(values.at(i));
+  return values;
+}
+
+// A map's values rounded to f32 once.
+template <size_t N>
+std::array<float, N> rounded(const std::vector<double>& values) {
+  std::array<float, N> code{};
+  for (size_t i = 0; i < N; ++i) code[i] = static_cast<float>(values.at(i));
   return code;
 }
 
-// The 4-bit tables (Li et al. 2023). The signed dynamic map with 3 decimal
-// exponents: for e = -2 .. 0 (k = e + 2), the centres of 2^k equal steps of
-// [0.1, 1] times 10^e, with both signs, then 0 and 1 (7 + 7 + 2 values).
-// The linear map without zero: (i + 1) / 16 for i = 0 .. 15. Computed in
-// f64, rounded to f32 once.
+std::array<float, 256> build_code(bool is_signed) { return rounded<256>(dynamic_map(is_signed, 7, 1e-6)); }
+
+// The 4-bit tables (Li et al. 2023): the signed dynamic map with 3 decimal
+// exponents (first moments); the linear map without zero, (i + 1) / 16 for
+// i = 0 .. 15 (second moments).
 std::array<float, 16> build_code4(bool is_signed) {
+  if (is_signed) return rounded<16>(dynamic_map(true, 3, 1e-2));
   std::vector<double> values;
-  if (is_signed) {
-    double decade = 1e-2;
-    for (int k = 0; k < 3; ++k, decade *= 10) {
-      const int steps = 1 << k;
-      for (int i = 0; i < steps; ++i) {
-        const double value = decade * (0.1 + 0.9 * (i + 0.5) / steps);
-        values.push_back(value);
-        values.push_back(-value);
-      }
-    }
-    values.push_back(0.0);
-    values.push_back(1.0);
-  } else {
-    for (int i = 0; i < 16; ++i) values.push_back((i + 1) / 16.0);
-  }
-  std::sort(values.begin(), values.end());
-  std::array<float, 16> code{};
-  for (size_t i = 0; i < code.size(); ++i) code[i] = static_cast<float>(values.at(i));
-  return code;
+  for (int i = 0; i < 16; ++i) values.push_back((i + 1) / 16.0);
+  return rounded<16>(values);
 }
 
 backend::QuantTable4 build_table4(const std::array<float, 16>& code) {

@@ -97,7 +97,7 @@ inline std::unique_ptr<Optimizer> make_sharded_optimizer(const TrainOptions& o, 
   ShardedOptions options;
   options.scaler = scaler;
   options.lamb.eta = o.lr;
-  options.adam.moment_dtype = moment_dtype(o);
+  options.adam = adam_options(o);
   options.lamb.moment_dtype = moment_dtype(o);
   options.master = o.master == "remainder" ? MasterStorage::remainder : MasterStorage::f32;  // for f16/bf16 weights
   auto make = [&]<class S, class Group>() {
