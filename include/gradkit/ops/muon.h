@@ -1,0 +1,127 @@
+// Muon (momentum orthogonalised by Newton-Schulz; torch.optim.Muon's
+// semantics) over lists of matrices: the element-wise parts fused, the
+// Newton-Schulz products batched over matrices of one shape.
+// docs/ops.md ("muon_step") states exactly what it computes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "gradkit/core/error.h"
+#include "gradkit/core/memory.h"
+#include "gradkit/core/multi_tensor_plan.h"
+#include "gradkit/core/tensor.h"
+
+namespace gradkit {
+
+// How the learning rate is scaled by each matrix's shape (rows A, columns B):
+// original (Keller Jordan's): sqrt(max(1, A / B)); match_rms_adamw
+// (Moonshot's): 0.2 sqrt(max(A, B)).
+enum class MuonLrAdjust : int32_t { original = 0, match_rms_adamw = 1 };
+
+// One group's hyperparameters, torch.optim.Muon's defaults.
+struct MuonHyperparameters {
+  double lr = 1e-3;
+  double weight_decay = 0.1;
+  double momentum = 0.95;
+  bool nesterov = true;
+  float ns_a = 3.4445f;  // the quintic Newton-Schulz iteration's coefficients
+  float ns_b = -4.7750f;
+  float ns_c = 2.0315f;
+  float eps = 1e-7f;     // the Frobenius norm is clamped to at least eps
+  int32_t ns_steps = 5;
+  MuonLrAdjust adjust_lr = MuonLrAdjust::original;
+};
+
+// Throws Error naming `arg` unless lr, weight_decay and momentum are finite
+// and >= 0 (momentum < 1 too), eps finite and > 0, the coefficients finite,
+// ns_steps in [1, 100) and adjust_lr one of the two.
+void validate(const MuonHyperparameters& h, std::string_view op, const std::string& arg);
+
+// A tensor's shape as Muon sees it: `batch` matrices of rows x cols, row
+// major, one after another (batch 1 for a plain matrix, the expert count for
+// a 3-D stack of experts). batch * rows * cols must be the tensor's numel.
+struct MatrixShape {
+  int64_t batch = 1;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// params f32 or bf16; grads f32, f16 or bf16; momentum f32 or bf16. One
+// shape per tensor. On CUDA the products are bf16 with f32 accumulation
+// (cuBLASLt); on the CPU they are f32 products of the same bf16 values
+// (the BLAS), rounded to bf16 as the GPU's are.
+struct MuonTensors {
+  std::span<const TensorView> params;
+  std::span<const TensorView> grads;
+  std::span<const TensorView> momentum;  // torch.optim.Muon's momentum_buffer
+  std::span<const MatrixShape> shapes;
+};
+
+struct MuonStepInputs {
+  const bool* found_inf = nullptr;  // on the plan's device; if *found_inf, the step writes nothing
+  float grad_scale = 1.0f;          // gradients are divided by this (a loss scale, a clipping factor)
+  const float* grad_scale_device = nullptr;  // the same on the plan's device, read by the kernels
+};
+
+class MuonPlan {
+ public:
+  MuonPlan() = default;
+  // `groups` gives each tensor's index into `hyperparameters` (empty: all in
+  // group 0). Validates everything; groups the matrices into batches of one
+  // shape and one group; allocates the workspace of the largest batch.
+  MuonPlan(const MuonTensors& tensors, std::span<const MuonHyperparameters> hyperparameters,
+           std::span<const int32_t> groups = {});
+
+  void step(const MuonStepInputs& inputs = {}, Stream stream = {}) const;
+  void validate_inputs(const MuonStepInputs& inputs) const;
+  // Replaces the hyperparameters (same group count). The batches stay.
+  void set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters);
+  // Points the plan at new gradients (the same count, element counts, dtype
+  // and device; checked as the constructor checks them, nothing changes if
+  // a check fails) with small copies enqueued on `stream`, for frameworks
+  // that allocate new gradient tensors each step (MultiTensorPlan::repoint).
+  void set_grads(std::span<const TensorView> grads, Stream stream = {});
+
+  Device device() const { return all_.device(); }
+  std::span<const MuonHyperparameters> hyperparameters() const { return hyper_; }
+  size_t num_tensors() const { return all_.num_tensors(); }
+  // Batches (same shape, same group), each run with one product per
+  // Newton-Schulz stage whatever its matrix count.
+  size_t num_batches() const { return batches_.size(); }
+  // Bytes of the workspace the plan holds (the largest batch's matrices in
+  // bf16 twice, its two Gram products, the norms' partial sums).
+  size_t workspace_bytes() const { return workspace_.bytes(); }
+
+  // A batch: its matrices (views into the tensors, in tensor order), their
+  // shape and group. Public for the backends; not part of the stable API.
+  struct Batch {
+    MultiTensorPlan plan;  // lists params, grads, momentum; one "tensor" per matrix
+    int64_t count = 0;     // matrices
+    int64_t rows = 0, cols = 0;
+    int32_t group = 0;
+    std::vector<std::pair<int32_t, int64_t>> sources;  // each matrix's tensor and index within it
+  };
+
+ private:
+  MultiTensorPlan all_;  // the whole tensors, validated once
+  std::vector<MuonHyperparameters> hyper_;
+  std::vector<Batch> batches_;
+  Buffer workspace_;
+  std::shared_ptr<void> gemm_;  // the CUDA backend's cuBLASLt handle and algorithms (null on the CPU)
+};
+
+// One call, planned each time.
+void muon_step(const MuonTensors& tensors, const MuonHyperparameters& hyperparameters,
+               const MuonStepInputs& inputs = {}, Stream stream = {});
+
+// The learning rate a matrix of rows x cols gets (torch.optim.Muon's
+// _adjust_lr, in double).
+double muon_adjusted_lr(const MuonHyperparameters& h, int64_t rows, int64_t cols);
+
+}  // namespace gradkit

@@ -1,0 +1,176 @@
+// Muon on the CPU: the element passes as loops over the batch's chunk table,
+// the Newton-Schulz products through the BLAS (sgemm on f32 copies of the
+// bf16 values, rounded to bf16 after each product as the GPU's epilogue
+// rounds), one matrix at a time.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend/muon.h"
+#include "backend/muon_math.h"
+#include "cpu/multi_tensor.h"
+#include "cpu/types.h"
+#include "gradkit/core/error.h"
+
+#if defined(GRADKIT_WITH_BLAS)
+#include <cblas.h>
+#endif
+
+namespace gradkit::backend {
+namespace {
+
+float round_bf16(float x) { return static_cast<float>(bfloat16(x)); }
+
+// Workspace layout (f32): X of every matrix of the batch, then one matrix's
+// second buffer, its two Gram products, and a partial sum per chunk.
+struct CpuWorkspace {
+  float* x;
+  float* x_next;
+  float* gram;
+  float* poly;
+  float* partials;
+
+  CpuWorkspace(const MuonPlan::Batch& b, void* base) {
+    const int64_t elements = b.rows * b.cols, m = std::min(b.rows, b.cols);
+    x = static_cast<float*>(base);
+    x_next = x + b.count * elements;
+    gram = x_next + elements;
+    poly = gram + m * m;
+    partials = poly + m * m;
+  }
+};
+
+template <class P, class G, class M>
+void momentum_pass(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace& w) {
+  const MuonPlan::Batch& b = *l.batch;
+  const int64_t elements = b.rows * b.cols;
+  cpu::for_each_chunk(b.plan, [&](const cpu::ChunkView& v) {
+    const G* grad = v.tensor<G>(1);
+    M* buffer = v.tensor<M>(2);
+    float* x = w.x + v.chunk.tensor * elements + v.chunk.begin;
+    const float scale = l.grad_scale_device != nullptr ? *l.grad_scale_device : l.grad_scale;
+    float sum = 0.0f;
+    for (int32_t i = 0; i < v.chunk.length; ++i) {
+      const float g = cpu::to_compute<float>(grad[i]) / scale;
+      const M stored = cpu::from_compute<M>(muon_momentum(g, cpu::to_compute<float>(buffer[i]), c));
+      buffer[i] = stored;
+      const float s = cpu::to_compute<float>(stored);
+      // Nesterov's input has the gradient's dtype (torch: grad.lerp(buf)).
+      const float u = c.nesterov ? cpu::to_compute<float>(cpu::from_compute<G>(muon_nesterov(g, s, c))) : s;
+      x[i] = round_bf16(u);
+      sum += x[i] * x[i];
+    }
+    w.partials[v.index] = sum;
+  });
+}
+
+// Divides each matrix by its divisor (the partials of its chunks, in chunk order).
+void normalise(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace& w) {
+  const MuonPlan::Batch& b = *l.batch;
+  const int64_t elements = b.rows * b.cols;
+  const auto chunks = b.plan.chunks();
+  std::vector<double> sums(static_cast<size_t>(b.count), 0.0);
+  for (size_t k = 0; k < chunks.size(); ++k) sums[static_cast<size_t>(chunks[k].tensor)] += w.partials[k];
+#pragma omp parallel for
+  for (int64_t m = 0; m < b.count; ++m) {
+    const float divisor = muon_divisor(sums[static_cast<size_t>(m)], c.eps, round_bf16);
+    float* x = w.x + m * elements;
+    for (int64_t i = 0; i < elements; ++i) x[i] = round_bf16(x[i] / divisor);
+  }
+}
+
+void round_all(float* x, int64_t n) {
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
+}
+
+#if defined(GRADKIT_WITH_BLAS)
+// ns_steps iterations on one rows x cols matrix at x (row major), torch's
+// algorithm on X (rows <= cols) or on its transpose Y (rows > cols), here
+// written on X itself: A = X Xt (or Xt X), B = b A + c A A, X' = a X + B X
+// (or a X + X Bt). Ends with the result at x.
+void newton_schulz(float* x, const CpuWorkspace& w, int64_t rows, int64_t cols, const MuonHyperparameters& h) {
+  const bool wide = rows <= cols;
+  const int64_t m = wide ? rows : cols, elements = rows * cols;
+  const auto R = static_cast<blasint>(rows), C = static_cast<blasint>(cols), M = static_cast<blasint>(m);
+  float* in = x;
+  float* out = w.x_next;
+  for (int32_t s = 0; s < h.ns_steps; ++s) {
+    if (wide) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, M, C, 1.0f, in, C, in, C, 0.0f, w.gram, M);
+    else cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, M, R, 1.0f, in, C, in, C, 0.0f, w.gram, M);
+    round_all(w.gram, m * m);
+    std::memcpy(w.poly, w.gram, sizeof(float) * static_cast<size_t>(m * m));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, h.ns_c, w.gram, M, w.gram, M, h.ns_b, w.poly, M);
+    round_all(w.poly, m * m);
+    std::memcpy(out, in, sizeof(float) * static_cast<size_t>(elements));
+    if (wide) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, C, R, 1.0f, w.poly, M, in, C, h.ns_a, out, C);
+    else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, C, C, 1.0f, in, C, w.poly, M, h.ns_a, out, C);
+    round_all(out, elements);
+    std::swap(in, out);
+  }
+  if (in != x) std::memcpy(x, in, sizeof(float) * static_cast<size_t>(elements));
+}
+#endif
+
+template <class P>
+void weight_pass(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace& w) {
+  const MuonPlan::Batch& b = *l.batch;
+  const int64_t elements = b.rows * b.cols;
+  cpu::for_each_chunk(b.plan, [&](const cpu::ChunkView& v) {
+    P* param = v.tensor<P>(0);
+    const float* o = w.x + v.chunk.tensor * elements + v.chunk.begin;
+    const auto round_weight = [](float x) { return cpu::to_compute<float>(cpu::from_compute<P>(x)); };
+    for (int32_t i = 0; i < v.chunk.length; ++i) {
+      param[i] = cpu::from_compute<P>(muon_weight(cpu::to_compute<float>(param[i]), o[i], c, round_weight));
+    }
+  });
+}
+
+template <class P, class G, class M>
+void run(const MuonLaunch& l) {
+  const MuonPlan::Batch& b = *l.batch;
+  const MuonCoefficients c = muon_coefficients(*l.hyper, b.rows, b.cols);
+  const CpuWorkspace w(b, l.workspace);
+  momentum_pass<P, G, M>(l, c, w);
+  normalise(l, c, w);
+#if defined(GRADKIT_WITH_BLAS)
+  for (int64_t m = 0; m < b.count; ++m) newton_schulz(w.x + m * b.rows * b.cols, w, b.rows, b.cols, *l.hyper);
+#endif
+  weight_pass<P>(l, c, w);
+}
+
+template <class P, class G>
+void dispatch_momentum(const MuonLaunch& l) {
+  if (l.batch->plan.dtype(2) == DType::f32) run<P, G, float>(l);
+  else run<P, G, bfloat16>(l);
+}
+
+template <class P>
+void dispatch_grad(const MuonLaunch& l) {
+  switch (l.batch->plan.dtype(1)) {
+    case DType::f32: return dispatch_momentum<P, float>(l);
+    case DType::f16: return dispatch_momentum<P, half>(l);
+    default: return dispatch_momentum<P, bfloat16>(l);
+  }
+}
+
+}  // namespace
+
+size_t muon_cpu_workspace_bytes(const MuonPlan::Batch& b) {
+  const int64_t elements = b.rows * b.cols, m = std::min(b.rows, b.cols);
+  const auto floats = (b.count + 1) * elements + 2 * m * m + static_cast<int64_t>(b.plan.chunks().size());
+  return sizeof(float) * static_cast<size_t>(floats);
+}
+
+void muon_cpu(const MuonLaunch& l) {
+#if !defined(GRADKIT_WITH_BLAS)
+  throw Error(ErrorCode::backend_unavailable,
+              "muon_step: the CPU backend needs a BLAS (OpenBLAS), and gradkit was built without one "
+              "(scripts/setup installs libopenblas-dev; then rebuild)");
+#endif
+  if (l.found_inf != nullptr && *l.found_inf) return;
+  if (l.batch->plan.dtype(0) == DType::f32) dispatch_grad<float>(l);
+  else dispatch_grad<bfloat16>(l);
+}
+
+}  // namespace gradkit::backend

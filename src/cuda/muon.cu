@@ -1,0 +1,312 @@
+// Muon on CUDA: three element kernels over the batch's chunk table (the
+// momentum pass with each chunk's sum of squares, the normalisation, the
+// weight update) and, between them, ns_steps x 3 strided-batched bf16
+// products through cuBLASLt (f32 accumulation), one call per stage for all
+// the batch's matrices.
+#include <cublasLt.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "backend/muon.h"
+#include "backend/muon_math.h"
+#include "cuda/block_reduce.cuh"
+#include "cuda/multi_tensor.cuh"
+#include "cuda/types.cuh"
+
+namespace gradkit::backend {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
+  throw Error(ErrorCode::cuda_error, std::string(call) + " failed: cuBLAS status " + std::to_string(status) + " at " +
+                                         file + ":" + std::to_string(line));
+}
+
+#define GRADKIT_CUBLAS_CHECK(call)                                                          \
+  do {                                                                                      \
+    const cublasStatus_t gradkit_status_ = (call);                                          \
+    if (gradkit_status_ != CUBLAS_STATUS_SUCCESS)                                           \
+      throw_cublas_error(gradkit_status_, #call, __FILE__, __LINE__);                       \
+  } while (0)
+
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// ---- The element kernels -------------------------------------------------
+
+template <class P, class G, class M>
+struct MomentumOp {
+  MuonCoefficients c;
+  bf16* x;          // the batch's matrices, one after another
+  float* partials;  // one per chunk
+  int64_t elements; // per matrix
+  const bool* found_inf;
+  float grad_scale;
+  const float* grad_scale_device;
+
+  __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& chunk) const {
+    if (found_inf != nullptr && *found_inf) return;
+    const float scale = grad_scale_device != nullptr ? *grad_scale_device : grad_scale;
+    using NG = cuda::native_t<G>;
+    using NM = cuda::native_t<M>;
+    const NG* grad = plan.tensor<NG>(1, chunk);
+    NM* buffer = plan.tensor<NM>(2, chunk);
+    bf16* out = x + chunk.tensor * elements + chunk.begin;
+    float sum = 0.0f;
+    for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
+      const float g = __fdiv_rn(cuda::to_compute<float>(grad[i]), scale);
+      const NM stored = cuda::from_compute<NM>(muon_momentum(g, cuda::to_compute<float>(buffer[i]), c));
+      buffer[i] = stored;
+      const float s = cuda::to_compute<float>(stored);
+      const float u = c.nesterov ? cuda::to_compute<float>(cuda::from_compute<NG>(muon_nesterov(g, s, c))) : s;
+      const bf16 xb = __float2bfloat16_rn(u);
+      out[i] = xb;
+      const float xf = __bfloat162float(xb);
+      sum = __fadd_rn(sum, __fmul_rn(xf, xf));
+    }
+    sum = cuda::block_reduce(sum, cuda::Plus{});
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+  }
+};
+
+struct NormaliseOp {
+  float eps;
+  bf16* x;
+  const float* partials;
+  int64_t elements;
+  const bool* found_inf;
+
+  __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& chunk) const {
+    if (found_inf != nullptr && *found_inf) return;
+    // Every thread adds the matrix's partials in chunk order: the same sum
+    // in every block of the matrix, without a pass of its own.
+    const int64_t first = plan.first_chunk(chunk.tensor), last = plan.first_chunk(chunk.tensor + 1);
+    double sum = 0.0;
+    for (int64_t k = first; k < last; ++k) sum += partials[k];
+    const float divisor = muon_divisor(sum, eps, round_bf16);
+    bf16* out = x + chunk.tensor * elements + chunk.begin;
+    for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
+      out[i] = __float2bfloat16_rn(__fdiv_rn(__bfloat162float(out[i]), divisor));
+    }
+  }
+};
+
+template <class P>
+struct WeightOp {
+  MuonCoefficients c;
+  const bf16* orthogonal;
+  int64_t elements;
+  const bool* found_inf;
+
+  __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& chunk) const {
+    if (found_inf != nullptr && *found_inf) return;
+    using NP = cuda::native_t<P>;
+    NP* param = plan.tensor<NP>(0, chunk);
+    const bf16* o = orthogonal + chunk.tensor * elements + chunk.begin;
+    const auto round_weight = [](float v) { return cuda::to_compute<float>(cuda::from_compute<NP>(v)); };
+    for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
+      param[i] = cuda::from_compute<NP>(
+          muon_weight(cuda::to_compute<float>(param[i]), __bfloat162float(o[i]), c, round_weight));
+    }
+  }
+};
+
+// ---- The products ---------------------------------------------------------
+
+// One product's shape: D = alpha op(A) op(B) + beta C over `batch` matrices,
+// column major (cuBLAS's view of our row-major matrices as their transposes).
+struct GemmShape {
+  bool trans_a, trans_b;
+  int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch;
+  auto key() const { return std::make_tuple(trans_a, trans_b, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch); }
+};
+
+// Descriptors and the heuristic's algorithm for one GemmShape, made once.
+struct PreparedGemm {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~PreparedGemm() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+cublasLtMatrixLayout_t make_layout(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {
+  cublasLtMatrixLayout_t layout;
+  GRADKIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, rows, cols, ld));
+  const auto count = static_cast<int32_t>(batch);
+  GRADKIT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+  GRADKIT_CUBLAS_CHECK(
+      cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  return layout;
+}
+
+// 32 MiB: what cuBLAS asks for on Hopper for its largest tiles.
+constexpr size_t kGemmWorkspace = size_t{32} << 20;
+
+struct GemmState {
+  int device = 0;
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::mutex mutex;
+  std::map<decltype(GemmShape{}.key()), std::unique_ptr<PreparedGemm>> prepared;
+
+  ~GemmState() {
+    cuda::DeviceGuard guard(device);
+    prepared.clear();
+    if (workspace) cudaFree(workspace);
+    if (handle) cublasLtDestroy(handle);
+  }
+
+  const PreparedGemm& prepare(const GemmShape& s) {
+    std::lock_guard lock(mutex);
+    auto& slot = prepared[s.key()];
+    if (slot) return *slot;
+    auto p = std::make_unique<PreparedGemm>();
+    GRADKIT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    GRADKIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    GRADKIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    // Stored shapes: op(A) is m x k, op(B) is k x n.
+    p->a = s.trans_a ? make_layout(s.k, s.m, s.lda, s.stride_a, s.batch) : make_layout(s.m, s.k, s.lda, s.stride_a, s.batch);
+    p->b = s.trans_b ? make_layout(s.n, s.k, s.ldb, s.stride_b, s.batch) : make_layout(s.k, s.n, s.ldb, s.stride_b, s.batch);
+    p->c = make_layout(s.m, s.n, s.ldc, s.stride_c, s.batch);
+    cublasLtMatmulPreference_t preference;
+    GRADKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const size_t bytes = kGemmWorkspace;
+    GRADKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                              &bytes, sizeof(bytes)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, preference, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(preference);
+    GRADKIT_CUBLAS_CHECK(status);
+    if (found == 0) {
+      throw Error(ErrorCode::cuda_error, "muon_step: cuBLASLt has no algorithm for a " + std::to_string(s.m) + " x " +
+                                             std::to_string(s.n) + " x " + std::to_string(s.k) + " bf16 product");
+    }
+    p->algo = result.algo;
+    slot = std::move(p);
+    return *slot;
+  }
+
+  void run(const GemmShape& s, float alpha, const bf16* a, const bf16* b, float beta, const bf16* c, bf16* d,
+           cudaStream_t stream) {
+    const PreparedGemm& p = prepare(s);
+    GRADKIT_CUBLAS_CHECK(cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, d, p.c, &p.algo,
+                                        workspace, kGemmWorkspace, stream));
+  }
+};
+
+// Workspace layout (bf16): X of every matrix, X' of every matrix, then the
+// Gram products A and B = b A + c A A, then the chunks' partial sums (f32).
+struct CudaWorkspace {
+  bf16* x;
+  bf16* x_next;
+  bf16* gram;
+  bf16* poly;
+  float* partials;
+
+  CudaWorkspace(const MuonPlan::Batch& b, void* base) {
+    const int64_t elements = b.rows * b.cols, m = std::min(b.rows, b.cols);
+    x = static_cast<bf16*>(base);
+    x_next = x + b.count * elements;
+    gram = x_next + b.count * elements;
+    poly = gram + b.count * m * m;
+    // f32 partials after the bf16 buffers, 4-byte aligned.
+    const auto end = reinterpret_cast<uintptr_t>(poly + b.count * m * m);
+    partials = reinterpret_cast<float*>((end + 3) & ~uintptr_t{3});
+  }
+};
+
+// ns_steps iterations of torch's algorithm on each matrix X (rows <= cols)
+// or on its transpose (rows > cols), written on the row-major X itself,
+// which cuBLAS sees as the column-major M = Xt (cols x rows):
+//   wide: A = Mt M, B = c A A + b A, M' = a M + M Bt   (X' = a X + B X)
+//   tall: A = M Mt, B = c A A + b A, M' = a M + B M    (Y' = a Y + B Y, Y = Xt)
+// Returns the buffer that holds the result.
+bf16* newton_schulz(GemmState& gemm, const MuonPlan::Batch& b, const CudaWorkspace& w, const MuonHyperparameters& h,
+                    cudaStream_t stream) {
+  const bool wide = b.rows <= b.cols;
+  const int64_t R = b.rows, C = b.cols, m = wide ? R : C, n = b.count;
+  const int64_t sx = R * C, sg = m * m;
+  const GemmShape gram = wide ? GemmShape{true, false, m, m, C, C, C, m, sx, sx, sg, n}
+                              : GemmShape{false, true, m, m, R, C, C, m, sx, sx, sg, n};
+  const GemmShape poly{false, false, m, m, m, m, m, m, sg, sg, sg, n};
+  const GemmShape update = wide ? GemmShape{false, true, C, R, R, C, m, C, sx, sg, sx, n}
+                                : GemmShape{false, false, C, R, C, m, C, C, sg, sx, sx, n};
+  bf16* in = w.x;
+  bf16* out = w.x_next;
+  for (int32_t s = 0; s < h.ns_steps; ++s) {
+    gemm.run(gram, 1.0f, in, in, 0.0f, w.gram, w.gram, stream);
+    gemm.run(poly, h.ns_c, w.gram, w.gram, h.ns_b, w.gram, w.poly, stream);
+    if (wide) gemm.run(update, 1.0f, in, w.poly, h.ns_a, in, out, stream);
+    else gemm.run(update, 1.0f, w.poly, in, h.ns_a, in, out, stream);
+    std::swap(in, out);
+  }
+  return in;
+}
+
+template <class P, class G, class M>
+void run(const MuonLaunch& l, cudaStream_t stream) {
+  const MuonPlan::Batch& b = *l.batch;
+  const MuonCoefficients c = muon_coefficients(*l.hyper, b.rows, b.cols);
+  const CudaWorkspace w(b, l.workspace);
+  const int64_t elements = b.rows * b.cols;
+  const Stream s{stream};
+  cuda::launch_multi_tensor(b.plan, MomentumOp<P, G, M>{c, w.x, w.partials, elements, l.found_inf, l.grad_scale, l.grad_scale_device}, s);
+  cuda::launch_multi_tensor(b.plan, NormaliseOp{c.eps, w.x, w.partials, elements, l.found_inf}, s);
+  auto& gemm = *static_cast<GemmState*>(const_cast<void*>(l.gemm));
+  const bf16* result = newton_schulz(gemm, b, w, *l.hyper, stream);
+  cuda::launch_multi_tensor(b.plan, WeightOp<P>{c, result, elements, l.found_inf}, s);
+}
+
+template <class P, class G>
+void dispatch_momentum(const MuonLaunch& l, cudaStream_t stream) {
+  if (l.batch->plan.dtype(2) == DType::f32) run<P, G, float>(l, stream);
+  else run<P, G, bfloat16>(l, stream);
+}
+
+template <class P>
+void dispatch_grad(const MuonLaunch& l, cudaStream_t stream) {
+  switch (l.batch->plan.dtype(1)) {
+    case DType::f32: return dispatch_momentum<P, float>(l, stream);
+    case DType::f16: return dispatch_momentum<P, half>(l, stream);
+    default: return dispatch_momentum<P, bfloat16>(l, stream);
+  }
+}
+
+}  // namespace
+
+size_t muon_cuda_workspace_bytes(const MuonPlan::Batch& b) {
+  const int64_t elements = b.rows * b.cols, m = std::min(b.rows, b.cols);
+  const auto halves = 2 * b.count * elements + 2 * b.count * m * m;
+  return sizeof(bf16) * static_cast<size_t>(halves) + 4 + sizeof(float) * b.plan.chunks().size();
+}
+
+std::shared_ptr<void> muon_cuda_gemm(Device device) {
+  cuda::DeviceGuard guard(device.index);
+  auto state = std::make_shared<GemmState>();
+  state->device = device.index;
+  GRADKIT_CUBLAS_CHECK(cublasLtCreate(&state->handle));
+  GRADKIT_CUDA_CHECK(cudaMalloc(&state->workspace, kGemmWorkspace));
+  return state;
+}
+
+void muon_cuda(const MuonLaunch& l, Stream stream) {
+  cuda::DeviceGuard guard(l.batch->plan.device().index);
+  const cudaStream_t s = cuda::native(stream);
+  if (l.batch->plan.dtype(0) == DType::f32) dispatch_grad<float>(l, s);
+  else dispatch_grad<bfloat16>(l, s);
+}
+
+}  // namespace gradkit::backend

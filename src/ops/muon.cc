@@ -1,0 +1,193 @@
+// Public Muon entry points: validate every input, group the matrices into
+// batches of one shape and one group, and run each batch's passes.
+#include "gradkit/ops/muon.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "backend/muon.h"
+#include "gradkit/core/error.h"
+#include "ops/device_scalar.h"
+
+namespace gradkit {
+namespace {
+
+constexpr std::string_view kOp = "muon_step";
+
+// A batch is closed before it passes this many elements (256 MiB of bf16),
+// so that the workspace stays a fraction of the model however many same-
+// shape matrices it has; the products are as fast at this size as beyond.
+constexpr int64_t kMaxBatchElements = int64_t{1} << 27;
+
+std::string indexed(std::string_view list, size_t i) { return std::string(list) + "[" + std::to_string(i) + "]"; }
+
+void check_dtypes(const MultiTensorPlan& plan) {
+  const auto expect = [](DType got, std::initializer_list<DType> allowed, std::string_view list,
+                         std::string_view expected) {
+    if (std::find(allowed.begin(), allowed.end(), got) == allowed.end()) {
+      throw_argument_error(ErrorCode::dtype_unsupported, kOp, list,
+                           "has dtype " + std::string(dtype_name(got)) + ", expected " + std::string(expected));
+    }
+  };
+  expect(plan.dtype(0), {DType::f32, DType::bf16}, "params", "f32 or bf16");
+  expect(plan.dtype(1), {DType::f32, DType::f16, DType::bf16}, "grads", "f32, f16 or bf16");
+  expect(plan.dtype(2), {DType::f32, DType::bf16}, "momentum", "f32 or bf16");
+}
+
+void check_shape(size_t i, const MatrixShape& s, int64_t numel) {
+  if (s.batch < 1 || s.rows < 1 || s.cols < 1) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, indexed("shapes", i),
+                         "is (" + std::to_string(s.batch) + ", " + std::to_string(s.rows) + ", " +
+                             std::to_string(s.cols) + "); expected batch, rows and cols each >= 1");
+  }
+  // rows * cols first, each bounded by numel, so that no product overflows.
+  const bool fits = s.rows <= numel && s.cols <= numel / s.rows && s.batch <= numel / (s.rows * s.cols);
+  if (!fits || s.batch * s.rows * s.cols != numel) {
+    throw_argument_error(ErrorCode::size_mismatch, kOp, indexed("shapes", i),
+                         "is (" + std::to_string(s.batch) + ", " + std::to_string(s.rows) + ", " +
+                             std::to_string(s.cols) + "), expected batch * rows * cols = the tensor's " +
+                             std::to_string(numel) + " elements");
+  }
+}
+
+TensorView matrix_of(const TensorView& t, int64_t index, int64_t elements) {
+  TensorView v = t;
+  v.data = static_cast<unsigned char*>(t.data) + static_cast<size_t>(index * elements) * dtype_size(t.dtype);
+  v.numel = elements;
+  return v;
+}
+
+}  // namespace
+
+void validate(const MuonHyperparameters& h, std::string_view op, const std::string& arg) {
+  check_value(std::isfinite(h.lr) && h.lr >= 0, op, arg + ".lr", h.lr, "a finite value >= 0");
+  check_value(std::isfinite(h.weight_decay) && h.weight_decay >= 0, op, arg + ".weight_decay", h.weight_decay,
+              "a finite value >= 0");
+  check_value(h.momentum >= 0 && h.momentum < 1, op, arg + ".momentum", h.momentum, "a value in [0, 1)");
+  check_value(std::isfinite(h.eps) && h.eps > 0, op, arg + ".eps", h.eps, "a finite value > 0");
+  check_value(std::isfinite(h.ns_a), op, arg + ".ns_a", h.ns_a, "a finite coefficient");
+  check_value(std::isfinite(h.ns_b), op, arg + ".ns_b", h.ns_b, "a finite coefficient");
+  check_value(std::isfinite(h.ns_c), op, arg + ".ns_c", h.ns_c, "a finite coefficient");
+  check_value(h.ns_steps >= 1 && h.ns_steps < 100, op, arg + ".ns_steps", h.ns_steps, "a count in [1, 100)");
+  check_value(h.adjust_lr == MuonLrAdjust::original || h.adjust_lr == MuonLrAdjust::match_rms_adamw, op,
+              arg + ".adjust_lr", static_cast<double>(h.adjust_lr), "original (0) or match_rms_adamw (1)");
+}
+
+double muon_adjusted_lr(const MuonHyperparameters& h, int64_t rows, int64_t cols) {
+  const auto a = static_cast<double>(rows), b = static_cast<double>(cols);
+  const double ratio = h.adjust_lr == MuonLrAdjust::match_rms_adamw ? 0.2 * std::sqrt(std::max(a, b))
+                                                                    : std::sqrt(std::max(1.0, a / b));
+  return h.lr * ratio;
+}
+
+MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hyperparameters,
+                   std::span<const int32_t> groups) {
+  if (hyperparameters.empty()) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "hyperparameters", "is empty; expected one entry per group");
+  }
+  for (size_t i = 0; i < hyperparameters.size(); ++i) validate(hyperparameters[i], kOp, indexed("hyperparameters", i));
+  if (t.shapes.size() != t.params.size()) {
+    throw_argument_error(ErrorCode::size_mismatch, kOp, "shapes",
+                         "has " + std::to_string(t.shapes.size()) + " entries, expected one per parameter (" +
+                             std::to_string(t.params.size()) + ")");
+  }
+  const std::vector<PlanList> lists = {{"params", t.params, true}, {"grads", t.grads, false},
+                                       {"momentum", t.momentum, true}};
+  all_ = MultiTensorPlan(kOp, lists, MultiTensorPlan::kDefaultChunkElements, groups,
+                         static_cast<int32_t>(hyperparameters.size()));
+  if (!all_.empty()) check_dtypes(all_);
+  for (size_t i = 0; i < t.params.size(); ++i) check_shape(i, t.shapes[i], t.params[i].numel);
+
+  // Matrices of one shape and one group, in tensor order, make a batch (up
+  // to kMaxBatchElements): its products run as one batched call each.
+  struct Pending {
+    std::vector<TensorView> params, grads, momentum;
+    int64_t elements = 0;
+  };
+  std::vector<Pending> pending;
+  std::map<std::tuple<int64_t, int64_t, int32_t>, size_t> open;  // shape and group -> pending index
+  for (size_t i = 0; i < t.params.size(); ++i) {
+    const MatrixShape& s = t.shapes[i];
+    const int32_t group = groups.empty() ? 0 : groups[i];
+    const int64_t elements = s.rows * s.cols;
+    const auto key = std::make_tuple(s.rows, s.cols, group);
+    for (int64_t m = 0; m < s.batch; ++m) {
+      auto it = open.find(key);
+      if (it == open.end() || pending[it->second].elements + elements > kMaxBatchElements) {
+        batches_.push_back(Batch{{}, 0, s.rows, s.cols, group, {}});
+        pending.emplace_back();
+        it = open.insert_or_assign(key, pending.size() - 1).first;
+      }
+      Pending& p = pending[it->second];
+      batches_[it->second].sources.emplace_back(static_cast<int32_t>(i), m);
+      p.params.push_back(matrix_of(t.params[i], m, elements));
+      p.grads.push_back(matrix_of(t.grads[i], m, elements));
+      p.momentum.push_back(matrix_of(t.momentum[i], m, elements));
+      p.elements += elements;
+    }
+  }
+  size_t workspace = 0;
+  for (size_t b = 0; b < batches_.size(); ++b) {
+    const std::vector<PlanList> batch_lists = {{"params", pending[b].params, true},
+                                               {"grads", pending[b].grads, false},
+                                               {"momentum", pending[b].momentum, true}};
+    batches_[b].plan = MultiTensorPlan(kOp, batch_lists);
+    batches_[b].count = static_cast<int64_t>(pending[b].params.size());
+    workspace = std::max(workspace, device().is_cuda() ? backend::muon_cuda_workspace_bytes(batches_[b])
+                                                       : backend::muon_cpu_workspace_bytes(batches_[b]));
+  }
+  if (device().is_cuda()) gemm_ = backend::muon_cuda_gemm(device());
+  workspace_ = Buffer(device(), workspace);
+  hyper_.assign(hyperparameters.begin(), hyperparameters.end());
+}
+
+void MuonPlan::set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters) {
+  if (hyperparameters.size() != hyper_.size()) {
+    throw_argument_error(ErrorCode::size_mismatch, kOp, "hyperparameters",
+                         "has " + std::to_string(hyperparameters.size()) + " groups, expected " +
+                             std::to_string(hyper_.size()));
+  }
+  for (size_t i = 0; i < hyperparameters.size(); ++i) validate(hyperparameters[i], kOp, indexed("hyperparameters", i));
+  hyper_.assign(hyperparameters.begin(), hyperparameters.end());
+}
+
+void MuonPlan::set_grads(std::span<const TensorView> grads, Stream stream) {
+  all_.repoint(1, grads, stream);  // every check, before any batch changes
+  for (Batch& b : batches_) {
+    std::vector<TensorView> views;
+    views.reserve(b.sources.size());
+    for (const auto& [tensor, m] : b.sources) views.push_back(matrix_of(grads[static_cast<size_t>(tensor)], m, b.rows * b.cols));
+    b.plan.repoint(1, views, stream);
+  }
+}
+
+void MuonPlan::validate_inputs(const MuonStepInputs& in) const {
+  ops::check_device_scalar(kOp, "found_inf", in.found_inf, device());
+  ops::check_device_scalar(kOp, "grad_scale_device", in.grad_scale_device, device());
+  if (in.grad_scale_device == nullptr) {
+    check_value(std::isfinite(in.grad_scale) && in.grad_scale > 0, kOp, "grad_scale", in.grad_scale,
+                "a finite value > 0");
+  }
+}
+
+void MuonPlan::step(const MuonStepInputs& in, Stream stream) const {
+  validate_inputs(in);
+  for (const Batch& batch : batches_) {
+    const backend::MuonLaunch launch{&batch,        &hyper_[static_cast<size_t>(batch.group)],
+                                     workspace_.data(), gemm_.get(),
+                                     in.found_inf,  in.grad_scale,
+                                     in.grad_scale_device};
+    if (device().is_cuda()) backend::muon_cuda(launch, stream);
+    else backend::muon_cpu(launch);
+  }
+}
+
+void muon_step(const MuonTensors& tensors, const MuonHyperparameters& hyperparameters, const MuonStepInputs& inputs,
+               Stream stream) {
+  MuonPlan(tensors, std::span(&hyperparameters, 1)).step(inputs, stream);
+}
+
+}  // namespace gradkit
