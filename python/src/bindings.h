@@ -12,5 +12,6 @@ void bind_state(nanobind::module_& m);  // 8-bit moments and remainder masters, 
 void bind_optim(nanobind::module_& m);  // Adam, Lamb, LossScaler, MixedPrecision
 void bind_comm(nanobind::module_& m);   // communicators, GradientArena, Adasum
 void bind_offload(nanobind::module_& m);  // OffloadedAdam, OffloadedLamb
+void bind_muon(nanobind::module_& m);     // MuonPlan and its hyperparameters
 
 }  // namespace gradkit::python

@@ -40,6 +40,7 @@ NB_MODULE(_gradkit, m) {
   nb::register_exception_translator(translate_error);
   gradkit::python::bind_core(m);
   gradkit::python::bind_ops(m);
+  gradkit::python::bind_muon(m);
   gradkit::python::bind_state(m);
   gradkit::python::bind_optim(m);
   gradkit::python::bind_comm(m);

@@ -8,6 +8,7 @@
 #include "backend/gradient.h"
 #include "backend/lamb.h"
 #include "backend/loss_scaler.h"
+#include "backend/muon.h"
 #include "backend/step_counter.h"
 #include "core/pinned.h"
 #include "gradkit/core/error.h"
@@ -57,6 +58,12 @@ void update_loss_scale_cuda(LossScalerState*, const bool*, const LossScalerOptio
   upload(device, nullptr, 0);
 }
 void lamb_cuda(const MultiTensorPlan&, const LambLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
+size_t muon_cuda_workspace_bytes(const MuonPlan::Batch&) {
+  upload(Device::cuda(0), nullptr, 0);
+  return 0;
+}
+std::shared_ptr<void> muon_cuda_gemm(Device device) { return upload(device, nullptr, 0); }
+void muon_cuda(const MuonLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
 
 }  // namespace gradkit::backend
 

@@ -5,12 +5,15 @@
 // the batch's matrices.
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "backend/muon.h"
 #include "backend/muon_math.h"
@@ -149,6 +152,14 @@ cublasLtMatrixLayout_t make_layout(int64_t rows, int64_t cols, int64_t ld, int64
   return layout;
 }
 
+// The alignment in bytes of every matrix of an operand whose buffer is
+// 256-byte aligned: the largest power of two dividing its leading dimension's
+// and batch stride's bytes, at most 256.
+uint32_t operand_alignment(int64_t ld, int64_t stride) {
+  const auto bytes = static_cast<uint64_t>(ld * 2) | static_cast<uint64_t>(stride * 2) | 256u;
+  return static_cast<uint32_t>(bytes & (~bytes + 1));
+}
+
 // 32 MiB: what cuBLAS asks for on Hopper for its largest tiles.
 constexpr size_t kGemmWorkspace = size_t{32} << 20;
 
@@ -184,6 +195,17 @@ struct GemmState {
     const size_t bytes = kGemmWorkspace;
     GRADKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                               &bytes, sizeof(bytes)));
+    // Each operand's matrices start at 256-byte-aligned buffers, plus multiples
+    // of their leading dimension and batch stride: odd shapes are aligned less,
+    // and the heuristic must know it.
+    const uint32_t align_a = operand_alignment(s.lda, s.stride_a), align_b = operand_alignment(s.ldb, s.stride_b),
+                   align_c = operand_alignment(s.ldc, s.stride_c);
+    for (const auto& [attribute, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}}) {
+      GRADKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)));
+    }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t status =
@@ -216,15 +238,24 @@ struct CudaWorkspace {
   bf16* poly;
   float* partials;
 
+  // Each buffer starts 256-byte aligned (the products' fastest tiles want 16).
+  static size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+  static size_t matrices_bytes(const MuonPlan::Batch& b) { return aligned(sizeof(bf16) * b.count * b.rows * b.cols); }
+  static size_t gram_bytes(const MuonPlan::Batch& b) {
+    const int64_t m = std::min(b.rows, b.cols);
+    return aligned(sizeof(bf16) * b.count * m * m);
+  }
+  static size_t bytes(const MuonPlan::Batch& b) {
+    return 2 * matrices_bytes(b) + 2 * gram_bytes(b) + sizeof(float) * b.plan.chunks().size();
+  }
+
   CudaWorkspace(const MuonPlan::Batch& b, void* base) {
-    const int64_t elements = b.rows * b.cols, m = std::min(b.rows, b.cols);
-    x = static_cast<bf16*>(base);
-    x_next = x + b.count * elements;
-    gram = x_next + b.count * elements;
-    poly = gram + b.count * m * m;
-    // f32 partials after the bf16 buffers, 4-byte aligned.
-    const auto end = reinterpret_cast<uintptr_t>(poly + b.count * m * m);
-    partials = reinterpret_cast<float*>((end + 3) & ~uintptr_t{3});
+    auto* at = static_cast<unsigned char*>(base);
+    x = reinterpret_cast<bf16*>(at);
+    x_next = reinterpret_cast<bf16*>(at + matrices_bytes(b));
+    gram = reinterpret_cast<bf16*>(at + 2 * matrices_bytes(b));
+    poly = reinterpret_cast<bf16*>(at + 2 * matrices_bytes(b) + gram_bytes(b));
+    partials = reinterpret_cast<float*>(at + 2 * matrices_bytes(b) + 2 * gram_bytes(b));
   }
 };
 
@@ -287,11 +318,7 @@ void dispatch_grad(const MuonLaunch& l, cudaStream_t stream) {
 
 }  // namespace
 
-size_t muon_cuda_workspace_bytes(const MuonPlan::Batch& b) {
-  const int64_t elements = b.rows * b.cols, m = std::min(b.rows, b.cols);
-  const auto halves = 2 * b.count * elements + 2 * b.count * m * m;
-  return sizeof(bf16) * static_cast<size_t>(halves) + 4 + sizeof(float) * b.plan.chunks().size();
-}
+size_t muon_cuda_workspace_bytes(const MuonPlan::Batch& b) { return CudaWorkspace::bytes(b); }
 
 std::shared_ptr<void> muon_cuda_gemm(Device device) {
   cuda::DeviceGuard guard(device.index);

@@ -5,10 +5,11 @@ current CUDA stream. gradkit does not link against libtorch; tensors cross by
 DLPack, zero-copy."""
 from gradkit.torch.amp import AmpStep
 from gradkit.torch.flat import FlatGradients, flat_gradients
+from gradkit.torch.muon import Muon, muon_param_groups
 from gradkit.torch.offload import OffloadedAdam, OffloadedAdamW, OffloadedLamb
 from gradkit.torch.optim import Adam, AdamW, Lamb
 
-__all__ = ["Adam", "AdamW", "Lamb", "AmpStep", "FlatGradients", "flat_gradients", "OffloadedAdam", "OffloadedAdamW",
+__all__ = ["Adam", "AdamW", "Lamb", "Muon", "muon_param_groups", "AmpStep", "FlatGradients", "flat_gradients", "OffloadedAdam", "OffloadedAdamW",
            "OffloadedLamb"]
 
 import gradkit as _gradkit

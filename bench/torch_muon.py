@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""The Muon step on one GPU: gradkit.torch.Muon against torch.optim.Muon in the
+same run, on the hidden matrices of GPT-2 small (48 matrices, 84.9M
+parameters) and of a Llama-shaped 1B model (d 2048, 16 layers, 112 matrices).
+
+Cases per list:
+- torch.optim.Muon.step() and gradkit.torch.Muon.step() (each .grad read);
+- gradkit's MuonPlan.step() alone (the C++ step, no Python layer), with
+  ns_steps 5 and 1: their difference / 4 is one Newton-Schulz iteration, so
+  5 x that is gradkit's Newton-Schulz alone, without the element passes;
+- torch's bare Newton-Schulz in bf16, batched by shape (torch.baddbmm, the
+  issue's anchor), and torch's fused AdamW step on the same matrices.
+
+FLOPs are Newton-Schulz's: 5 x (4 m^2 k + 2 m^3) per m x k matrix (m <= k),
+whatever a case does besides; TFLOP/s is that over the case's time, and
+"% peak" compares it with a bf16 matmul measured in the same run (8192^3,
+torch.matmul) and with the H100's dense bf16 specification (989 TFLOP/s).
+Device time is the median over --reps of CUDA events around the call (best
+of --rounds interleaved rounds); host us is the call's wall time.
+usage: bench/torch_muon.py [--reps N] [--rounds N] [--lists gpt2,llama1b] [--markdown FILE]
+"""
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gradkit  # noqa: E402
+import gradkit.torch as gt  # noqa: E402
+from timing import median_ms  # noqa: E402
+
+SPEC_PEAK_TFLOPS = 989.0  # H100 SXM dense bf16
+NS = (3.4445, -4.775, 2.0315)
+
+
+def gpt2_matrices():
+    d = 768
+    return [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * 12
+
+
+def llama1b_matrices():
+    d, ffn = 2048, 8192
+    return [(d, d)] * 4 * 16 + [(ffn, d), (ffn, d), (d, ffn)] * 16
+
+
+LISTS = {"gpt2": ("GPT-2 small", gpt2_matrices), "llama1b": ("Llama-shaped 1B", llama1b_matrices)}
+
+
+def ns_flops(shapes, steps=5):
+    total = 0
+    for r, c in shapes:
+        m, k = min(r, c), max(r, c)
+        total += steps * (4 * m * m * k + 2 * m ** 3)
+    return total
+
+
+def host_us(fn, reps=20):
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    us = (time.perf_counter() - t0) / reps * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+def matmul_tflops(reps):
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    ms = median_ms(lambda: a @ b, reps)
+    return 2 * 8192 ** 3 / ms / 1e9
+
+
+def make_params(shapes, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(s, device="cuda", generator=g) * 0.02) for s in shapes]
+    for p in params:
+        p.grad = torch.randn(p.shape, device="cuda", generator=g) * 1e-3
+    return params
+
+
+def bare_newton_schulz(params):
+    """torch's Newton-Schulz alone, bf16, one baddbmm chain per shape (the issue's anchor)."""
+    by_shape = {}
+    for p in params:
+        by_shape.setdefault(tuple(p.shape), []).append(p.grad)
+    stacks = []
+    for (r, c), grads in by_shape.items():
+        x = torch.stack(grads).bfloat16()
+        stacks.append(x.transpose(1, 2).contiguous() if r > c else x)
+    a, b, c = NS
+
+    def run():
+        for x in stacks:
+            x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=1e-7)
+            for _ in range(5):
+                gram = torch.bmm(x, x.transpose(1, 2))
+                poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+                x = torch.baddbmm(x, poly, x, beta=a)
+    return run
+
+
+def muon_plan(params, ns_steps):
+    momentum = [torch.zeros_like(p) for p in params]
+    plan = gradkit.MuonPlan([p.detach() for p in params], [p.grad for p in params], momentum,
+                            [(1, *p.shape) for p in params],
+                            [gradkit.MuonHyperparameters(lr=0.02, ns_steps=ns_steps)])
+    stream = torch.cuda.current_stream().cuda_stream
+    return lambda: plan.step(stream=stream), plan, momentum
+
+
+def bench_list(key, reps, rounds, peak, rows):
+    name, shapes_fn = LISTS[key]
+    shapes = shapes_fn()
+    flops = ns_flops(shapes)
+    params = make_params(shapes)
+    numel = sum(p.numel() for p in params)
+    ours = gt.Muon(params, lr=0.02)
+    theirs = torch.optim.Muon(params, lr=0.02)  # both update the same weights: timing only
+    adamw = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    plan5, plan5_obj, _ = muon_plan(params, 5)
+    plan1, _, _ = muon_plan(params, 1)
+    cases = {"torch.optim.Muon": theirs.step, "gradkit.torch.Muon": ours.step, "gradkit MuonPlan": plan5,
+             "gradkit MuonPlan ns_steps=1": plan1, "torch bare NS (baddbmm)": bare_newton_schulz(params),
+             "torch fused AdamW": adamw.step}
+    best = {n: math.inf for n in cases}
+    for _ in range(rounds):
+        for n, fn in cases.items():
+            best[n] = min(best[n], median_ms(fn, reps))
+    hosts = {n: host_us(cases[n]) for n in ("torch.optim.Muon", "gradkit.torch.Muon", "gradkit MuonPlan")}
+    ns_only = 5 * (best["gradkit MuonPlan"] - best["gradkit MuonPlan ns_steps=1"]) / 4
+    print(f"\n{name}: {len(shapes)} matrices, {numel / 1e6:.1f}M parameters, {plan5_obj.num_batches} batches, "
+          f"Newton-Schulz {flops / 1e12:.2f} TFLOP; bf16 matmul measured {peak:.0f} TFLOP/s; MuonPlan workspace "
+          f"{plan5_obj.workspace_bytes / 2 ** 20:.0f} MiB", flush=True)
+    torch_ms = best["torch.optim.Muon"]
+    for n, ms in list(best.items()) + [("gradkit Newton-Schulz alone (derived)", ns_only)]:
+        counted = flops if n not in ("torch fused AdamW", "gradkit MuonPlan ns_steps=1") else None
+        tflops = counted / ms / 1e9 if counted else None
+        row = (name, n, f"{ms:.2f}", f"{hosts[n]:.0f}" if n in hosts else "",
+               f"{tflops:.0f}" if tflops else "", f"{100 * tflops / peak:.1f}%" if tflops else "",
+               f"{100 * tflops / SPEC_PEAK_TFLOPS:.1f}%" if tflops else "", f"{torch_ms / ms:.2f}x")
+        rows.append(row)
+        print("  ".join(f"{c:>{w}}" for c, w in zip(row, (16, 38, 8, 8, 7, 8, 8, 7))), flush=True)
+    del ours, theirs, adamw, params
+    torch.cuda.empty_cache()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--lists", default="gpt2,llama1b")
+    parser.add_argument("--markdown")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/torch_muon.py needs a CUDA device")
+    if not hasattr(torch.optim, "Muon"):
+        sys.exit(f"bench/torch_muon.py needs torch.optim.Muon (torch 2.9 or later; this is {torch.__version__})")
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, python {sys.executable}")
+    peak = matmul_tflops(args.reps)
+    rows = []
+    print("  ".join(f"{c:>{w}}" for c, w in zip(("list", "implementation", "ms", "host us", "TFLOP/s", "% meas",
+                                                  "% spec", "vs torch"), (16, 38, 8, 8, 7, 8, 8, 7))))
+    for key in args.lists.split(","):
+        bench_list(key, args.reps, args.rounds, peak, rows)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(f"bf16 matmul measured: {peak:.0f} TFLOP/s\n\n| list | implementation | ms | host us | TFLOP/s | "
+                    "% measured matmul | % of 989 | vs torch.optim.Muon |\n|" + "---|" * 8 + "\n")
+            f.writelines("| " + " | ".join(r) + " |\n" for r in rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Muon for the hidden matrices and gradkit's fused AdamW for the rest, in one
+torch.optim.Optimizer (docs/python.md, "Muon").
+
+A param group with "use_muon": True (the default) takes torch.optim.Muon's step:
+its parameters must be 2-D matrices or 3-D stacks of matrices (mixture-of-experts
+weights, orthogonalised per matrix over their trailing two dimensions). A group
+with "use_muon": False takes AdamW (decoupled weight decay; its "betas" and
+"adamw_eps"), as the Muon papers do for embeddings, the output head and 1-D
+tensors; muon_param_groups(model) makes that split. Every number is gradkit's:
+MuonPlan (same-shape matrices orthogonalised together, bf16 products with f32
+accumulation) and AdamPlan, one cohort each, as gradkit.torch's other optimizers
+plan theirs.
+"""
+import torch
+
+import gradkit
+from gradkit.torch._dtensor import is_dtensor, local
+from gradkit.torch._param_groups import adam_hyperparameters
+from gradkit.torch._state_forms import StateForm
+from gradkit.torch.optim import AdamW, _PlannedOptimizer
+
+_ADJUST_LR = {None: gradkit.MuonLrAdjust.original, "original": gradkit.MuonLrAdjust.original,
+              "match_rms_adamw": gradkit.MuonLrAdjust.match_rms_adamw}
+_MOMENTS = ("float32", "bfloat16")
+
+
+def _param_name(group, j):
+    names = group.get("param_names")
+    return repr(names[j]) if names is not None and j < len(names) else None
+
+
+def _matrix_shape(p):
+    """(batch, rows, cols) of a 2-D matrix or a 3-D stack of matrices."""
+    if p.ndim == 2:
+        return (1, p.shape[0], p.shape[1])
+    return tuple(p.shape)
+
+
+def _check_group(group, index):
+    """Refuses, naming the group and the parameter, what its step cannot take."""
+    where = f"param_groups[{index}]"
+    if not float(group["lr"]) >= 0.0 or float(group["lr"]) == float("inf"):
+        raise ValueError(f"{where}['lr'] is {group['lr']}, expected a finite value >= 0")
+    if not group["weight_decay"] >= 0.0:
+        raise ValueError(f"{where}['weight_decay'] is {group['weight_decay']}, expected a value >= 0")
+    if not group["use_muon"]:
+        betas = group["betas"]
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"{where}['betas'] is {betas}, expected two values in [0, 1)")
+        if not group["adamw_eps"] > 0.0:
+            raise ValueError(f"{where}['adamw_eps'] is {group['adamw_eps']}, expected a value > 0")
+        return
+    if not 0.0 <= group["momentum"] < 1.0:
+        raise ValueError(f"{where}['momentum'] is {group['momentum']}, expected a value in [0, 1)")
+    if len(group["ns_coefficients"]) != 3:
+        raise ValueError(f"{where}['ns_coefficients'] is {group['ns_coefficients']}, expected three values (a, b, c)")
+    if not 1 <= group["ns_steps"] < 100:
+        raise ValueError(f"{where}['ns_steps'] is {group['ns_steps']}, expected a count in [1, 100)")
+    if not group["eps"] > 0.0:
+        raise ValueError(f"{where}['eps'] is {group['eps']}, expected a value > 0")
+    if group["adjust_lr_fn"] not in _ADJUST_LR:
+        raise ValueError(f"{where}['adjust_lr_fn'] is {group['adjust_lr_fn']!r}, expected None, 'original' or "
+                         "'match_rms_adamw'")
+    for j, p in enumerate(group["params"]):
+        name = _param_name(group, j)
+        what = f"{where}['params'][{j}]" + (f" ({name})" if name else "")
+        if p.ndim not in (2, 3):
+            raise ValueError(f"{what} has shape {tuple(p.shape)}; Muon takes 2-D matrices and 3-D stacks of them. "
+                             "Put 1-D tensors, embeddings and the output head in a group with 'use_muon': False "
+                             "(AdamW), as gradkit.torch.muon_param_groups(model) does")
+        if p.dtype != torch.float32:
+            raise TypeError(f"{what} has dtype {p.dtype}; gradkit.torch.Muon takes float32 parameters")
+        if is_dtensor(p):
+            raise TypeError(f"{what} is a DTensor; Muon over FSDP2's sharded parameters is not offered yet (the "
+                            "owner-rank step of issue 39). Use gradkit.torch.AdamW for DTensor parameters")
+
+
+class Muon(AdamW):
+    """torch.optim.Muon's step (same arguments and defaults) for the groups with
+    "use_muon": True, and AdamW for the groups with "use_muon": False (lr and
+    weight_decay as given in the group, else this optimizer's; "betas" default
+    adamw_betas and "adamw_eps" default adamw_eps). moments="bfloat16" stores the
+    momentum buffers and AdamW's moments in bfloat16 (half the bytes).
+
+    The state is torch.optim.Muon's ("momentum_buffer", plus a "step" count) and
+    torch.optim.AdamW's; state_dict() loads into either, and their state dicts load
+    here. Every parameter is float32."""
+
+    _decay = gradkit.WeightDecay.decoupled
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                 ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
+                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, moments="float32"):
+        if moments not in _MOMENTS:
+            raise ValueError(f"moments is {moments!r}, expected 'float32' or 'bfloat16' (Muon has no 8- or 4-bit "
+                             "momentum)")
+        self._form = StateForm(moments)
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
+                        use_muon=True, betas=tuple(adamw_betas), adamw_eps=adamw_eps, amsgrad=False, maximize=False)
+        _PlannedOptimizer.__init__(self, params, defaults)  # add_param_group checks each group
+        for i, group in enumerate(self.param_groups):
+            for j, p in enumerate(group["params"]):
+                if p.dtype != torch.float32:
+                    raise TypeError(f"param_groups[{i}]['params'][{j}] has dtype {p.dtype}; gradkit.torch.Muon "
+                                    "takes float32 parameters")
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        _check_group(self.param_groups[-1], len(self.param_groups) - 1)
+
+    # -- what each group takes ----------------------------------------------------
+
+    def _moment_names(self, group):
+        return ("momentum_buffer",) if group["use_muon"] else ("exp_avg", "exp_avg_sq")
+
+    def _is_muon(self, index):
+        return self.param_groups[self._layout.group_of[index]]["use_muon"]
+
+    def _cohort_key(self, index):
+        return "muon" if self._is_muon(index) else "adamw"
+
+    def _muon_hyperparameters(self, g):
+        a, b, c = g["ns_coefficients"]
+        return gradkit.MuonHyperparameters(lr=float(g["lr"]), weight_decay=g["weight_decay"], momentum=g["momentum"],
+                                           nesterov=g["nesterov"], ns_a=a, ns_b=b, ns_c=c, eps=g["eps"],
+                                           ns_steps=g["ns_steps"], adjust_lr=_ADJUST_LR[g["adjust_lr_fn"]])
+
+    def _hyperparameters(self, g):
+        return adam_hyperparameters({**g, "eps": g["adamw_eps"]}, self._decay)
+
+    # -- plans ------------------------------------------------------------------------
+
+    def _make_plan(self, indices, grads):
+        if not self._is_muon(indices[0]):
+            return super()._make_plan(indices, grads)
+        params = self._layout.params
+        return gradkit.MuonPlan([local(params[i].detach()) for i in indices], self._grad_arrays(grads, indices),
+                                self._state_list(indices, "momentum_buffer"),
+                                [_matrix_shape(params[i]) for i in indices],
+                                [self._muon_hyperparameters(g) for g in self.param_groups],
+                                [self._layout.group_of[i] for i in indices], hold_grads=False)
+
+    def _current_hyper_key(self):
+        """Muon's plans take the learning rate as a hyperparameter: a changed lr rewrites them."""
+        return super()._current_hyper_key() + tuple(float(g["lr"]) for g in self.param_groups if g["use_muon"])
+
+    def _sync_hyperparameters(self):
+        key = self._current_hyper_key()
+        if key != self._hyper_key:
+            self._refuse_in_capture("the hyperparameters changed")
+            adam = [self._hyperparameters(g) for g in self.param_groups]
+            muon = [self._muon_hyperparameters(g) for g in self.param_groups]
+            for c in self._cohorts:
+                c.plan.set_hyperparameters(muon if isinstance(c.plan, gradkit.MuonPlan) else adam)
+            self._hyper_key = key
+
+    def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
+        adamw = [c for c in cohorts if not isinstance(c.plan, gradkit.MuonPlan)]
+        if adamw:
+            super()._launch_all(adamw, stream, found_inf, grad_divisor)
+        for c in cohorts:
+            if isinstance(c.plan, gradkit.MuonPlan):
+                gradkit.advance_step(c.counter_scalar, skip=found_inf, stream=stream)
+                c.plan.step(found_inf=found_inf, grad_scale_device=grad_divisor, stream=stream)
+
+    def load_state_dict(self, state_dict):
+        """As the other optimizers', and torch.optim.Muon's state (which counts no steps)."""
+        state = {k: dict(v) for k, v in state_dict.get("state", {}).items()}
+        for s in state.values():
+            if "momentum_buffer" in s and "step" not in s:
+                s["step"] = torch.tensor(0.0)
+        super().load_state_dict({**state_dict, "state": state})
+
+
+def muon_param_groups(model, *, exclude=(), **adamw_group):
+    """The split the Muon papers make of `model`'s trainable parameters: two param
+    groups, the 2-D and 3-D weights with "use_muon": True, and with "use_muon": False
+    (AdamW) the 1-D tensors, the embeddings (nn.Embedding weights, tied copies
+    included), the output head (an nn.Linear whose out_features is an embedding's
+    num_embeddings: a vocabulary) and whatever `exclude` names (modules, parameters
+    or parameter names). `adamw_group` adds keys to the AdamW group (lr, betas, ...)."""
+    embeddings = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    vocab = {m.num_embeddings for m in embeddings}
+    to_adamw = {id(m.weight) for m in embeddings}
+    to_adamw |= {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features in vocab}
+    named = dict(model.named_parameters())
+    for x in exclude:
+        if isinstance(x, torch.nn.Module):
+            to_adamw |= {id(p) for p in x.parameters()}
+        elif isinstance(x, str):
+            if x not in named:
+                raise ValueError(f"exclude names {x!r}, which is not one of the model's parameters")
+            to_adamw.add(id(named[x]))
+        else:
+            to_adamw.add(id(x))
+    muon, adamw = [], []
+    for p in model.parameters():  # each tensor once (tied weights appear once)
+        if p.requires_grad:
+            (muon if p.ndim in (2, 3) and id(p) not in to_adamw else adamw).append(p)
+    groups = [{"params": muon, "use_muon": True}]
+    if adamw:
+        groups.append({"params": adamw, "use_muon": False, **adamw_group})
+    return groups

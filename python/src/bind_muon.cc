@@ -1,0 +1,109 @@
+// Muon over tensor lists (docs/ops.md, "muon_step"): the hyperparameters and
+// the plan, which keeps the arrays it was made from alive.
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <tuple>
+#include <vector>
+
+#include "bindings.h"
+#include "gradkit/ops/muon.h"
+#include "tensors.h"
+
+namespace gradkit::python {
+namespace {
+
+using Arrays = std::vector<Array>;
+using Shape = std::tuple<int64_t, int64_t, int64_t>;
+
+struct PyMuonPlan {
+  ViewList params, grads, momentum;
+  std::vector<MatrixShape> shapes;
+  MuonPlan plan;
+  PyMuonPlan(const Arrays& p, const Arrays& g, const Arrays& m, const std::vector<Shape>& s,
+             const std::vector<MuonHyperparameters>& hyper, const std::vector<int32_t>& groups, bool hold_grads)
+      : params(to_views(p, "params")),
+        grads(to_views(g, "grads")),
+        momentum(to_views(m, "momentum")),
+        shapes(to_shapes(s)),
+        plan({params.views, grads.views, momentum.views, shapes}, hyper, groups) {
+    if (!hold_grads) grads.arrays.clear();
+  }
+  static std::vector<MatrixShape> to_shapes(const std::vector<Shape>& s) {
+    std::vector<MatrixShape> out;
+    for (const auto& [batch, rows, cols] : s) out.push_back({batch, rows, cols});
+    return out;
+  }
+};
+
+}  // namespace
+
+void bind_muon(nb::module_& m) {
+  nb::enum_<MuonLrAdjust>(m, "MuonLrAdjust")
+      .value("original", MuonLrAdjust::original)
+      .value("match_rms_adamw", MuonLrAdjust::match_rms_adamw);
+
+  nb::class_<MuonHyperparameters>(m, "MuonHyperparameters")
+      .def(
+          "__init__",
+          [](MuonHyperparameters* h, double lr, double weight_decay, double momentum, bool nesterov, float ns_a,
+             float ns_b, float ns_c, float eps, int32_t ns_steps, MuonLrAdjust adjust_lr) {
+            new (h) MuonHyperparameters{lr, weight_decay, momentum, nesterov, ns_a, ns_b, ns_c, eps, ns_steps, adjust_lr};
+          },
+          nb::arg("lr") = 1e-3, nb::arg("weight_decay") = 0.1, nb::arg("momentum") = 0.95, nb::arg("nesterov") = true,
+          nb::arg("ns_a") = 3.4445f, nb::arg("ns_b") = -4.7750f, nb::arg("ns_c") = 2.0315f, nb::arg("eps") = 1e-7f,
+          nb::arg("ns_steps") = 5, nb::arg("adjust_lr") = MuonLrAdjust::original)
+      .def_rw("lr", &MuonHyperparameters::lr)
+      .def_rw("weight_decay", &MuonHyperparameters::weight_decay)
+      .def_rw("momentum", &MuonHyperparameters::momentum)
+      .def_rw("nesterov", &MuonHyperparameters::nesterov)
+      .def_rw("ns_a", &MuonHyperparameters::ns_a)
+      .def_rw("ns_b", &MuonHyperparameters::ns_b)
+      .def_rw("ns_c", &MuonHyperparameters::ns_c)
+      .def_rw("eps", &MuonHyperparameters::eps)
+      .def_rw("ns_steps", &MuonHyperparameters::ns_steps)
+      .def_rw("adjust_lr", &MuonHyperparameters::adjust_lr);
+
+  m.def("muon_adjusted_lr", &muon_adjusted_lr, nb::arg("hyperparameters"), nb::arg("rows"), nb::arg("cols"),
+        "The learning rate a rows x cols matrix gets (torch.optim.Muon's _adjust_lr).");
+
+  nb::class_<PyMuonPlan>(m, "MuonPlan",
+                         "Muon over lists of matrices planned once (docs/ops.md, muon_step): shapes[i] = (batch, "
+                         "rows, cols) of tensor i; matrices of one shape and group are orthogonalised together.")
+      .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const std::vector<Shape>&,
+                    const std::vector<MuonHyperparameters>&, const std::vector<int32_t>&, bool>(),
+           nb::arg("params"), nb::arg("grads"), nb::arg("momentum"), nb::arg("shapes"), nb::arg("hyperparameters"),
+           nb::arg("groups") = std::vector<int32_t>{}, nb::arg("hold_grads") = true)
+      .def(
+          "step",
+          [](const PyMuonPlan& p, nb::handle found_inf, float grad_scale, nb::handle grad_scale_device,
+             uintptr_t stream) {
+            MuonStepInputs in;
+            in.found_inf = flag_pointer(found_inf, "found_inf");
+            in.grad_scale = grad_scale;
+            in.grad_scale_device = scalar_pointer<float>(grad_scale_device, "grad_scale_device", "float32");
+            p.plan.step(in, to_stream(stream));
+          },
+          nb::arg("found_inf") = nb::none(), nb::arg("grad_scale") = 1.0f, nb::arg("grad_scale_device") = nb::none(),
+          nb::arg("stream") = 0,
+          "One update. found_inf: a bool on the plan's device, true skips the whole step; the gradients are "
+          "divided by grad_scale (or the float32 at grad_scale_device).")
+      .def(
+          "set_grads",
+          [](PyMuonPlan& p, const Arrays& g, bool hold, uintptr_t stream) {
+            ViewList next = to_views(g, "grads");
+            p.plan.set_grads(next.views, to_stream(stream));
+            p.grads = std::move(next);
+            if (!hold) p.grads.arrays.clear();
+          },
+          nb::arg("grads"), nb::arg("hold_grads") = true, nb::arg("stream") = 0)
+      .def("set_hyperparameters",
+           [](PyMuonPlan& p, const std::vector<MuonHyperparameters>& h) { p.plan.set_hyperparameters(h); },
+           nb::arg("hyperparameters"))
+      .def_prop_ro("num_tensors", [](const PyMuonPlan& p) { return p.plan.num_tensors(); })
+      .def_prop_ro("num_batches", [](const PyMuonPlan& p) { return p.plan.num_batches(); })
+      .def_prop_ro("workspace_bytes", [](const PyMuonPlan& p) { return p.plan.workspace_bytes(); });
+}
+
+}  // namespace gradkit::python

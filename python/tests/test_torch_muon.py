@@ -1,0 +1,230 @@
+"""gradkit.torch.Muon against torch.optim.Muon (torch 2.9 and later) and
+torch.optim.AdamW: the same steps on the same gradients, the mixed Muon/AdamW
+grouping, 3-D stacks, state dicts both ways, AmpStep, the refusals, and the
+test GPT trained with Muon against AdamW."""
+import copy
+import os
+
+import pytest
+import torch
+
+import gradkit.torch as gt
+import models
+import tolerances
+
+torch_muon = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch 2.9 or later")
+SHAPES = [(24, 40), (40, 24), (64, 64), (33, 17), (128, 96)]
+
+
+def update_error(got, want, before):
+    """||(got - before) - (want - before)|| / ||want - before||: the updates' relative distance."""
+    return ((got - before) - (want - before)).norm().item() / (want - before).norm().item()
+
+
+def twins(device, shapes, seed=0):
+    torch.manual_seed(seed)
+    values = [torch.randn(s, device=device) for s in shapes]
+    return [torch.nn.Parameter(v.clone()) for v in values], [torch.nn.Parameter(v.clone()) for v in values]
+
+
+def same_gradients(a, b):
+    for x, y in zip(a, b):
+        g = torch.randn_like(x)
+        x.grad, y.grad = g.clone(), g.clone()
+
+
+@torch_muon
+@pytest.mark.parametrize("options", [dict(lr=0.02), dict(lr=0.02, nesterov=False, adjust_lr_fn="match_rms_adamw",
+                                                         weight_decay=0.3, momentum=0.9),
+                                     dict(lr=0.05, ns_steps=3, ns_coefficients=(2.0, -1.5, 0.5))],
+                         ids=["defaults", "plain_momentum_match_rms", "three_steps_other_coefficients"])
+def test_steps_equal_torch_muons(device, options):
+    """Five steps from the same weights and momentum each time: each update within the
+    bf16 products' tolerance of torch's (most are bitwise equal on the CPU)."""
+    ours, theirs = twins(device, SHAPES)
+    opt, ref = gt.Muon(ours, **options), torch.optim.Muon(theirs, **options)
+    for _ in range(5):
+        before = [p.detach().clone() for p in ours]
+        same_gradients(ours, theirs)
+        opt.step()
+        ref.step()
+        for i, (x, y, b) in enumerate(zip(ours, theirs, before)):
+            assert update_error(x.detach(), y.detach(), b) <= tolerances.MUON_TORCH, (i, SHAPES[i])
+            assert torch.equal(opt.state[x]["momentum_buffer"], ref.state[y]["momentum_buffer"]), i
+            y.data.copy_(x.data)  # the next step from the same weights
+
+
+@torch_muon
+def test_expert_stack_is_orthogonalised_per_matrix(device):
+    """A 3-D (experts, rows, cols) parameter steps as its matrices would one by one."""
+    torch.manual_seed(1)
+    stack = torch.nn.Parameter(torch.randn(4, 16, 24, device=device))
+    mats = [torch.nn.Parameter(stack.detach()[e].clone()) for e in range(4)]
+    opt, ref = gt.Muon([stack], lr=0.02), torch.optim.Muon(mats, lr=0.02)
+    for _ in range(3):
+        before = stack.detach().clone()
+        g = torch.randn_like(stack)
+        stack.grad = g.clone()
+        for e, m in enumerate(mats):
+            m.grad = g[e].clone()
+        opt.step()
+        ref.step()
+        for e, m in enumerate(mats):
+            assert update_error(stack.detach()[e], m.detach(), before[e]) <= tolerances.MUON_TORCH, e
+            m.data.copy_(stack.data[e])
+
+
+@torch_muon
+def test_mixed_groups_are_muon_plus_adamw(device):
+    """muon_param_groups on the test GPT: the matrices step as torch.optim.Muon's, the
+    embeddings, head and 1-D tensors as torch.optim.AdamW's with the AdamW group's
+    betas and adamw_eps."""
+    torch.manual_seed(2)
+    model = models.TinyGPT().to(device)
+    twin = models.TinyGPT().to(device)
+    twin.load_state_dict(model.state_dict())
+    groups = gt.muon_param_groups(model, lr=3e-3, weight_decay=0.01)
+    muon_ids = {id(p) for p in groups[0]["params"]}
+    assert all(p.ndim == 2 for p in groups[0]["params"])
+    assert id(model.tok.weight) not in muon_ids and id(model.head.weight) not in muon_ids
+    opt = gt.Muon(groups, lr=0.02, adamw_betas=(0.9, 0.95), adamw_eps=1e-10)
+    names = [n for n, p in model.named_parameters()]
+    twin_params = dict(twin.named_parameters())
+    mine = dict(model.named_parameters())
+    ref_muon = torch.optim.Muon([twin_params[n] for n in names if id(mine[n]) in muon_ids], lr=0.02)
+    ref_adamw = torch.optim.AdamW([twin_params[n] for n in names if id(mine[n]) not in muon_ids], lr=3e-3,
+                                  betas=(0.9, 0.95), eps=1e-10, weight_decay=0.01)
+    for x, y in models.text_batches(device, 4):
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        model(x, y).backward()
+        for n, p in model.named_parameters():
+            twin_params[n].grad = p.grad.clone()
+        opt.step()
+        ref_muon.step()
+        ref_adamw.step()
+        for n, p in model.named_parameters():
+            q = twin_params[n]
+            if id(p) in muon_ids:
+                assert update_error(p.detach(), q.detach(), before[n]) <= tolerances.MUON_TORCH, n
+            else:
+                torch.testing.assert_close(p.detach(), q.detach(), rtol=tolerances.TORCH_100_STEPS[0],
+                                           atol=tolerances.TORCH_100_STEPS[1], msg=n)
+            q.data.copy_(p.data)
+        opt.zero_grad()
+
+
+@torch_muon
+def test_state_dicts_load_both_ways(device):
+    """gradkit's state loads into torch.optim.Muon and torch's into gradkit's: the next
+    step then equals the one the source optimizer takes."""
+    ours, theirs = twins(device, SHAPES[:3], seed=3)
+    opt, ref = gt.Muon(ours, lr=0.02), torch.optim.Muon(theirs, lr=0.02)
+    same_gradients(ours, theirs)
+    opt.step()
+    ref.step()
+    # Deep copies: torch's load_state_dict keeps a tensor of the right dtype and device as it is.
+    ref.load_state_dict(copy.deepcopy(opt.state_dict()))  # torch's now holds gradkit's momentum
+    for x, y in zip(ours, theirs):
+        y.data.copy_(x.data)
+        assert torch.equal(ref.state[y]["momentum_buffer"], opt.state[x]["momentum_buffer"])
+    fresh = gt.Muon([torch.nn.Parameter(p.detach().clone()) for p in theirs], lr=0.02)
+    fresh.load_state_dict(copy.deepcopy(ref.state_dict()))  # torch's state (no "step") into gradkit
+    for p, q in zip(fresh.param_groups[0]["params"], theirs):
+        assert torch.equal(fresh.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"])
+    same_gradients(ours, theirs)
+    for p, q in zip(fresh.param_groups[0]["params"], theirs):
+        p.grad = q.grad.clone()
+    opt.step()
+    fresh.step()
+    for x, p in zip(ours, fresh.param_groups[0]["params"]):
+        assert torch.equal(x, p)
+
+
+def test_amp_step_divides_the_scaled_gradients(device):
+    """AmpStep over Muon: gradients of a loss scaled by 2^10 step as the unscaled ones
+    (the divisor is a power of two: bit for bit), and an overflow skips the step."""
+    ours, plain = twins(device, SHAPES[:2], seed=4)
+    opt, ref = gt.Muon(ours, lr=0.02), gt.Muon(plain, lr=0.02)
+    amp = gt.AmpStep(opt, init_scale=2.0 ** 10, growth_interval=1000)
+    torch.manual_seed(5)
+    for _ in range(2):
+        grads = [torch.randn_like(p) for p in ours]
+        for p, q, g in zip(ours, plain, grads):
+            p.grad, q.grad = g * 2.0 ** 10, g.clone()
+        amp.step()
+        ref.step()
+        for p, q in zip(ours, plain):
+            assert torch.equal(p, q)
+    before = [p.detach().clone() for p in ours]
+    ours[0].grad[0, 0] = float("inf")
+    amp.step()
+    for p, b in zip(ours, before):
+        assert torch.equal(p, b)
+
+
+def test_refuses_what_muon_cannot_take():
+    w, b = torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8))
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[1\] has shape \(8,\).*use_muon"):
+        gt.Muon([w, b])
+    model = torch.nn.Linear(8, 8)
+    if hasattr(torch.optim.Optimizer, "_process_value_according_to_param_policy"):  # named parameters (torch 2.7+)
+        with pytest.raises(ValueError, match="'bias'"):
+            gt.Muon(model.named_parameters())
+    with pytest.raises(TypeError, match="float32"):
+        gt.Muon([torch.nn.Parameter(torch.randn(8, 8, dtype=torch.bfloat16))])
+    with pytest.raises(ValueError, match="moments"):
+        gt.Muon([w], moments="int8")
+    with pytest.raises(ValueError, match="adjust_lr_fn"):
+        gt.Muon([w], adjust_lr_fn="linear")
+    with pytest.raises(ValueError, match="ns_steps"):
+        gt.Muon([w], ns_steps=0)
+    with pytest.raises(ValueError, match="momentum"):
+        gt.Muon([w], momentum=1.0)
+    with pytest.raises(ValueError, match="ns_coefficients"):
+        gt.Muon([w], ns_coefficients=(1.0, 2.0))
+    opt = gt.Muon([{"params": [w]}, {"params": [b], "use_muon": False}])  # the 1-D tensor goes to AdamW
+    with pytest.raises(ValueError, match=r"param_groups\[2\].*has shape \(8,\)"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(8))]})
+    with pytest.raises(ValueError, match="not one of the model's parameters"):
+        gt.muon_param_groups(model, exclude=["nope"])
+
+
+def test_muon_param_groups_split():
+    model = models.TinyGPT(layers=1)
+    muon, adamw = gt.muon_param_groups(model, exclude=["blocks.0.qkv.weight"], lr=1e-3)
+    in_muon = {id(p) for p in muon["params"]}
+    assert id(model.blocks[0].proj.weight) in in_muon
+    for p in (model.tok.weight, model.pos.weight, model.head.weight, model.blocks[0].qkv.weight, model.ln.weight):
+        assert id(p) not in in_muon
+    assert adamw["use_muon"] is False and adamw["lr"] == 1e-3
+    assert len(muon["params"]) + len(adamw["params"]) == len(list(model.parameters()))
+
+
+STEPS = 300 if os.environ.get("GRADKIT_LONG_TESTS") else 30
+
+
+def train_gpt(device, make_optimizer):
+    torch.manual_seed(0)
+    model = models.TinyGPT().to(device)
+    opt = make_optimizer(model)
+    losses = []
+    for x, y in models.text_batches(device, STEPS):
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as Trainer does
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return sum(losses[-tolerances.TRAINING_WINDOW:]) / tolerances.TRAINING_WINDOW
+
+
+def test_training_the_test_gpt_reaches_adamws_loss(device):
+    """The test GPT: Muon (lr 0.02 on the matrices, AdamW 3e-3 on the rest) against
+    AdamW alone (3e-3); the papers report Muon at or below AdamW at this scale."""
+    muon = train_gpt(device, lambda m: gt.Muon(gt.muon_param_groups(m, lr=3e-3, weight_decay=0.01), lr=0.02,
+                                               weight_decay=0.01))
+    adamw = train_gpt(device, lambda m: gt.AdamW(m.parameters(), lr=3e-3, weight_decay=0.01))
+    print(f"test GPT on {device}, {STEPS} steps: Muon {muon:.4f}, AdamW {adamw:.4f} "
+          f"({(muon / adamw - 1) * 100:+.2f}%)")
+    bound = tolerances.MUON_TRAINING if STEPS >= 300 else tolerances.MUON_TRAINING_SHORT
+    assert muon <= adamw * (1 + bound), (muon, adamw)
