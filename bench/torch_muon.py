@@ -8,6 +8,7 @@ Cases per list:
 - gradkit's MuonPlan.step() alone (the C++ step, no Python layer), with
   ns_steps 5 and 1: their difference / 4 is one Newton-Schulz iteration, so
   5 x that is gradkit's Newton-Schulz alone, without the element passes;
+  and the same with whole symmetric products (split_from past every matrix);
 - torch's bare Newton-Schulz in bf16, batched by shape (torch.baddbmm, the
   issue's anchor), and torch's fused AdamW step on the same matrices.
 
@@ -104,11 +105,15 @@ def bare_newton_schulz(params):
     return run
 
 
-def muon_plan(params, ns_steps):
+WHOLE = 1 << 40  # split_from: no matrix is split
+
+
+def muon_plan(params, ns_steps, split_from=None):
     momentum = [torch.zeros_like(p) for p in params]
+    extra = {} if split_from is None else {"split_from": split_from}
     plan = gradkit.MuonPlan([p.detach() for p in params], [p.grad for p in params], momentum,
                             [(1, *p.shape) for p in params],
-                            [gradkit.MuonHyperparameters(lr=0.02, ns_steps=ns_steps)])
+                            [gradkit.MuonHyperparameters(lr=0.02, ns_steps=ns_steps)], **extra)
     stream = torch.cuda.current_stream().cuda_stream
     return lambda: plan.step(stream=stream), plan, momentum
 
@@ -124,27 +129,33 @@ def bench_list(key, reps, rounds, peak, rows):
     adamw = torch.optim.AdamW(params, lr=1e-3, fused=True)
     plan5, plan5_obj, _ = muon_plan(params, 5)
     plan1, _, _ = muon_plan(params, 1)
+    whole5, _, _ = muon_plan(params, 5, WHOLE)
+    whole1, _, _ = muon_plan(params, 1, WHOLE)
     cases = {"torch.optim.Muon": theirs.step, "gradkit.torch.Muon": ours.step, "gradkit MuonPlan": plan5,
-             "gradkit MuonPlan ns_steps=1": plan1, "torch bare NS (baddbmm)": bare_newton_schulz(params),
+             "gradkit MuonPlan ns_steps=1": plan1, "gradkit MuonPlan, whole products": whole5,
+             "gradkit MuonPlan, whole, ns_steps=1": whole1, "torch bare NS (baddbmm)": bare_newton_schulz(params),
              "torch fused AdamW": adamw.step}
     best = {n: math.inf for n in cases}
     for _ in range(rounds):
         for n, fn in cases.items():
             best[n] = min(best[n], median_ms(fn, reps))
     hosts = {n: host_us(cases[n]) for n in ("torch.optim.Muon", "gradkit.torch.Muon", "gradkit MuonPlan")}
-    ns_only = 5 * (best["gradkit MuonPlan"] - best["gradkit MuonPlan ns_steps=1"]) / 4
+    derived = {"gradkit Newton-Schulz alone (derived)":
+               5 * (best["gradkit MuonPlan"] - best["gradkit MuonPlan ns_steps=1"]) / 4,
+               "gradkit NS alone, whole products (derived)":
+               5 * (best["gradkit MuonPlan, whole products"] - best["gradkit MuonPlan, whole, ns_steps=1"]) / 4}
     print(f"\n{name}: {len(shapes)} matrices, {numel / 1e6:.1f}M parameters, {plan5_obj.num_batches} batches, "
           f"Newton-Schulz {flops / 1e12:.2f} TFLOP; bf16 matmul measured {peak:.0f} TFLOP/s; MuonPlan workspace "
           f"{plan5_obj.workspace_bytes / 2 ** 20:.0f} MiB", flush=True)
     torch_ms = best["torch.optim.Muon"]
-    for n, ms in list(best.items()) + [("gradkit Newton-Schulz alone (derived)", ns_only)]:
-        counted = flops if n not in ("torch fused AdamW", "gradkit MuonPlan ns_steps=1") else None
+    for n, ms in list(best.items()) + list(derived.items()):
+        counted = flops if "AdamW" not in n and "ns_steps=1" not in n else None
         tflops = counted / ms / 1e9 if counted else None
         row = (name, n, f"{ms:.2f}", f"{hosts[n]:.0f}" if n in hosts else "",
                f"{tflops:.0f}" if tflops else "", f"{100 * tflops / peak:.1f}%" if tflops else "",
                f"{100 * tflops / SPEC_PEAK_TFLOPS:.1f}%" if tflops else "", f"{torch_ms / ms:.2f}x")
         rows.append(row)
-        print("  ".join(f"{c:>{w}}" for c, w in zip(row, (16, 38, 8, 8, 7, 8, 8, 7))), flush=True)
+        print("  ".join(f"{c:>{w}}" for c, w in zip(row, (16, 44, 8, 8, 7, 8, 8, 7))), flush=True)
     del ours, theirs, adamw, params
     torch.cuda.empty_cache()
 
@@ -164,7 +175,7 @@ def main():
     peak = matmul_tflops(args.reps)
     rows = []
     print("  ".join(f"{c:>{w}}" for c, w in zip(("list", "implementation", "ms", "host us", "TFLOP/s", "% meas",
-                                                  "% spec", "vs torch"), (16, 38, 8, 8, 7, 8, 8, 7))))
+                                                  "% spec", "vs torch"), (16, 44, 8, 8, 7, 8, 8, 7))))
     for key in args.lists.split(","):
         bench_list(key, args.reps, args.rounds, peak, rows)
     if args.markdown:

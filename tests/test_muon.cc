@@ -174,6 +174,29 @@ TEST_P(Muon, MatchesReferenceOverThreeSteps) {
   }
 }
 
+// The symmetric products by row blocks (CUDA, MuonPlanOptions::split_from):
+// the same step within the products' tolerance of the reference, on wide
+// and tall matrices, two of each shape in a batch.
+TEST_P(Muon, SplitSymmetricProductsMatchTheReference) {
+  std::mt19937_64 rng(25);
+  MuonLists l(device(), rng, {{2, 128, 200}, {2, 200, 128}, {1, 192, 192}}, {});
+  MuonHyperparameters h;
+  h.lr = 0.02;
+  const MuonPlan plan(l.tensors(), std::span(&h, 1), {}, MuonPlanOptions{128});
+  for (int step = 1; step <= 2; ++step) {
+    std::vector<std::vector<double>> before;
+    for (auto& t : l.w) before.push_back(t.read());
+    const auto grads = l.new_gradients(rng);
+    plan.step();
+    l.reference_step(grads, std::span(&h, 1), {});
+    for (size_t i = 0; i < l.w.size(); ++i) {
+      EXPECT_LE(relative_error(minus(l.w[i].read(), before[i]), minus(l.reference_weights(i), before[i])),
+                muon_update_tolerance(false))
+          << "step " << step << " tensor " << i;
+    }
+  }
+}
+
 TEST_P(Muon, BatchesMatricesOfOneShapeAndGroup) {
   std::mt19937_64 rng(11);
   MuonLists l(device(), rng, {{1, 24, 40}, {3, 24, 40}, {1, 40, 24}, {1, 24, 40}, {2, 8, 8}}, {});

@@ -22,12 +22,13 @@ struct PyMuonPlan {
   std::vector<MatrixShape> shapes;
   MuonPlan plan;
   PyMuonPlan(const Arrays& p, const Arrays& g, const Arrays& m, const std::vector<Shape>& s,
-             const std::vector<MuonHyperparameters>& hyper, const std::vector<int32_t>& groups, bool hold_grads)
+             const std::vector<MuonHyperparameters>& hyper, const std::vector<int32_t>& groups, bool hold_grads,
+             int64_t split_from)
       : params(to_views(p, "params")),
         grads(to_views(g, "grads")),
         momentum(to_views(m, "momentum")),
         shapes(to_shapes(s)),
-        plan({params.views, grads.views, momentum.views, shapes}, hyper, groups) {
+        plan({params.views, grads.views, momentum.views, shapes}, hyper, groups, MuonPlanOptions{split_from}) {
     if (!hold_grads) grads.arrays.clear();
   }
   static std::vector<MatrixShape> to_shapes(const std::vector<Shape>& s) {
@@ -72,9 +73,12 @@ void bind_muon(nb::module_& m) {
                          "Muon over lists of matrices planned once (docs/ops.md, muon_step): shapes[i] = (batch, "
                          "rows, cols) of tensor i; matrices of one shape and group are orthogonalised together.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const std::vector<Shape>&,
-                    const std::vector<MuonHyperparameters>&, const std::vector<int32_t>&, bool>(),
+                    const std::vector<MuonHyperparameters>&, const std::vector<int32_t>&, bool, int64_t>(),
            nb::arg("params"), nb::arg("grads"), nb::arg("momentum"), nb::arg("shapes"), nb::arg("hyperparameters"),
-           nb::arg("groups") = std::vector<int32_t>{}, nb::arg("hold_grads") = true)
+           nb::arg("groups") = std::vector<int32_t>{}, nb::arg("hold_grads") = true,
+           nb::arg("split_from") = MuonPlanOptions{}.split_from,
+           "split_from: on CUDA, matrices whose smaller side is at least this compute their symmetric products "
+           "by row blocks (3/4 of the multiplications).")
       .def(
           "step",
           [](const PyMuonPlan& p, nb::handle found_inf, float grad_scale, nb::handle grad_scale_device,

@@ -16,6 +16,7 @@ struct MuonLaunch {
   const bool* found_inf = nullptr;
   float grad_scale = 1.0f;
   const float* grad_scale_device = nullptr;
+  int64_t split_from = 0;  // MuonPlanOptions::split_from
 };
 
 // The workspace one batch needs on each backend (the plan keeps the largest).

@@ -126,8 +126,25 @@ struct WeightOp {
 struct GemmShape {
   bool trans_a, trans_b;
   int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch;
-  auto key() const { return std::make_tuple(trans_a, trans_b, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch); }
 };
+
+// Each operand's alignment in bytes (at most 256), which the heuristic must
+// know: that of its pointer, its leading dimension and its batch stride.
+struct GemmAlignment {
+  uint32_t a, b, c;
+};
+
+uint32_t operand_alignment(const void* pointer, int64_t ld, int64_t stride) {
+  const auto bytes =
+      static_cast<uint64_t>(reinterpret_cast<uintptr_t>(pointer)) | static_cast<uint64_t>(ld * 2) |
+      static_cast<uint64_t>(stride * 2) | 256u;
+  return static_cast<uint32_t>(bytes & (~bytes + 1));
+}
+
+auto gemm_key(const GemmShape& s, const GemmAlignment& al) {
+  return std::make_tuple(s.trans_a, s.trans_b, s.m, s.n, s.k, s.lda, s.ldb, s.ldc, s.stride_a, s.stride_b, s.stride_c,
+                         s.batch, al.a, al.b, al.c);
+}
 
 // Descriptors and the heuristic's algorithm for one GemmShape, made once.
 struct PreparedGemm {
@@ -152,14 +169,6 @@ cublasLtMatrixLayout_t make_layout(int64_t rows, int64_t cols, int64_t ld, int64
   return layout;
 }
 
-// The alignment in bytes of every matrix of an operand whose buffer is
-// 256-byte aligned: the largest power of two dividing its leading dimension's
-// and batch stride's bytes, at most 256.
-uint32_t operand_alignment(int64_t ld, int64_t stride) {
-  const auto bytes = static_cast<uint64_t>(ld * 2) | static_cast<uint64_t>(stride * 2) | 256u;
-  return static_cast<uint32_t>(bytes & (~bytes + 1));
-}
-
 // 32 MiB: what cuBLAS asks for on Hopper for its largest tiles.
 constexpr size_t kGemmWorkspace = size_t{32} << 20;
 
@@ -168,7 +177,7 @@ struct GemmState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::mutex mutex;
-  std::map<decltype(GemmShape{}.key()), std::unique_ptr<PreparedGemm>> prepared;
+  std::map<decltype(gemm_key(GemmShape{}, GemmAlignment{})), std::unique_ptr<PreparedGemm>> prepared;
 
   ~GemmState() {
     cuda::DeviceGuard guard(device);
@@ -177,9 +186,9 @@ struct GemmState {
     if (handle) cublasLtDestroy(handle);
   }
 
-  const PreparedGemm& prepare(const GemmShape& s) {
+  const PreparedGemm& prepare(const GemmShape& s, const GemmAlignment& al) {
     std::lock_guard lock(mutex);
-    auto& slot = prepared[s.key()];
+    auto& slot = prepared[gemm_key(s, al)];
     if (slot) return *slot;
     auto p = std::make_unique<PreparedGemm>();
     GRADKIT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -195,15 +204,10 @@ struct GemmState {
     const size_t bytes = kGemmWorkspace;
     GRADKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                               &bytes, sizeof(bytes)));
-    // Each operand's matrices start at 256-byte-aligned buffers, plus multiples
-    // of their leading dimension and batch stride: odd shapes are aligned less,
-    // and the heuristic must know it.
-    const uint32_t align_a = operand_alignment(s.lda, s.stride_a), align_b = operand_alignment(s.ldb, s.stride_b),
-                   align_c = operand_alignment(s.ldc, s.stride_c);
-    for (const auto& [attribute, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
-                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
-                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
-                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}}) {
+    for (const auto& [attribute, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al.a},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al.b},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al.c},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al.c}}) {
       GRADKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)));
     }
     cublasLtMatmulHeuristicResult_t result{};
@@ -223,7 +227,10 @@ struct GemmState {
 
   void run(const GemmShape& s, float alpha, const bf16* a, const bf16* b, float beta, const bf16* c, bf16* d,
            cudaStream_t stream) {
-    const PreparedGemm& p = prepare(s);
+    // C and D share a layout: their alignment is the lesser of the two.
+    const GemmAlignment al{operand_alignment(a, s.lda, s.stride_a), operand_alignment(b, s.ldb, s.stride_b),
+                           std::min(operand_alignment(c, s.ldc, s.stride_c), operand_alignment(d, s.ldc, s.stride_c))};
+    const PreparedGemm& p = prepare(s, al);
     GRADKIT_CUBLAS_CHECK(cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, d, p.c, &p.algo,
                                         workspace, kGemmWorkspace, stream));
   }
@@ -259,6 +266,65 @@ struct CudaWorkspace {
   }
 };
 
+// S[i + j m] = S[j + i m] for i < m1 <= j, in every matrix of the batch: the
+// upper right block of a symmetric S from its lower left one (32 x 32 tiles
+// through shared memory, so that both sides are read and written in rows).
+__global__ void mirror_kernel(bf16* s, int64_t m, int64_t m1, int64_t stride) {
+  __shared__ bf16 tile[32][33];
+  bf16* matrix = s + blockIdx.z * stride;
+  const int64_t j0 = m1 + blockIdx.x * 32, i0 = blockIdx.y * 32;  // the upper block's tile: rows i0.., columns j0..
+  // Read the lower block's tile (rows j0.., columns i0..), coalesced along its rows (col-major: j fastest).
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const int64_t j = j0 + threadIdx.x, i = i0 + r;
+    if (j < m && i < m1) tile[r][threadIdx.x] = matrix[j + i * m];
+  }
+  __syncthreads();
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const int64_t i = i0 + threadIdx.x, j = j0 + r;
+    if (i < m1 && j < m) matrix[i + j * m] = tile[threadIdx.x][r];
+  }
+}
+
+void mirror_upper(bf16* s, int64_t m, int64_t m1, int64_t stride, int64_t batch, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((m - m1 + 31) / 32), static_cast<unsigned>((m1 + 31) / 32),
+                  static_cast<unsigned>(batch));
+  mirror_kernel<<<grid, dim3(32, 8), 0, stream>>>(s, m, m1, stride);
+  GRADKIT_CUDA_CHECK_LAUNCH();
+}
+
+// The rows of Y (m x k) as cuBLAS sees them: Y's rows are the columns of a
+// column-major M (ld) when `transposed` (Y = Mt), else M's rows (Y = M).
+struct RowOperand {
+  const bf16* base;
+  bool transposed;
+  int64_t k, ld, stride;
+  const bf16* rows(int64_t first) const { return base + first * (transposed ? ld : 1); }
+};
+
+// D = alpha Y Yt + beta C over the batch (m x m, column major, ld m, stride
+// sd), C being D's shape (beta 0: none). Whole (one product), or, with
+// m1 > 0, by row blocks Y1 (m1 rows) and Y2: the blocks D11, D21, D22 as
+// three products and D12 mirrored from D21, 3/4 of the multiplications; D is
+// then symmetric bit for bit.
+void symmetric_product(GemmState& gemm, const RowOperand& y, int64_t m, int64_t m1, float alpha, float beta,
+                       const bf16* c, bf16* d, int64_t sd, int64_t batch, cudaStream_t stream) {
+  const bool t = y.transposed;
+  const auto product = [&](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+    const GemmShape shape{t, !t, rows, cols, y.k, y.ld, y.ld, m, y.stride, y.stride, sd, batch};
+    const int64_t at = r0 + c0 * m;
+    gemm.run(shape, alpha, y.rows(r0), y.rows(c0), beta, beta != 0.0f ? c + at : d + at, d + at, stream);
+  };
+  if (m1 <= 0) return product(0, m, 0, m);
+  product(0, m1, 0, m1);
+  product(m1, m - m1, 0, m1);
+  product(m1, m - m1, m1, m - m1);
+  mirror_upper(d, m, m1, sd, batch, stream);
+}
+
+// The first row block's size when split: about half, a multiple of 64 (the
+// products' tiles), or 0 below `split_from`.
+int64_t split_rows(int64_t m, int64_t split_from) { return m >= split_from && m >= 128 ? m / 2 / 64 * 64 : 0; }
+
 // ns_steps iterations of torch's algorithm on each matrix X (rows <= cols)
 // or on its transpose (rows > cols), written on the row-major X itself,
 // which cuBLAS sees as the column-major M = Xt (cols x rows):
@@ -266,20 +332,26 @@ struct CudaWorkspace {
 //   tall: A = M Mt, B = c A A + b A, M' = a M + B M    (Y' = a Y + B Y, Y = Xt)
 // Returns the buffer that holds the result.
 bf16* newton_schulz(GemmState& gemm, const MuonPlan::Batch& b, const CudaWorkspace& w, const MuonHyperparameters& h,
-                    cudaStream_t stream) {
+                    int64_t split_from, cudaStream_t stream) {
   const bool wide = b.rows <= b.cols;
   const int64_t R = b.rows, C = b.cols, m = wide ? R : C, n = b.count;
-  const int64_t sx = R * C, sg = m * m;
-  const GemmShape gram = wide ? GemmShape{true, false, m, m, C, C, C, m, sx, sx, sg, n}
-                              : GemmShape{false, true, m, m, R, C, C, m, sx, sx, sg, n};
+  const int64_t sx = R * C, sg = m * m, m1 = split_rows(m, split_from);
+  // A = X Xt: X's rows are M's columns (wide) or M's rows (tall, Y = M).
+  // B = c A A + b A; split, as c A At + b A: A is then symmetric bit for bit.
   const GemmShape poly{false, false, m, m, m, m, m, m, sg, sg, sg, n};
   const GemmShape update = wide ? GemmShape{false, true, C, R, R, C, m, C, sx, sg, sx, n}
                                 : GemmShape{false, false, C, R, C, m, C, C, sg, sx, sx, n};
   bf16* in = w.x;
   bf16* out = w.x_next;
   for (int32_t s = 0; s < h.ns_steps; ++s) {
-    gemm.run(gram, 1.0f, in, in, 0.0f, w.gram, w.gram, stream);
-    gemm.run(poly, h.ns_c, w.gram, w.gram, h.ns_b, w.gram, w.poly, stream);
+    symmetric_product(gemm, RowOperand{in, wide, wide ? C : R, C, sx}, m, m1, 1.0f, 0.0f, nullptr, w.gram, sg, n,
+                      stream);
+    if (m1 > 0) {
+      symmetric_product(gemm, RowOperand{w.gram, false, m, m, sg}, m, m1, h.ns_c, h.ns_b, w.gram, w.poly, sg, n,
+                        stream);
+    } else {  // torch's A A as it is written
+      gemm.run(poly, h.ns_c, w.gram, w.gram, h.ns_b, w.gram, w.poly, stream);
+    }
     if (wide) gemm.run(update, 1.0f, in, w.poly, h.ns_a, in, out, stream);
     else gemm.run(update, 1.0f, w.poly, in, h.ns_a, in, out, stream);
     std::swap(in, out);
@@ -297,7 +369,7 @@ void run(const MuonLaunch& l, cudaStream_t stream) {
   cuda::launch_multi_tensor(b.plan, MomentumOp<P, G, M>{c, w.x, w.partials, elements, l.found_inf, l.grad_scale, l.grad_scale_device}, s);
   cuda::launch_multi_tensor(b.plan, NormaliseOp{c.eps, w.x, w.partials, elements, l.found_inf}, s);
   auto& gemm = *static_cast<GemmState*>(const_cast<void*>(l.gemm));
-  const bf16* result = newton_schulz(gemm, b, w, *l.hyper, stream);
+  const bf16* result = newton_schulz(gemm, b, w, *l.hyper, l.split_from, stream);
   cuda::launch_multi_tensor(b.plan, WeightOp<P>{c, result, elements, l.found_inf}, s);
 }
 

@@ -84,7 +84,8 @@ double muon_adjusted_lr(const MuonHyperparameters& h, int64_t rows, int64_t cols
 }
 
 MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hyperparameters,
-                   std::span<const int32_t> groups) {
+                   std::span<const int32_t> groups, MuonPlanOptions options)
+    : options_(options) {
   if (hyperparameters.empty()) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "hyperparameters", "is empty; expected one entry per group");
   }
@@ -179,7 +180,7 @@ void MuonPlan::step(const MuonStepInputs& in, Stream stream) const {
     const backend::MuonLaunch launch{&batch,        &hyper_[static_cast<size_t>(batch.group)],
                                      workspace_.data(), gemm_.get(),
                                      in.found_inf,  in.grad_scale,
-                                     in.grad_scale_device};
+                                     in.grad_scale_device, options_.split_from};
     if (device().is_cuda()) backend::muon_cuda(launch, stream);
     else backend::muon_cpu(launch);
   }

@@ -63,6 +63,15 @@ struct MuonTensors {
   std::span<const MatrixShape> shapes;
 };
 
+// How a plan runs its products (not what they compute).
+struct MuonPlanOptions {
+  // CUDA: for matrices whose smaller side m is at least this (and 128), the
+  // symmetric products (X Xt and A A, A = X Xt) run by row blocks, the
+  // lower blocks computed and the upper one mirrored: 3/4 of their
+  // multiplications (docs/ops.md, "muon_step"). The CPU computes them whole.
+  int64_t split_from = 1024;
+};
+
 struct MuonStepInputs {
   const bool* found_inf = nullptr;  // on the plan's device; if *found_inf, the step writes nothing
   float grad_scale = 1.0f;          // gradients are divided by this (a loss scale, a clipping factor)
@@ -76,7 +85,7 @@ class MuonPlan {
   // group 0). Validates everything; groups the matrices into batches of one
   // shape and one group; allocates the workspace of the largest batch.
   MuonPlan(const MuonTensors& tensors, std::span<const MuonHyperparameters> hyperparameters,
-           std::span<const int32_t> groups = {});
+           std::span<const int32_t> groups = {}, MuonPlanOptions options = {});
 
   void step(const MuonStepInputs& inputs = {}, Stream stream = {}) const;
   void validate_inputs(const MuonStepInputs& inputs) const;
@@ -112,6 +121,7 @@ class MuonPlan {
   MultiTensorPlan all_;  // the whole tensors, validated once
   std::vector<MuonHyperparameters> hyper_;
   std::vector<Batch> batches_;
+  MuonPlanOptions options_;
   Buffer workspace_;
   std::shared_ptr<void> gemm_;  // the CUDA backend's cuBLASLt handle and algorithms (null on the CPU)
 };
