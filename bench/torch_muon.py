@@ -18,7 +18,9 @@ whatever a case does besides; TFLOP/s is that over the case's time, and
 torch.matmul) and with the H100's dense bf16 specification (989 TFLOP/s).
 Device time is the median over --reps of CUDA events around the call (best
 of --rounds interleaved rounds); host us is the call's wall time.
-usage: bench/torch_muon.py [--reps N] [--rounds N] [--lists gpt2,llama1b] [--markdown FILE]
+With --training, also one whole training step (forward, backward, clip,
+step) of the test GPT and of a GPT-2-small-shaped model, AdamW against Muon.
+usage: bench/torch_muon.py [--reps N] [--rounds N] [--lists gpt2,llama1b] [--training] [--markdown FILE]
 """
 import argparse
 import math
@@ -160,11 +162,62 @@ def bench_list(key, reps, rounds, peak, rows):
     torch.cuda.empty_cache()
 
 
+def bench_training(reps, rows):
+    """One whole training step (forward, backward, clip, step) of the test GPT
+    (python/tests/models.TinyGPT: 2 layers, d 128, batch 16 x 64) and of a
+    GPT-2-small-shaped one (12 layers, d 768, batch 8 x 512, bf16 autocast):
+    AdamW alone against Muon on the matrices (muon_param_groups) with AdamW on
+    the rest, gradkit's and torch's."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+    import models
+
+    configs = [("test GPT", dict(), 16, 64, False), ("GPT-2-small-shaped", dict(layers=12, d=768, heads=12, block=512),
+                                                      8, 512, True)]
+    for name, shape, batch, block, autocast in configs:
+        torch.manual_seed(0)
+        model = models.TinyGPT(**shape).cuda()
+        x, y = next(models.text_batches("cuda", 1, batch=batch, block=block))
+
+        def torch_muon(m):
+            groups = gt.muon_param_groups(m)
+            muon = torch.optim.Muon(groups[0]["params"], lr=0.02)
+            adamw = torch.optim.AdamW(groups[1]["params"], lr=3e-4, fused=True)
+            return [muon, adamw]
+
+        optimizers = {"gradkit AdamW": lambda m: [gt.AdamW(m.parameters(), lr=3e-4)],
+                      "torch fused AdamW": lambda m: [torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)],
+                      "gradkit Muon + AdamW": lambda m: [gt.Muon(gt.muon_param_groups(m, lr=3e-4), lr=0.02)],
+                      "torch Muon + fused AdamW": torch_muon}
+        times = {}
+        for label, make in optimizers.items():
+            opts = make(model)
+
+            def step():
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                    loss = model(x, y)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                for o in opts:
+                    o.step()
+                for o in opts:
+                    o.zero_grad()
+            times[label] = median_ms(step, reps)
+        base = times["gradkit AdamW"]
+        print(f"\n{name}: whole training step (forward, backward, clip, step)", flush=True)
+        for label, ms in times.items():
+            row = (name + " training step", label, f"{ms:.2f}", "", "", "", "", f"{100 * (ms / base - 1):+.1f}% vs AdamW")
+            rows.append(row)
+            print("  ".join(f"{c:>{w}}" for c, w in zip(row, (28, 30, 8, 1, 1, 1, 1, 18))), flush=True)
+        del model
+        torch.cuda.empty_cache()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--lists", default="gpt2,llama1b")
+    parser.add_argument("--training", action="store_true", help="also whole training steps (bench_training)")
     parser.add_argument("--markdown")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -176,8 +229,10 @@ def main():
     rows = []
     print("  ".join(f"{c:>{w}}" for c, w in zip(("list", "implementation", "ms", "host us", "TFLOP/s", "% meas",
                                                   "% spec", "vs torch"), (16, 44, 8, 8, 7, 8, 8, 7))))
-    for key in args.lists.split(","):
+    for key in filter(None, args.lists.split(",")):
         bench_list(key, args.reps, args.rounds, peak, rows)
+    if args.training:
+        bench_training(args.reps, rows)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"bf16 matmul measured: {peak:.0f} TFLOP/s\n\n| list | implementation | ms | host us | TFLOP/s | "

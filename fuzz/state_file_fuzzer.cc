@@ -2,7 +2,8 @@
 // optimizer that reads its kind: Adam (f32 moments with amsgrad, and bf16
 // moments), LAMB, MixedPrecision<Adam> (f16) and MixedPrecision<Lamb> (bf16)
 // with their loss scalers, and ShardedAdam and ShardedLamb (f32, one with a
-// loss scaler; f16/bf16 with masters) over a one-rank MPI communicator.
+// loss scaler; f16/bf16 with masters) over a one-rank MPI communicator, and
+// Muon (each tensor a column matrix, one group with Nesterov and one without).
 //
 // The input's last 8 bytes are replaced by the checksum of the bytes before
 // them, so that mutations get past the checksum to the sections. Besides
@@ -31,6 +32,7 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/mixed_precision.h"
+#include "gradkit/optim/muon.h"
 #include "gradkit/optim/sharded.h"
 #include "gradkit/optim/state_file.h"
 #include "optim/state_file_checksum.h"
@@ -46,7 +48,8 @@ constexpr int64_t kBucketElements = 6;
 constexpr int64_t kAlignment = 4;
 
 // Every section an optimizer's save_to writes.
-constexpr const char* kSections[] = {"meta", "groups", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "masters", "scaler"};
+constexpr const char* kSections[] = {"meta",    "groups", "exp_avg", "exp_avg_sq",     "max_exp_avg_sq",
+                                     "masters", "scaler", "shapes",  "momentum_buffer"};
 
 void fill_random(const TensorView& t, std::mt19937& rng) {
   std::normal_distribution<float> normal;
@@ -153,6 +156,14 @@ std::vector<AdamHyperparameters> adam_groups(bool amsgrad) {
   return h;
 }
 
+std::vector<MuonHyperparameters> muon_groups() {
+  std::vector<MuonHyperparameters> h(2);
+  h[0].lr = 0.02;
+  h[1].nesterov = false;
+  h[1].adjust_lr = MuonLrAdjust::match_rms_adamw;
+  return h;
+}
+
 std::vector<LambHyperparameters> lamb_groups() {
   std::vector<LambHyperparameters> h(2);
   h[0].lambda = 0.01f;
@@ -207,6 +218,13 @@ std::vector<std::unique_ptr<Case>> make_cases(Communicator& comm) {
       [](const ShardedLayout&, std::vector<LambGroup> g) {
         return std::make_unique<MixedLamb>(std::move(g), MixedPrecisionOptions{.scaler = dynamic_scaler(), .max_norm = 1.0f});
       }));
+
+  add(std::make_unique<OptimizerCase<Muon>>("muon", "muon", DType::f32, DType::f32, muon_groups(),
+                                            [](const ShardedLayout&, std::vector<MuonGroup> g) {
+                                              for (MuonGroup& group : g)
+                                                for (const TensorView& p : group.params) group.shapes.push_back({1, p.numel, 1});
+                                              return std::make_unique<Muon>(std::move(g));
+                                            }));
 
   ShardedOptions scaled;
   scaled.scaler = dynamic_scaler();

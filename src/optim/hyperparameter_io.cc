@@ -68,4 +68,24 @@ LambHyperparameters read_hyperparameters(SectionReader& in, const LambHyperparam
   return h;
 }
 
+void write_hyperparameters(SectionWriter& out, const MuonHyperparameters& h) {
+  out.put(h.lr).put(h.weight_decay).put(h.momentum).put(static_cast<uint8_t>(h.nesterov));
+  out.put(h.ns_a).put(h.ns_b).put(h.ns_c).put(h.eps).put(h.ns_steps).put(static_cast<int32_t>(h.adjust_lr));
+}
+
+MuonHyperparameters read_hyperparameters(SectionReader& in, const MuonHyperparameters*) {
+  MuonHyperparameters h;
+  h.lr = in.get<double>();
+  h.weight_decay = in.get<double>();
+  h.momentum = in.get<double>();
+  h.nesterov = in.get<uint8_t>() != 0;
+  h.ns_a = in.get<float>();
+  h.ns_b = in.get<float>();
+  h.ns_c = in.get<float>();
+  h.eps = in.get<float>();
+  h.ns_steps = in.get<int32_t>();
+  h.adjust_lr = static_cast<MuonLrAdjust>(in.get<int32_t>());
+  return h;
+}
+
 }  // namespace gradkit

@@ -9,6 +9,7 @@
 #include "gradkit/core/error.h"
 #include "gradkit/ops/adam.h"
 #include "gradkit/ops/lamb.h"
+#include "gradkit/ops/muon.h"
 #include "gradkit/optim/state_file.h"
 
 namespace gradkit {
@@ -17,6 +18,8 @@ void write_hyperparameters(SectionWriter& out, const AdamHyperparameters& h);
 AdamHyperparameters read_hyperparameters(SectionReader& in, const AdamHyperparameters* /*tag*/);
 void write_hyperparameters(SectionWriter& out, const LambHyperparameters& h);
 LambHyperparameters read_hyperparameters(SectionReader& in, const LambHyperparameters* /*tag*/);
+void write_hyperparameters(SectionWriter& out, const MuonHyperparameters& h);
+MuonHyperparameters read_hyperparameters(SectionReader& in, const MuonHyperparameters* /*tag*/);
 
 // A dtype as a state file stores it (u32): its name, or "unknown dtype code
 // N" for a code that is no dtype (a cast to DType would keep its low byte).
