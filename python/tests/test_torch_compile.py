@@ -33,7 +33,15 @@ OPTIMIZERS = {
     "AdamW": lambda params: gt.AdamW(params, lr=1e-2, weight_decay=0.1),
     "Lamb": lambda params: gt.Lamb(params, lr=1e-2, weight_decay=0.01, max_grad_norm=1.0),
     "AdamW int8": lambda params: gt.AdamW(params, lr=1e-2, moments="int8", min_8bit_size=1024),
+    "Muon": lambda params: gt.Muon(matrices_and_the_rest(params), lr=2e-2),
 }
+
+
+def matrices_and_the_rest(params):
+    """Muon's groups: the weight matrices, and the biases with AdamW."""
+    params = list(params)
+    return [{"params": [p for p in params if p.ndim == 2]},
+            {"params": [p for p in params if p.ndim != 2], "use_muon": False, "lr": 1e-2}]
 
 
 def train(device, make_optimizer, how, steps=STEPS, amp=False, inf_at=None, flat=False):

@@ -8,6 +8,8 @@ reports nanobind prints at exit for gradkit objects still alive then).
 2. A small model under AmpStep with a schedule and torch's step hooks (an
    EMA of the weights in a post-hook, as Lightning-style callbacks do).
 3. A bfloat16 model (float32 master weights) with Lamb.
+4. A small GPT-shaped model with Muon on its matrices and AdamW on the rest
+   (muon_param_groups), an LR schedule (the Muon plans' lr changes each step).
 argv[1]: the device (cpu, cuda)."""
 import sys
 
@@ -56,5 +58,17 @@ for step in range(3):
     low_loss = low(torch.randn(8, 16, device=device, dtype=torch.bfloat16)).float().pow(2).mean()
     low_loss.backward()
     low_opt.step()
+
+muon_model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 96), torch.nn.GELU(),
+                                 torch.nn.Linear(96, 32), torch.nn.Linear(32, 64)).to(device)
+muon_opt = gt.Muon(gt.muon_param_groups(muon_model, lr=3e-3), lr=0.02)
+muon_sched = torch.optim.lr_scheduler.CosineAnnealingLR(muon_opt, T_max=3)
+for step in range(3):
+    muon_opt.zero_grad()
+    tokens = torch.randint(0, 64, (4, 8), device=device)
+    muon_loss = F.cross_entropy(muon_model(tokens).flatten(0, 1), tokens.flatten())
+    muon_loss.backward()
+    muon_opt.step()
+    muon_sched.step()
 
 print(f"one process on {device}: ok", flush=True)
