@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """The Muon step on one GPU: gradkit.torch.Muon against torch.optim.Muon in the
-same run, on the hidden matrices of GPT-2 small (48 matrices, 84.9M
-parameters) and of a Llama-shaped 1B model (d 2048, 16 layers, 112 matrices).
+same run, on the hidden matrices of the test GPT (python/tests/models.TinyGPT,
+8 matrices), GPT-2 small (48 matrices, 84.9M parameters) and a Llama-shaped
+1B model (d 2048, 16 layers, 112 matrices).
 
 Cases per list:
 - torch.optim.Muon.step() and gradkit.torch.Muon.step() (each .grad read);
 - gradkit's MuonPlan.step() alone (the C++ step, no Python layer), with
   ns_steps 5 and 1: their difference / 4 is one Newton-Schulz iteration, so
   5 x that is gradkit's Newton-Schulz alone, without the element passes;
-  and the same with whole symmetric products (split_from past every matrix);
+  and the same with whole symmetric products (split_from past every matrix),
+  and with the batches one after another on one stream (streams=1);
 - torch's bare Newton-Schulz in bf16, batched by shape (torch.baddbmm, the
   issue's anchor), and torch's fused AdamW step on the same matrices.
 
@@ -20,7 +22,7 @@ Device time is the median over --reps of CUDA events around the call (best
 of --rounds interleaved rounds); host us is the call's wall time.
 With --training, also one whole training step (forward, backward, clip,
 step) of the test GPT and of a GPT-2-small-shaped model, AdamW against Muon.
-usage: bench/torch_muon.py [--reps N] [--rounds N] [--lists gpt2,llama1b] [--training] [--markdown FILE]
+usage: bench/torch_muon.py [--reps N] [--rounds N] [--lists testgpt,gpt2,llama1b] [--training] [--markdown FILE]
 """
 import argparse
 import math
@@ -49,7 +51,13 @@ def llama1b_matrices():
     return [(d, d)] * 4 * 16 + [(ffn, d), (ffn, d), (d, ffn)] * 16
 
 
-LISTS = {"gpt2": ("GPT-2 small", gpt2_matrices), "llama1b": ("Llama-shaped 1B", llama1b_matrices)}
+def test_gpt_matrices():
+    d = 128  # python/tests/models.TinyGPT: 2 layers
+    return [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * 2
+
+
+LISTS = {"gpt2": ("GPT-2 small", gpt2_matrices), "llama1b": ("Llama-shaped 1B", llama1b_matrices),
+         "testgpt": ("test GPT", test_gpt_matrices)}
 
 
 def ns_flops(shapes, steps=5):
@@ -110,9 +118,11 @@ def bare_newton_schulz(params):
 WHOLE = 1 << 40  # split_from: no matrix is split
 
 
-def muon_plan(params, ns_steps, split_from=None):
+def muon_plan(params, ns_steps, split_from=None, streams=None):
     momentum = [torch.zeros_like(p) for p in params]
     extra = {} if split_from is None else {"split_from": split_from}
+    if streams is not None:
+        extra["streams"] = streams
     plan = gradkit.MuonPlan([p.detach() for p in params], [p.grad for p in params], momentum,
                             [(1, *p.shape) for p in params],
                             [gradkit.MuonHyperparameters(lr=0.02, ns_steps=ns_steps)], **extra)
@@ -133,15 +143,18 @@ def bench_list(key, reps, rounds, peak, rows):
     plan1, _, _ = muon_plan(params, 1)
     whole5, _, _ = muon_plan(params, 5, WHOLE)
     whole1, _, _ = muon_plan(params, 1, WHOLE)
+    serial, _, _ = muon_plan(params, 5, streams=1)
     cases = {"torch.optim.Muon": theirs.step, "gradkit.torch.Muon": ours.step, "gradkit MuonPlan": plan5,
              "gradkit MuonPlan ns_steps=1": plan1, "gradkit MuonPlan, whole products": whole5,
-             "gradkit MuonPlan, whole, ns_steps=1": whole1, "torch bare NS (baddbmm)": bare_newton_schulz(params),
+             "gradkit MuonPlan, whole, ns_steps=1": whole1, "gradkit MuonPlan, one stream": serial,
+             "torch bare NS (baddbmm)": bare_newton_schulz(params),
              "torch fused AdamW": adamw.step}
     best = {n: math.inf for n in cases}
     for _ in range(rounds):
         for n, fn in cases.items():
             best[n] = min(best[n], median_ms(fn, reps))
-    hosts = {n: host_us(cases[n]) for n in ("torch.optim.Muon", "gradkit.torch.Muon", "gradkit MuonPlan")}
+    hosts = {n: host_us(cases[n]) for n in ("torch.optim.Muon", "gradkit.torch.Muon", "gradkit MuonPlan",
+                                            "gradkit MuonPlan, one stream")}
     derived = {"gradkit Newton-Schulz alone (derived)":
                5 * (best["gradkit MuonPlan"] - best["gradkit MuonPlan ns_steps=1"]) / 4,
                "gradkit NS alone, whole products (derived)":
@@ -216,7 +229,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--lists", default="gpt2,llama1b")
+    parser.add_argument("--lists", default="testgpt,gpt2,llama1b")
     parser.add_argument("--training", action="store_true", help="also whole training steps (bench_training)")
     parser.add_argument("--markdown")
     args = parser.parse_args()

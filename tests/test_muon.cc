@@ -197,6 +197,40 @@ TEST_P(Muon, SplitSymmetricProductsMatchTheReference) {
   }
 }
 
+// Small batches run at once on side streams (CUDA, MuonPlanOptions::streams):
+// the same step as one after another, within the products' tolerance (each
+// stream's products may take another cuBLAS algorithm), the momentum bit for bit.
+TEST_P(Muon, BatchesOnSideStreamsStepAsOneAfterAnother) {
+  std::mt19937_64 rng(26), rng_serial(26);
+  const std::vector<MatrixShape> shapes = {{1, 24, 40}, {2, 40, 24}, {1, 32, 32}, {3, 16, 48}, {1, 8, 8}};
+  MuonLists together(device(), rng, shapes, {}), serial(device(), rng_serial, shapes, {});
+  MuonHyperparameters h;
+  h.lr = 0.02;
+  const MuonPlan a(together.tensors(), std::span(&h, 1));
+  MuonPlanOptions one;
+  one.streams = 1;
+  const MuonPlan b(serial.tensors(), std::span(&h, 1), {}, one);
+  std::vector<std::vector<double>> before;
+  for (auto& t : together.w) before.push_back(t.read());
+  std::mt19937_64 g1(27), g2(27);
+  for (int step = 0; step < 2; ++step) {
+    together.new_gradients(g1);
+    serial.new_gradients(g2);
+    a.step();
+    b.step();
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    EXPECT_LE(relative_error(minus(together.w[i].read(), before[i]), minus(serial.w[i].read(), before[i])),
+              muon_update_tolerance(false))
+        << i;
+    EXPECT_EQ(together.buf[i].bytes(), serial.buf[i].bytes()) << i;
+  }
+  MuonPlanOptions none;
+  none.streams = 0;
+  expect_error([&] { MuonPlan(serial.tensors(), std::span(&h, 1), {}, none); }, ErrorCode::invalid_argument,
+               {"options.streams", ">= 1"});
+}
+
 TEST_P(Muon, BatchesMatricesOfOneShapeAndGroup) {
   std::mt19937_64 rng(11);
   MuonLists l(device(), rng, {{1, 24, 40}, {3, 24, 40}, {1, 40, 24}, {1, 24, 40}, {2, 8, 8}}, {});

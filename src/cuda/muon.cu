@@ -14,6 +14,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "backend/muon.h"
 #include "backend/muon_math.h"
@@ -141,10 +142,18 @@ uint32_t operand_alignment(const void* pointer, int64_t ld, int64_t stride) {
   return static_cast<uint32_t>(bytes & (~bytes + 1));
 }
 
-auto gemm_key(const GemmShape& s, const GemmAlignment& al) {
+auto gemm_key(const GemmShape& s, const GemmAlignment& al, size_t workspace) {
   return std::make_tuple(s.trans_a, s.trans_b, s.m, s.n, s.k, s.lda, s.ldb, s.ldc, s.stride_a, s.stride_b, s.stride_c,
-                         s.batch, al.a, al.b, al.c);
+                         s.batch, al.a, al.b, al.c, workspace);
 }
+
+// Where a batch's products run: a stream and the cuBLASLt workspace that
+// stream alone uses (products on two streams at once need two).
+struct GemmStream {
+  cudaStream_t stream;
+  void* workspace;
+  size_t workspace_bytes;
+};
 
 // Descriptors and the heuristic's algorithm for one GemmShape, made once.
 struct PreparedGemm {
@@ -169,26 +178,43 @@ cublasLtMatrixLayout_t make_layout(int64_t rows, int64_t cols, int64_t ld, int64
   return layout;
 }
 
-// 32 MiB: what cuBLAS asks for on Hopper for its largest tiles.
+// 32 MiB: what cuBLAS asks for on Hopper for its largest tiles; a side
+// stream's products are small (MuonPlanOptions::streams), 4 MiB each.
 constexpr size_t kGemmWorkspace = size_t{32} << 20;
+constexpr size_t kLaneWorkspace = size_t{4} << 20;
 
 struct GemmState {
+  // A side stream that small batches run on beside the others.
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+    void* workspace = nullptr;
+  };
+
   int device = 0;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
+  std::vector<Lane> lanes;
+  cudaEvent_t fork = nullptr;
   std::mutex mutex;
-  std::map<decltype(gemm_key(GemmShape{}, GemmAlignment{})), std::unique_ptr<PreparedGemm>> prepared;
+  std::map<decltype(gemm_key(GemmShape{}, GemmAlignment{}, 0)), std::unique_ptr<PreparedGemm>> prepared;
 
   ~GemmState() {
     cuda::DeviceGuard guard(device);
     prepared.clear();
+    for (Lane& lane : lanes) {
+      if (lane.workspace) cudaFree(lane.workspace);
+      if (lane.done) cudaEventDestroy(lane.done);
+      if (lane.stream) cudaStreamDestroy(lane.stream);
+    }
+    if (fork) cudaEventDestroy(fork);
     if (workspace) cudaFree(workspace);
     if (handle) cublasLtDestroy(handle);
   }
 
-  const PreparedGemm& prepare(const GemmShape& s, const GemmAlignment& al) {
+  const PreparedGemm& prepare(const GemmShape& s, const GemmAlignment& al, size_t workspace_bytes) {
     std::lock_guard lock(mutex);
-    auto& slot = prepared[gemm_key(s, al)];
+    auto& slot = prepared[gemm_key(s, al, workspace_bytes)];
     if (slot) return *slot;
     auto p = std::make_unique<PreparedGemm>();
     GRADKIT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -201,7 +227,7 @@ struct GemmState {
     p->c = make_layout(s.m, s.n, s.ldc, s.stride_c, s.batch);
     cublasLtMatmulPreference_t preference;
     GRADKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    const size_t bytes = kGemmWorkspace;
+    const size_t bytes = workspace_bytes;
     GRADKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                               &bytes, sizeof(bytes)));
     for (const auto& [attribute, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al.a},
@@ -226,13 +252,13 @@ struct GemmState {
   }
 
   void run(const GemmShape& s, float alpha, const bf16* a, const bf16* b, float beta, const bf16* c, bf16* d,
-           cudaStream_t stream) {
+           const GemmStream& on) {
     // C and D share a layout: their alignment is the lesser of the two.
     const GemmAlignment al{operand_alignment(a, s.lda, s.stride_a), operand_alignment(b, s.ldb, s.stride_b),
                            std::min(operand_alignment(c, s.ldc, s.stride_c), operand_alignment(d, s.ldc, s.stride_c))};
-    const PreparedGemm& p = prepare(s, al);
+    const PreparedGemm& p = prepare(s, al, on.workspace_bytes);
     GRADKIT_CUBLAS_CHECK(cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, d, p.c, &p.algo,
-                                        workspace, kGemmWorkspace, stream));
+                                        on.workspace, on.workspace_bytes, on.stream));
   }
 };
 
@@ -307,7 +333,7 @@ struct RowOperand {
 // three products and D12 mirrored from D21, 3/4 of the multiplications; D is
 // then symmetric bit for bit.
 void symmetric_product(GemmState& gemm, const RowOperand& y, int64_t m, int64_t m1, float alpha, float beta,
-                       const bf16* c, bf16* d, int64_t sd, int64_t batch, cudaStream_t stream) {
+                       const bf16* c, bf16* d, int64_t sd, int64_t batch, const GemmStream& stream) {
   const bool t = y.transposed;
   const auto product = [&](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
     const GemmShape shape{t, !t, rows, cols, y.k, y.ld, y.ld, m, y.stride, y.stride, sd, batch};
@@ -318,7 +344,7 @@ void symmetric_product(GemmState& gemm, const RowOperand& y, int64_t m, int64_t 
   product(0, m1, 0, m1);
   product(m1, m - m1, 0, m1);
   product(m1, m - m1, m1, m - m1);
-  mirror_upper(d, m, m1, sd, batch, stream);
+  mirror_upper(d, m, m1, sd, batch, stream.stream);
 }
 
 // The first row block's size when split: about half, a multiple of 64 (the
@@ -332,7 +358,7 @@ int64_t split_rows(int64_t m, int64_t split_from) { return m >= split_from && m 
 //   tall: A = M Mt, B = c A A + b A, M' = a M + B M    (Y' = a Y + B Y, Y = Xt)
 // Returns the buffer that holds the result.
 bf16* newton_schulz(GemmState& gemm, const MuonPlan::Batch& b, const CudaWorkspace& w, const MuonHyperparameters& h,
-                    int64_t split_from, cudaStream_t stream) {
+                    int64_t split_from, const GemmStream& stream) {
   const bool wide = b.rows <= b.cols;
   const int64_t R = b.rows, C = b.cols, m = wide ? R : C, n = b.count;
   const int64_t sx = R * C, sg = m * m, m1 = split_rows(m, split_from);
@@ -369,7 +395,9 @@ void run(const MuonLaunch& l, cudaStream_t stream) {
   cuda::launch_multi_tensor(b.plan, MomentumOp<P, G, M>{c, w.x, w.partials, elements, l.found_inf, l.grad_scale, l.grad_scale_device}, s);
   cuda::launch_multi_tensor(b.plan, NormaliseOp{c.eps, w.x, w.partials, elements, l.found_inf}, s);
   auto& gemm = *static_cast<GemmState*>(const_cast<void*>(l.gemm));
-  const bf16* result = newton_schulz(gemm, b, w, *l.hyper, l.split_from, stream);
+  const GemmStream on = l.lane >= 0 ? GemmStream{stream, gemm.lanes[static_cast<size_t>(l.lane)].workspace, kLaneWorkspace}
+                                    : GemmStream{stream, gemm.workspace, kGemmWorkspace};
+  const bf16* result = newton_schulz(gemm, b, w, *l.hyper, l.split_from, on);
   cuda::launch_multi_tensor(b.plan, WeightOp<P>{c, result, elements, l.found_inf}, s);
 }
 
@@ -392,18 +420,45 @@ void dispatch_grad(const MuonLaunch& l, cudaStream_t stream) {
 
 size_t muon_cuda_workspace_bytes(const MuonPlan::Batch& b) { return CudaWorkspace::bytes(b); }
 
-std::shared_ptr<void> muon_cuda_gemm(Device device) {
+std::shared_ptr<void> muon_cuda_gemm(Device device, int lanes) {
   cuda::DeviceGuard guard(device.index);
   auto state = std::make_shared<GemmState>();
   state->device = device.index;
   GRADKIT_CUBLAS_CHECK(cublasLtCreate(&state->handle));
   GRADKIT_CUDA_CHECK(cudaMalloc(&state->workspace, kGemmWorkspace));
+  if (lanes > 0) GRADKIT_CUDA_CHECK(cudaEventCreateWithFlags(&state->fork, cudaEventDisableTiming));
+  for (int i = 0; i < lanes; ++i) {
+    GemmState::Lane& lane = state->lanes.emplace_back();
+    GRADKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
+    GRADKIT_CUDA_CHECK(cudaEventCreateWithFlags(&lane.done, cudaEventDisableTiming));
+    GRADKIT_CUDA_CHECK(cudaMalloc(&lane.workspace, kLaneWorkspace));
+  }
   return state;
+}
+
+// The side streams start after what `stream` holds so far (its recorded
+// event), and `stream` goes on once they are done: the step stays ordered
+// on the caller's stream, and a CUDA graph captured on it takes them in.
+void muon_cuda_fork(const void* gemm, Stream stream) {
+  const auto& state = *static_cast<const GemmState*>(gemm);
+  cuda::DeviceGuard guard(state.device);
+  GRADKIT_CUDA_CHECK(cudaEventRecord(state.fork, cuda::native(stream)));
+  for (const GemmState::Lane& lane : state.lanes) GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(lane.stream, state.fork, 0));
+}
+
+void muon_cuda_join(const void* gemm, Stream stream) {
+  const auto& state = *static_cast<const GemmState*>(gemm);
+  cuda::DeviceGuard guard(state.device);
+  for (const GemmState::Lane& lane : state.lanes) {
+    GRADKIT_CUDA_CHECK(cudaEventRecord(lane.done, lane.stream));
+    GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(cuda::native(stream), lane.done, 0));
+  }
 }
 
 void muon_cuda(const MuonLaunch& l, Stream stream) {
   cuda::DeviceGuard guard(l.batch->plan.device().index);
-  const cudaStream_t s = cuda::native(stream);
+  const auto& state = *static_cast<const GemmState*>(l.gemm);
+  const cudaStream_t s = l.lane >= 0 ? state.lanes[static_cast<size_t>(l.lane)].stream : cuda::native(stream);
   if (l.batch->plan.dtype(0) == DType::f32) dispatch_grad<float>(l, s);
   else dispatch_grad<bfloat16>(l, s);
 }

@@ -21,6 +21,9 @@ constexpr std::string_view kOp = "muon_step";
 // so that the workspace stays a fraction of the model however many same-
 // shape matrices it has; the products are as fast at this size as beyond.
 constexpr int64_t kMaxBatchElements = int64_t{1} << 27;
+// The most workspace the batches may take together to run at once
+// (MuonPlanOptions::streams).
+constexpr size_t kConcurrentWorkspace = size_t{64} << 20;
 
 std::string indexed(std::string_view list, size_t i) { return std::string(list) + "[" + std::to_string(i) + "]"; }
 
@@ -130,17 +133,28 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
       p.elements += elements;
     }
   }
-  size_t workspace = 0;
+  check_value(options.streams >= 1, kOp, "options.streams", options.streams, "a count >= 1");
+  size_t workspace = 0, together = 0;
+  std::vector<size_t> offsets;
   for (size_t b = 0; b < batches_.size(); ++b) {
     const std::vector<PlanList> batch_lists = {{"params", pending[b].params, true},
                                                {"grads", pending[b].grads, false},
                                                {"momentum", pending[b].momentum, true}};
     batches_[b].plan = MultiTensorPlan(kOp, batch_lists);
     batches_[b].count = static_cast<int64_t>(pending[b].params.size());
-    workspace = std::max(workspace, device().is_cuda() ? backend::muon_cuda_workspace_bytes(batches_[b])
-                                                       : backend::muon_cpu_workspace_bytes(batches_[b]));
+    const size_t bytes = device().is_cuda() ? backend::muon_cuda_workspace_bytes(batches_[b])
+                                            : backend::muon_cpu_workspace_bytes(batches_[b]);
+    workspace = std::max(workspace, bytes);
+    offsets.push_back(together);
+    together += (bytes + 255) / 256 * 256;
   }
-  if (device().is_cuda()) gemm_ = backend::muon_cuda_gemm(device());
+  // Small batches at once on side streams, each in a workspace of its own.
+  if (device().is_cuda() && options.streams > 1 && batches_.size() > 1 && together <= kConcurrentWorkspace) {
+    offsets_ = std::move(offsets);
+    lanes_ = static_cast<int>(std::min<size_t>(static_cast<size_t>(options.streams), batches_.size()));
+    workspace = together;
+  }
+  if (device().is_cuda()) gemm_ = backend::muon_cuda_gemm(device(), lanes_);
   workspace_ = Buffer(device(), workspace);
   hyper_.assign(hyperparameters.begin(), hyperparameters.end());
 }
@@ -176,14 +190,22 @@ void MuonPlan::validate_inputs(const MuonStepInputs& in) const {
 
 void MuonPlan::step(const MuonStepInputs& in, Stream stream) const {
   validate_inputs(in);
-  for (const Batch& batch : batches_) {
-    const backend::MuonLaunch launch{&batch,        &hyper_[static_cast<size_t>(batch.group)],
-                                     workspace_.data(), gemm_.get(),
-                                     in.found_inf,  in.grad_scale,
-                                     in.grad_scale_device, options_.split_from};
+  const bool concurrent = !offsets_.empty();
+  if (concurrent) backend::muon_cuda_fork(gemm_.get(), stream);
+  for (size_t b = 0; b < batches_.size(); ++b) {
+    const Batch& batch = batches_[b];
+    backend::MuonLaunch launch{&batch,        &hyper_[static_cast<size_t>(batch.group)],
+                               workspace_.data(), gemm_.get(),
+                               in.found_inf,  in.grad_scale,
+                               in.grad_scale_device, options_.split_from};
+    if (concurrent) {
+      launch.workspace = static_cast<unsigned char*>(workspace_.data()) + offsets_[b];
+      launch.lane = static_cast<int>(b % static_cast<size_t>(lanes_));
+    }
     if (device().is_cuda()) backend::muon_cuda(launch, stream);
     else backend::muon_cpu(launch);
   }
+  if (concurrent) backend::muon_cuda_join(gemm_.get(), stream);
 }
 
 void muon_step(const MuonTensors& tensors, const MuonHyperparameters& hyperparameters, const MuonStepInputs& inputs,

@@ -70,6 +70,11 @@ struct MuonPlanOptions {
   // lower blocks computed and the upper one mirrored: 3/4 of their
   // multiplications (docs/ops.md, "muon_step"). The CPU computes them whole.
   int64_t split_from = 1024;
+  // CUDA: when all the batches' workspaces together take at most 64 MiB
+  // (small matrices, whose products fill a fraction of the GPU), the
+  // batches run at once on up to this many side streams, each with its own
+  // workspace, joined back into the caller's stream. 1: one after another.
+  int32_t streams = 4;
 };
 
 struct MuonStepInputs {
@@ -122,6 +127,8 @@ class MuonPlan {
   std::vector<MuonHyperparameters> hyper_;
   std::vector<Batch> batches_;
   MuonPlanOptions options_;
+  std::vector<size_t> offsets_;  // concurrent batches: each one's workspace offset (empty: one after another)
+  int lanes_ = 0;                // concurrent batches: side streams
   Buffer workspace_;
   std::shared_ptr<void> gemm_;  // the CUDA backend's cuBLASLt handle and algorithms (null on the CPU)
 };
