@@ -10,7 +10,8 @@ Cases per list:
   ns_steps 5 and 1: their difference / 4 is one Newton-Schulz iteration, so
   5 x that is gradkit's Newton-Schulz alone, without the element passes;
   and the same with whole symmetric products (split_from past every matrix),
-  and with the batches one after another on one stream (streams=1);
+  with the batches one after another on one stream (streams=1), and
+  without the recorded CUDA graph (graphs=False);
 - torch's bare Newton-Schulz in bf16, batched by shape (torch.baddbmm, the
   issue's anchor), and torch's fused AdamW step on the same matrices.
 
@@ -118,11 +119,13 @@ def bare_newton_schulz(params):
 WHOLE = 1 << 40  # split_from: no matrix is split
 
 
-def muon_plan(params, ns_steps, split_from=None, streams=None):
+def muon_plan(params, ns_steps, split_from=None, streams=None, graphs=None):
     momentum = [torch.zeros_like(p) for p in params]
     extra = {} if split_from is None else {"split_from": split_from}
     if streams is not None:
         extra["streams"] = streams
+    if graphs is not None:
+        extra["graphs"] = graphs
     plan = gradkit.MuonPlan([p.detach() for p in params], [p.grad for p in params], momentum,
                             [(1, *p.shape) for p in params],
                             [gradkit.MuonHyperparameters(lr=0.02, ns_steps=ns_steps)], **extra)
@@ -144,9 +147,11 @@ def bench_list(key, reps, rounds, peak, rows):
     whole5, _, _ = muon_plan(params, 5, WHOLE)
     whole1, _, _ = muon_plan(params, 1, WHOLE)
     serial, _, _ = muon_plan(params, 5, streams=1)
+    eager, _, _ = muon_plan(params, 5, graphs=False)
     cases = {"torch.optim.Muon": theirs.step, "gradkit.torch.Muon": ours.step, "gradkit MuonPlan": plan5,
              "gradkit MuonPlan ns_steps=1": plan1, "gradkit MuonPlan, whole products": whole5,
              "gradkit MuonPlan, whole, ns_steps=1": whole1, "gradkit MuonPlan, one stream": serial,
+             "gradkit MuonPlan, no graph": eager,
              "torch bare NS (baddbmm)": bare_newton_schulz(params),
              "torch fused AdamW": adamw.step}
     best = {n: math.inf for n in cases}
@@ -154,7 +159,7 @@ def bench_list(key, reps, rounds, peak, rows):
         for n, fn in cases.items():
             best[n] = min(best[n], median_ms(fn, reps))
     hosts = {n: host_us(cases[n]) for n in ("torch.optim.Muon", "gradkit.torch.Muon", "gradkit MuonPlan",
-                                            "gradkit MuonPlan, one stream")}
+                                            "gradkit MuonPlan, one stream", "gradkit MuonPlan, no graph")}
     derived = {"gradkit Newton-Schulz alone (derived)":
                5 * (best["gradkit MuonPlan"] - best["gradkit MuonPlan ns_steps=1"]) / 4,
                "gradkit NS alone, whole products (derived)":

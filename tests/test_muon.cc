@@ -231,6 +231,47 @@ TEST_P(Muon, BatchesOnSideStreamsStepAsOneAfterAnother) {
                {"options.streams", ">= 1"});
 }
 
+// CUDA: the step recorded into a graph and replayed (MuonPlanOptions::graphs)
+// is the eager step bit for bit, through a new learning rate (read from the
+// device table by the replays), a new ns_steps (recorded again) and a
+// found_inf flag (recorded again, and honoured).
+TEST_P(Muon, ReplayedStepsAreTheEagerStepsBitForBit) {
+  std::mt19937_64 rng(28), rng_eager(28);
+  const std::vector<MatrixShape> shapes = {{1, 24, 40}, {2, 40, 24}, {1, 300, 260}};
+  MuonLists replayed(device(), rng, shapes, {}), eager(device(), rng_eager, shapes, {});
+  std::vector<MuonHyperparameters> h(1);
+  h[0].lr = 0.02;
+  MuonPlan a(replayed.tensors(), h);
+  MuonPlanOptions off;
+  off.graphs = false;
+  MuonPlan b(eager.tensors(), h, {}, off);
+  const TestFlag clear(device(), false);
+  std::mt19937_64 g1(29), g2(29);
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3) {
+      h[0].lr = 0.05;
+      h[0].weight_decay = 0.2;
+      a.set_hyperparameters(h);
+      b.set_hyperparameters(h);
+    }
+    if (step == 4) {
+      h[0].ns_steps = 3;
+      a.set_hyperparameters(h);
+      b.set_hyperparameters(h);
+    }
+    replayed.new_gradients(g1);
+    eager.new_gradients(g2);
+    const MuonStepInputs in{step == 5 ? clear.pointer() : nullptr};
+    a.step(in);
+    b.step(in);
+    ASSERT_EQ(replayed.bits(), eager.bits()) << "step " << step;
+  }
+  const TestFlag found(device(), true);
+  const auto before = replayed.bits();
+  a.step({found.pointer()});
+  EXPECT_EQ(replayed.bits(), before);
+}
+
 TEST_P(Muon, BatchesMatricesOfOneShapeAndGroup) {
   std::mt19937_64 rng(11);
   MuonLists l(device(), rng, {{1, 24, 40}, {3, 24, 40}, {1, 40, 24}, {1, 24, 40}, {2, 8, 8}}, {});

@@ -23,12 +23,12 @@ struct PyMuonPlan {
   MuonPlan plan;
   PyMuonPlan(const Arrays& p, const Arrays& g, const Arrays& m, const std::vector<Shape>& s,
              const std::vector<MuonHyperparameters>& hyper, const std::vector<int32_t>& groups, bool hold_grads,
-             int64_t split_from, int32_t streams)
+             int64_t split_from, int32_t streams, bool graphs)
       : params(to_views(p, "params")),
         grads(to_views(g, "grads")),
         momentum(to_views(m, "momentum")),
         shapes(to_shapes(s)),
-        plan({params.views, grads.views, momentum.views, shapes}, hyper, groups, MuonPlanOptions{split_from, streams}) {
+        plan({params.views, grads.views, momentum.views, shapes}, hyper, groups, MuonPlanOptions{.split_from = split_from, .graphs = graphs, .streams = streams}) {
     if (!hold_grads) grads.arrays.clear();
   }
   static std::vector<MatrixShape> to_shapes(const std::vector<Shape>& s) {
@@ -73,13 +73,15 @@ void bind_muon(nb::module_& m) {
                          "Muon over lists of matrices planned once (docs/ops.md, muon_step): shapes[i] = (batch, "
                          "rows, cols) of tensor i; matrices of one shape and group are orthogonalised together.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const std::vector<Shape>&,
-                    const std::vector<MuonHyperparameters>&, const std::vector<int32_t>&, bool, int64_t, int32_t>(),
+                    const std::vector<MuonHyperparameters>&, const std::vector<int32_t>&, bool, int64_t, int32_t, bool>(),
            nb::arg("params"), nb::arg("grads"), nb::arg("momentum"), nb::arg("shapes"), nb::arg("hyperparameters"),
            nb::arg("groups") = std::vector<int32_t>{}, nb::arg("hold_grads") = true,
            nb::arg("split_from") = MuonPlanOptions{}.split_from, nb::arg("streams") = MuonPlanOptions{}.streams,
+           nb::arg("graphs") = MuonPlanOptions{}.graphs,
            "split_from: on CUDA, matrices whose smaller side is at least this compute their symmetric products "
            "by row blocks (3/4 of the multiplications); streams: small batches run at once on up to this many "
-           "side streams (1: one after another).")
+           "side streams (1: one after another); graphs: on CUDA, the step is recorded into a CUDA graph and "
+           "replayed (docs/ops.md).")
       .def(
           "step",
           [](const PyMuonPlan& p, nb::handle found_inf, float grad_scale, nb::handle grad_scale_device,

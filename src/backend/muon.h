@@ -4,13 +4,16 @@
 // update, in that order on one stream (docs/ops.md, "muon_step").
 #pragma once
 
+#include <span>
+
 #include "gradkit/ops/muon.h"
 
 namespace gradkit::backend {
 
 struct MuonLaunch {
   const MuonPlan::Batch* batch;
-  const MuonHyperparameters* hyper;  // the batch's group
+  const MuonHyperparameters* hyper;  // the batch's group (host memory: the products' coefficients)
+  const MuonHyperparameters* table;  // the same in the plan's table on its device (the element passes read it)
   void* workspace;                   // the plan's (muon_workspace_bytes of the largest batch)
   const void* gemm = nullptr;        // the CUDA backend's per-plan state (muon_cuda_gemm)
   const bool* found_inf = nullptr;
@@ -25,14 +28,15 @@ size_t muon_cpu_workspace_bytes(const MuonPlan::Batch& batch);
 size_t muon_cuda_workspace_bytes(const MuonPlan::Batch& batch);
 
 void muon_cpu(const MuonLaunch& launch);
-void muon_cuda(const MuonLaunch& launch, Stream stream);
+// Every batch of a step on CUDA: at once on the side streams (`concurrent`,
+// forked from and joined into `stream`) or one after another; recorded into
+// a CUDA graph and replayed when `graphs` and `stream` is not recording.
+void muon_cuda_step(const void* gemm, std::span<const MuonLaunch> launches, bool concurrent, bool graphs,
+                    Stream stream);
 
 // The CUDA backend's per-plan state (a cuBLASLt handle and workspace, and
 // `lanes` side streams with a workspace each), made once per plan.
 std::shared_ptr<void> muon_cuda_gemm(Device device, int lanes);
-// Starts the side streams after the work enqueued on `stream`; makes
-// `stream` wait for what they were given.
-void muon_cuda_fork(const void* gemm, Stream stream);
-void muon_cuda_join(const void* gemm, Stream stream);
+
 
 }  // namespace gradkit::backend

@@ -30,12 +30,25 @@ struct MuonCoefficients {
   bool nesterov;
 };
 
-inline MuonCoefficients muon_coefficients(const MuonHyperparameters& h, int64_t rows, int64_t cols) {
+// The shape's learning-rate factor, in double (torch.optim.Muon's
+// _adjust_lr): sqrt(max(1, A / B)), or 0.2 sqrt(max(A, B)).
+GRADKIT_HD double muon_lr_ratio(const MuonHyperparameters& h, int64_t rows, int64_t cols) {
+  const auto a = static_cast<double>(rows), b = static_cast<double>(cols);
+  if (h.adjust_lr == MuonLrAdjust::match_rms_adamw) return exact::mul(0.2, std::sqrt(a > b ? a : b));
+  const double q = a / b;
+  return std::sqrt(q > 1.0 ? q : 1.0);
+}
+
+// Computed where the kernels run (from the plan's table on the device, so
+// that a new learning rate needs no new launch arguments: a step replayed
+// from a CUDA graph sees it), in double with each operation rounded once as
+// on the host.
+GRADKIT_HD MuonCoefficients muon_coefficients(const MuonHyperparameters& h, int64_t rows, int64_t cols) {
   MuonCoefficients c;
-  c.keep = static_cast<float>(1.0 - h.momentum);
+  c.keep = static_cast<float>(exact::sub(1.0, h.momentum));
   c.momentum = static_cast<float>(h.momentum);
-  c.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
-  c.neg_adjusted_lr = static_cast<float>(-muon_adjusted_lr(h, rows, cols));
+  c.decay = static_cast<float>(exact::sub(1.0, exact::mul(h.lr, h.weight_decay)));
+  c.neg_adjusted_lr = static_cast<float>(exact::neg(exact::mul(h.lr, muon_lr_ratio(h, rows, cols))));
   c.eps = h.eps;
   c.nesterov = h.nesterov;
   return c;

@@ -63,9 +63,7 @@ size_t muon_cuda_workspace_bytes(const MuonPlan::Batch&) {
   return 0;
 }
 std::shared_ptr<void> muon_cuda_gemm(Device device, int) { return upload(device, nullptr, 0); }
-void muon_cuda_fork(const void*, Stream) { upload(Device::cuda(0), nullptr, 0); }
-void muon_cuda_join(const void*, Stream) { upload(Device::cuda(0), nullptr, 0); }
-void muon_cuda(const MuonLaunch&, Stream) { upload(Device::cuda(0), nullptr, 0); }
+void muon_cuda_step(const void*, std::span<const MuonLaunch>, bool, bool, Stream) { upload(Device::cuda(0), nullptr, 0); }
 
 }  // namespace gradkit::backend
 

@@ -45,7 +45,8 @@ __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(_
 
 template <class P, class G, class M>
 struct MomentumOp {
-  MuonCoefficients c;
+  const MuonHyperparameters* hyper;  // the group's entry of the plan's table (on the device)
+  int64_t rows, cols;
   bf16* x;          // the batch's matrices, one after another
   float* partials;  // one per chunk
   int64_t elements; // per matrix
@@ -56,6 +57,7 @@ struct MomentumOp {
   __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& chunk) const {
     if (found_inf != nullptr && *found_inf) return;
     const float scale = grad_scale_device != nullptr ? *grad_scale_device : grad_scale;
+    const MuonCoefficients c = muon_coefficients(*hyper, rows, cols);
     using NG = cuda::native_t<G>;
     using NM = cuda::native_t<M>;
     const NG* grad = plan.tensor<NG>(1, chunk);
@@ -79,7 +81,7 @@ struct MomentumOp {
 };
 
 struct NormaliseOp {
-  float eps;
+  const MuonHyperparameters* hyper;
   bf16* x;
   const float* partials;
   int64_t elements;
@@ -92,7 +94,7 @@ struct NormaliseOp {
     const int64_t first = plan.first_chunk(chunk.tensor), last = plan.first_chunk(chunk.tensor + 1);
     double sum = 0.0;
     for (int64_t k = first; k < last; ++k) sum += partials[k];
-    const float divisor = muon_divisor(sum, eps, round_bf16);
+    const float divisor = muon_divisor(sum, hyper->eps, round_bf16);
     bf16* out = x + chunk.tensor * elements + chunk.begin;
     for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
       out[i] = __float2bfloat16_rn(__fdiv_rn(__bfloat162float(out[i]), divisor));
@@ -102,7 +104,8 @@ struct NormaliseOp {
 
 template <class P>
 struct WeightOp {
-  MuonCoefficients c;
+  const MuonHyperparameters* hyper;
+  int64_t rows, cols;
   const bf16* orthogonal;
   int64_t elements;
   const bool* found_inf;
@@ -110,6 +113,7 @@ struct WeightOp {
   __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& chunk) const {
     if (found_inf != nullptr && *found_inf) return;
     using NP = cuda::native_t<P>;
+    const MuonCoefficients c = muon_coefficients(*hyper, rows, cols);
     NP* param = plan.tensor<NP>(0, chunk);
     const bf16* o = orthogonal + chunk.tensor * elements + chunk.begin;
     const auto round_weight = [](float v) { return cuda::to_compute<float>(cuda::from_compute<NP>(v)); };
@@ -191,16 +195,27 @@ struct GemmState {
     void* workspace = nullptr;
   };
 
+  // What a recorded step depends on beyond the plan's memory and tables:
+  // the per-step inputs' values and each batch's product coefficients.
+  using GraphKey = std::vector<double>;
+
   int device = 0;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::vector<Lane> lanes;
   cudaEvent_t fork = nullptr;
+  cudaStream_t capture = nullptr;   // the stream a step is recorded on
+  cudaGraphExec_t graph = nullptr;  // the recorded step, for `key`
+  GraphKey key;
+  bool stepped = false;      // a step has run eagerly (lazy initialisations are done)
+  bool graphs_off = false;   // recording failed once: eager from then on
   std::mutex mutex;
   std::map<decltype(gemm_key(GemmShape{}, GemmAlignment{}, 0)), std::unique_ptr<PreparedGemm>> prepared;
 
   ~GemmState() {
     cuda::DeviceGuard guard(device);
+    if (graph) cudaGraphExecDestroy(graph);
+    if (capture) cudaStreamDestroy(capture);
     prepared.clear();
     for (Lane& lane : lanes) {
       if (lane.workspace) cudaFree(lane.workspace);
@@ -388,17 +403,17 @@ bf16* newton_schulz(GemmState& gemm, const MuonPlan::Batch& b, const CudaWorkspa
 template <class P, class G, class M>
 void run(const MuonLaunch& l, cudaStream_t stream) {
   const MuonPlan::Batch& b = *l.batch;
-  const MuonCoefficients c = muon_coefficients(*l.hyper, b.rows, b.cols);
   const CudaWorkspace w(b, l.workspace);
   const int64_t elements = b.rows * b.cols;
   const Stream s{stream};
-  cuda::launch_multi_tensor(b.plan, MomentumOp<P, G, M>{c, w.x, w.partials, elements, l.found_inf, l.grad_scale, l.grad_scale_device}, s);
-  cuda::launch_multi_tensor(b.plan, NormaliseOp{c.eps, w.x, w.partials, elements, l.found_inf}, s);
+  cuda::launch_multi_tensor(b.plan, MomentumOp<P, G, M>{l.table, b.rows, b.cols, w.x, w.partials, elements, l.found_inf,
+                                                        l.grad_scale, l.grad_scale_device}, s);
+  cuda::launch_multi_tensor(b.plan, NormaliseOp{l.table, w.x, w.partials, elements, l.found_inf}, s);
   auto& gemm = *static_cast<GemmState*>(const_cast<void*>(l.gemm));
   const GemmStream on = l.lane >= 0 ? GemmStream{stream, gemm.lanes[static_cast<size_t>(l.lane)].workspace, kLaneWorkspace}
                                     : GemmStream{stream, gemm.workspace, kGemmWorkspace};
   const bf16* result = newton_schulz(gemm, b, w, *l.hyper, l.split_from, on);
-  cuda::launch_multi_tensor(b.plan, WeightOp<P>{c, result, elements, l.found_inf}, s);
+  cuda::launch_multi_tensor(b.plan, WeightOp<P>{l.table, b.rows, b.cols, result, elements, l.found_inf}, s);
 }
 
 template <class P, class G>
@@ -436,31 +451,98 @@ std::shared_ptr<void> muon_cuda_gemm(Device device, int lanes) {
   return state;
 }
 
+namespace {
+
 // The side streams start after what `stream` holds so far (its recorded
 // event), and `stream` goes on once they are done: the step stays ordered
-// on the caller's stream, and a CUDA graph captured on it takes them in.
-void muon_cuda_fork(const void* gemm, Stream stream) {
-  const auto& state = *static_cast<const GemmState*>(gemm);
-  cuda::DeviceGuard guard(state.device);
-  GRADKIT_CUDA_CHECK(cudaEventRecord(state.fork, cuda::native(stream)));
+// on the caller's stream, and a CUDA graph recorded on it takes them in.
+void fork(const GemmState& state, cudaStream_t stream) {
+  GRADKIT_CUDA_CHECK(cudaEventRecord(state.fork, stream));
   for (const GemmState::Lane& lane : state.lanes) GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(lane.stream, state.fork, 0));
 }
 
-void muon_cuda_join(const void* gemm, Stream stream) {
-  const auto& state = *static_cast<const GemmState*>(gemm);
-  cuda::DeviceGuard guard(state.device);
+void join(const GemmState& state, cudaStream_t stream) {
   for (const GemmState::Lane& lane : state.lanes) {
     GRADKIT_CUDA_CHECK(cudaEventRecord(lane.done, lane.stream));
-    GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(cuda::native(stream), lane.done, 0));
+    GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(stream, lane.done, 0));
   }
 }
 
-void muon_cuda(const MuonLaunch& l, Stream stream) {
-  cuda::DeviceGuard guard(l.batch->plan.device().index);
-  const auto& state = *static_cast<const GemmState*>(l.gemm);
-  const cudaStream_t s = l.lane >= 0 ? state.lanes[static_cast<size_t>(l.lane)].stream : cuda::native(stream);
-  if (l.batch->plan.dtype(0) == DType::f32) dispatch_grad<float>(l, s);
-  else dispatch_grad<bfloat16>(l, s);
+void enqueue(const GemmState& state, std::span<const MuonLaunch> launches, bool concurrent, cudaStream_t stream) {
+  if (concurrent) fork(state, stream);
+  for (const MuonLaunch& l : launches) {
+    const cudaStream_t s = l.lane >= 0 ? state.lanes[static_cast<size_t>(l.lane)].stream : stream;
+    if (l.batch->plan.dtype(0) == DType::f32) dispatch_grad<float>(l, s);
+    else dispatch_grad<bfloat16>(l, s);
+  }
+  if (concurrent) join(state, stream);
+}
+
+GemmState::GraphKey graph_key(std::span<const MuonLaunch> launches) {
+  GemmState::GraphKey key;
+  if (launches.empty()) return key;
+  const MuonLaunch& first = launches.front();
+  key = {static_cast<double>(reinterpret_cast<uintptr_t>(first.found_inf)), first.grad_scale,
+         static_cast<double>(reinterpret_cast<uintptr_t>(first.grad_scale_device))};
+  for (const MuonLaunch& l : launches) key.insert(key.end(), {l.hyper->ns_a, l.hyper->ns_b, l.hyper->ns_c,
+                                                              static_cast<double>(l.hyper->ns_steps)});
+  return key;
+}
+
+// Records the step on the plan's own stream; null if recording failed (the
+// step then runs eagerly from here on).
+cudaGraphExec_t record(GemmState& state, std::span<const MuonLaunch> launches, bool concurrent) {
+  if (state.capture == nullptr) GRADKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&state.capture, cudaStreamNonBlocking));
+  GRADKIT_CUDA_CHECK(cudaStreamBeginCapture(state.capture, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    enqueue(state, launches, concurrent, state.capture);
+  } catch (const Error&) {
+    cudaStreamEndCapture(state.capture, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // the failed recording's error is not the caller's
+    return nullptr;
+  }
+  GRADKIT_CUDA_CHECK(cudaStreamEndCapture(state.capture, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return exec;
+}
+
+}  // namespace
+
+void muon_cuda_step(const void* gemm, std::span<const MuonLaunch> launches, bool concurrent, bool graphs,
+                    Stream stream) {
+  auto& state = *static_cast<GemmState*>(const_cast<void*>(gemm));
+  cuda::DeviceGuard guard(state.device);
+  const cudaStream_t user = cuda::native(stream);
+  cudaStreamCaptureStatus recording = cudaStreamCaptureStatusNone;
+  GRADKIT_CUDA_CHECK(cudaStreamIsCapturing(user, &recording));
+  // The first step runs eagerly: cuBLASLt's algorithms are chosen and its
+  // lazy initialisations happen outside a recording.
+  if (!graphs || state.graphs_off || recording != cudaStreamCaptureStatusNone || !state.stepped) {
+    enqueue(state, launches, concurrent, user);
+    state.stepped = true;
+    return;
+  }
+  GemmState::GraphKey key = graph_key(launches);
+  if (state.graph == nullptr || key != state.key) {
+    cudaGraphExec_t exec = record(state, launches, concurrent);
+    if (exec == nullptr) {
+      state.graphs_off = true;
+      enqueue(state, launches, concurrent, user);
+      return;
+    }
+    if (state.graph) cudaGraphExecDestroy(state.graph);
+    state.graph = exec;
+    state.key = std::move(key);
+  }
+  GRADKIT_CUDA_CHECK(cudaGraphLaunch(state.graph, user));
 }
 
 }  // namespace gradkit::backend

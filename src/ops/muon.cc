@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "backend/muon.h"
+#include "backend/muon_math.h"
 #include "gradkit/core/error.h"
 #include "ops/device_scalar.h"
 
@@ -80,10 +81,7 @@ void validate(const MuonHyperparameters& h, std::string_view op, const std::stri
 }
 
 double muon_adjusted_lr(const MuonHyperparameters& h, int64_t rows, int64_t cols) {
-  const auto a = static_cast<double>(rows), b = static_cast<double>(cols);
-  const double ratio = h.adjust_lr == MuonLrAdjust::match_rms_adamw ? 0.2 * std::sqrt(std::max(a, b))
-                                                                    : std::sqrt(std::max(1.0, a / b));
-  return h.lr * ratio;
+  return h.lr * backend::muon_lr_ratio(h, rows, cols);
 }
 
 MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hyperparameters,
@@ -156,17 +154,11 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
   }
   if (device().is_cuda()) gemm_ = backend::muon_cuda_gemm(device(), lanes_);
   workspace_ = Buffer(device(), workspace);
-  hyper_.assign(hyperparameters.begin(), hyperparameters.end());
+  hyper_.set(kOp, hyperparameters, device());
 }
 
 void MuonPlan::set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters) {
-  if (hyperparameters.size() != hyper_.size()) {
-    throw_argument_error(ErrorCode::size_mismatch, kOp, "hyperparameters",
-                         "has " + std::to_string(hyperparameters.size()) + " groups, expected " +
-                             std::to_string(hyper_.size()));
-  }
-  for (size_t i = 0; i < hyperparameters.size(); ++i) validate(hyperparameters[i], kOp, indexed("hyperparameters", i));
-  hyper_.assign(hyperparameters.begin(), hyperparameters.end());
+  hyper_.set(kOp, hyperparameters, device());  // checks the count and each entry; the device copy in place
 }
 
 void MuonPlan::set_grads(std::span<const TensorView> grads, Stream stream) {
@@ -191,10 +183,12 @@ void MuonPlan::validate_inputs(const MuonStepInputs& in) const {
 void MuonPlan::step(const MuonStepInputs& in, Stream stream) const {
   validate_inputs(in);
   const bool concurrent = !offsets_.empty();
-  if (concurrent) backend::muon_cuda_fork(gemm_.get(), stream);
+  std::vector<backend::MuonLaunch> launches;
   for (size_t b = 0; b < batches_.size(); ++b) {
     const Batch& batch = batches_[b];
-    backend::MuonLaunch launch{&batch,        &hyper_[static_cast<size_t>(batch.group)],
+    const auto group = static_cast<size_t>(batch.group);
+    backend::MuonLaunch launch{&batch,        &hyper_.host()[group],
+                               hyper_.on(device()) + group,
                                workspace_.data(), gemm_.get(),
                                in.found_inf,  in.grad_scale,
                                in.grad_scale_device, options_.split_from};
@@ -202,10 +196,13 @@ void MuonPlan::step(const MuonStepInputs& in, Stream stream) const {
       launch.workspace = static_cast<unsigned char*>(workspace_.data()) + offsets_[b];
       launch.lane = static_cast<int>(b % static_cast<size_t>(lanes_));
     }
-    if (device().is_cuda()) backend::muon_cuda(launch, stream);
-    else backend::muon_cpu(launch);
+    launches.push_back(launch);
   }
-  if (concurrent) backend::muon_cuda_join(gemm_.get(), stream);
+  if (device().is_cuda()) {
+    backend::muon_cuda_step(gemm_.get(), launches, concurrent, options_.graphs, stream);
+  } else {
+    for (const backend::MuonLaunch& launch : launches) backend::muon_cpu(launch);
+  }
 }
 
 void muon_step(const MuonTensors& tensors, const MuonHyperparameters& hyperparameters, const MuonStepInputs& inputs,

@@ -43,6 +43,12 @@ struct MuonHyperparameters {
 // ns_steps in [1, 100) and adjust_lr one of the two.
 void validate(const MuonHyperparameters& h, std::string_view op, const std::string& arg);
 
+}  // namespace gradkit
+
+#include "gradkit/ops/detail/group_table.h"
+
+namespace gradkit {
+
 // A tensor's shape as Muon sees it: `batch` matrices of rows x cols, row
 // major, one after another (batch 1 for a plain matrix, the expert count for
 // a 3-D stack of experts). batch * rows * cols must be the tensor's numel.
@@ -70,6 +76,12 @@ struct MuonPlanOptions {
   // lower blocks computed and the upper one mirrored: 3/4 of their
   // multiplications (docs/ops.md, "muon_step"). The CPU computes them whole.
   int64_t split_from = 1024;
+  // CUDA: the step is recorded once into a CUDA graph and replayed (one
+  // launch instead of a few per batch and product), unless the caller's
+  // stream is itself recording one. A new learning rate, weight decay,
+  // momentum or eps is read from the plan's table on the device; a new
+  // found_inf, grad_scale or Newton-Schulz coefficient records it again.
+  bool graphs = true;
   // CUDA: when all the batches' workspaces together take at most 64 MiB
   // (small matrices, whose products fill a fraction of the GPU), the
   // batches run at once on up to this many side streams, each with its own
@@ -103,7 +115,7 @@ class MuonPlan {
   void set_grads(std::span<const TensorView> grads, Stream stream = {});
 
   Device device() const { return all_.device(); }
-  std::span<const MuonHyperparameters> hyperparameters() const { return hyper_; }
+  std::span<const MuonHyperparameters> hyperparameters() const { return hyper_.host(); }
   size_t num_tensors() const { return all_.num_tensors(); }
   // Batches (same shape, same group), each run with one product per
   // Newton-Schulz stage whatever its matrix count.
@@ -124,7 +136,7 @@ class MuonPlan {
 
  private:
   MultiTensorPlan all_;  // the whole tensors, validated once
-  std::vector<MuonHyperparameters> hyper_;
+  detail::GroupTable<MuonHyperparameters> hyper_;  // host, and on the device for the kernels
   std::vector<Batch> batches_;
   MuonPlanOptions options_;
   std::vector<size_t> offsets_;  // concurrent batches: each one's workspace offset (empty: one after another)
