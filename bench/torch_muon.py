@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gradkit  # noqa: E402
 import gradkit.torch as gt  # noqa: E402
 from timing import median_ms  # noqa: E402
+from torch_step import make_params  # noqa: E402  (seeded parameters with gradients, on the GPU)
 
 SPEC_PEAK_TFLOPS = 989.0  # H100 SXM dense bf16
 NS = (3.4445, -4.775, 2.0315)
@@ -85,14 +86,6 @@ def matmul_tflops(reps):
     b = torch.randn_like(a)
     ms = median_ms(lambda: a @ b, reps)
     return 2 * 8192 ** 3 / ms / 1e9
-
-
-def make_params(shapes, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    params = [torch.nn.Parameter(torch.randn(s, device="cuda", generator=g) * 0.02) for s in shapes]
-    for p in params:
-        p.grad = torch.randn(p.shape, device="cuda", generator=g) * 1e-3
-    return params
 
 
 def bare_newton_schulz(params):

@@ -78,10 +78,6 @@ std::vector<std::vector<uint8_t>> state_bits(const Adam& adam) {
   return out;
 }
 
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "gradkit_" + name + "_" + std::to_string(::getpid());
-}
-
 using AdamOptimizer = OnEachDevice;
 
 TEST_P(AdamOptimizer, StepsCountAndMatchTheReference) {

@@ -57,10 +57,6 @@ struct Model {
   }
 };
 
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "gradkit_" + name + "_" + std::to_string(::getpid());
-}
-
 using LambOptimizer = OnEachDevice;
 
 TEST_P(LambOptimizer, StepsCountAndMatchTheReference) {

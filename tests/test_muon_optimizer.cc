@@ -3,8 +3,6 @@
 // bit-exactly, and refuses files and arguments that are not its own.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <random>
 #include <string>
@@ -15,6 +13,7 @@
 #include "gradkit/optim/muon.h"
 #include "support/device_param.h"
 #include "support/expect_error.h"
+#include "support/state_file_bytes.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {
@@ -58,10 +57,6 @@ struct Model {
     return out;
   }
 };
-
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "gradkit_" + name + "_" + std::to_string(::getpid());
-}
 
 using MuonOptimizer = OnEachDevice;
 

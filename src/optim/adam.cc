@@ -112,18 +112,9 @@ void Adam::set_lr(int group, float lr) {
   copy_from_host(lr_device() + group, device_, &lr, sizeof lr);
 }
 
-void Adam::save(const std::string& path) const {
-  StateFile file;
-  file.add("kind", std::vector<uint8_t>(kKind.begin(), kKind.end()));
-  save_to(file);
-  file.write(path);
-}
+void Adam::save(const std::string& path) const { save_state(*this, path, kKind); }
 
-void Adam::load(const std::string& path) {
-  const StateFile file = read_state(path, kKind);
-  check_state(path, file);
-  apply_state(file);
-}
+void Adam::load(const std::string& path) { load_state(*this, path, kKind); }
 
 void Adam::save_to(StateFile& file) const {
   synchronize(device_);

@@ -79,18 +79,9 @@ void Lamb::set_eta(float eta) {
   copy_from_host(eta_.data(), device_, &eta, sizeof eta);
 }
 
-void Lamb::save(const std::string& path) const {
-  StateFile file;
-  file.add("kind", std::vector<uint8_t>(kKind.begin(), kKind.end()));
-  save_to(file);
-  file.write(path);
-}
+void Lamb::save(const std::string& path) const { save_state(*this, path, kKind); }
 
-void Lamb::load(const std::string& path) {
-  const StateFile file = read_state(path, kKind);
-  check_state(path, file);
-  apply_state(file);
-}
+void Lamb::load(const std::string& path) { load_state(*this, path, kKind); }
 
 std::vector<StateSection> Lamb::sections() const {
   std::vector<StateSection> out = {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};

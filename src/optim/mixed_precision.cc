@@ -110,18 +110,12 @@ float MixedPrecision<Optimizer>::last_grad_norm() const {
 
 template <class Optimizer>
 void MixedPrecision<Optimizer>::save(const std::string& path) const {
-  StateFile file;
-  const std::string_view k = kind<Optimizer>();
-  file.add("kind", std::vector<uint8_t>(k.begin(), k.end()));
-  save_to(file);
-  file.write(path);
+  save_state(*this, path, kind<Optimizer>());
 }
 
 template <class Optimizer>
 void MixedPrecision<Optimizer>::load(const std::string& path) {
-  const StateFile file = read_state(path, kind<Optimizer>());
-  check_state(path, file);
-  apply_state(file);
+  load_state(*this, path, kind<Optimizer>());
 }
 
 template <class Optimizer>

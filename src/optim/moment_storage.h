@@ -127,6 +127,23 @@ struct StateSection {
 
 // Reads a state file and checks that it holds state of `kind`.
 StateFile read_state(const std::string& path, std::string_view kind);
+
+// An owning optimizer's save(path) and load(path): its save_to's sections
+// behind a `kind` section, written atomically; read, checked whole
+// (check_state) before anything is applied (apply_state).
+template <class Optimizer>
+void save_state(Optimizer& optimizer, const std::string& path, std::string_view kind) {
+  StateFile file;
+  file.add("kind", std::vector<uint8_t>(kind.begin(), kind.end()));
+  optimizer.save_to(file);
+  file.write(path);
+}
+template <class Optimizer>
+void load_state(Optimizer& optimizer, const std::string& path, std::string_view kind) {
+  const StateFile file = read_state(path, kind);
+  optimizer.check_state(path, file);
+  optimizer.apply_state(file);
+}
 // Adds one section per list of tensors, with their bytes.
 void add_sections(StateFile& file, std::span<const StateSection> sections);
 // Throws io_error unless every section holds exactly its tensors' bytes.

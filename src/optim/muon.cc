@@ -82,18 +82,9 @@ const MuonHyperparameters& Muon::hyperparameters(int group) const {
   return groups_[static_cast<size_t>(group)].hyperparameters;
 }
 
-void Muon::save(const std::string& path) const {
-  StateFile file;
-  file.add("kind", std::vector<uint8_t>(kKind.begin(), kKind.end()));
-  save_to(file);
-  file.write(path);
-}
+void Muon::save(const std::string& path) const { save_state(*this, path, kKind); }
 
-void Muon::load(const std::string& path) {
-  const StateFile file = read_state(path, kKind);
-  check_state(path, file);
-  apply_state(file);
-}
+void Muon::load(const std::string& path) { load_state(*this, path, kKind); }
 
 std::vector<StateSection> Muon::sections() const { return {{"momentum_buffer", &momentum_}}; }
 

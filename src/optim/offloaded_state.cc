@@ -22,18 +22,12 @@ std::string_view kind(bool low_precision) {
 
 template <class Optimizer>
 void Offloaded<Optimizer>::save(const std::string& path) {
-  StateFile file;
-  const std::string_view k = kind<Optimizer>(low_precision_);
-  file.add("kind", std::vector<uint8_t>(k.begin(), k.end()));
-  save_to(file);
-  file.write(path);
+  save_state(*this, path, kind<Optimizer>(low_precision_));
 }
 
 template <class Optimizer>
 void Offloaded<Optimizer>::load(const std::string& path) {
-  const StateFile file = read_state(path, kind<Optimizer>(low_precision_));
-  check_state(path, file);
-  apply_state(file);
+  load_state(*this, path, kind<Optimizer>(low_precision_));
 }
 
 template <class Optimizer>

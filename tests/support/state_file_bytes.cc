@@ -1,6 +1,7 @@
 #include "support/state_file_bytes.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <iterator>
@@ -27,6 +28,10 @@ void append(std::vector<uint8_t>& out, T value) {
 }
 
 }  // namespace
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "gradkit_" + name + "_" + std::to_string(::getpid());
+}
 
 std::vector<RawSection> read_raw_sections(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -18,6 +18,10 @@ struct RawSection {
   std::vector<uint8_t> bytes;
 };
 
+// A path in the test's temporary folder for a state file, unique to the
+// process (CTest runs a binary's tests as processes side by side).
+std::string temp_path(const std::string& name);
+
 // The sections of the (well-formed) state file at `path`, in file order.
 std::vector<RawSection> read_raw_sections(const std::string& path);
 // A state file of `sections` in that order (names need not be unique or
