@@ -1,9 +1,11 @@
 // Muon over tensor lists (docs/ops.md, "muon_step"): the hyperparameters and
 // the plan, which keeps the arrays it was made from alive.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -105,9 +107,14 @@ void bind_muon(nb::module_& m) {
             if (!hold) p.grads.arrays.clear();
           },
           nb::arg("grads"), nb::arg("hold_grads") = true, nb::arg("stream") = 0)
-      .def("set_hyperparameters",
-           [](PyMuonPlan& p, const std::vector<MuonHyperparameters>& h) { p.plan.set_hyperparameters(h); },
-           nb::arg("hyperparameters"))
+      .def(
+          "set_hyperparameters",
+          [](PyMuonPlan& p, const std::vector<MuonHyperparameters>& h, std::optional<uintptr_t> stream) {
+            if (stream) p.plan.set_hyperparameters(h, to_stream(*stream));
+            else p.plan.set_hyperparameters(h);
+          },
+          nb::arg("hyperparameters"), nb::arg("stream") = nb::none(),
+          "Synchronously, or in order on `stream` without waiting (per-step schedules).")
       .def_prop_ro("num_tensors", [](const PyMuonPlan& p) { return p.plan.num_tensors(); })
       .def_prop_ro("num_batches", [](const PyMuonPlan& p) { return p.plan.num_batches(); })
       .def_prop_ro("workspace_bytes", [](const PyMuonPlan& p) { return p.plan.workspace_bytes(); });

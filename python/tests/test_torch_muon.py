@@ -140,6 +140,48 @@ def test_state_dicts_load_both_ways(device):
         assert torch.equal(x, p)
 
 
+@torch_muon
+def test_a_fresh_torch_muons_state_dict_loads_and_steps(device):
+    """A state dict of torch.optim.Muon itself (its groups lack use_muon, betas, adamw_eps):
+    loaded, the next step equals torch's."""
+    ours, theirs = twins(device, SHAPES[:3], seed=6)
+    ref = torch.optim.Muon(theirs, lr=0.02)
+    same_gradients(ours, theirs)
+    ref.step()
+    for x, y in zip(ours, theirs):
+        x.data.copy_(y.data)
+    opt = gt.Muon(ours, lr=0.01)
+    opt.load_state_dict(copy.deepcopy(ref.state_dict()))
+    assert opt.param_groups[0]["lr"] == 0.02 and opt.param_groups[0]["use_muon"] is True
+    before = [p.detach().clone() for p in ours]
+    same_gradients(ours, theirs)
+    opt.step()
+    ref.step()
+    for x, y, b in zip(ours, theirs, before):
+        assert update_error(x.detach(), y.detach(), b) <= tolerances.MUON_TORCH
+    with pytest.raises(ValueError, match="param groups"):
+        opt.load_state_dict({"state": {}, "param_groups": []})
+
+
+@torch_muon
+def test_an_lr_schedule_steps_as_torchs(device):
+    """A scheduler's new lr every step (written to the Muon plans' tables on the step's
+    stream; on the GPU the replayed graph reads it) gives torch.optim.Muon's steps."""
+    ours, theirs = twins(device, SHAPES[:2], seed=7)
+    opt, ref = gt.Muon(ours, lr=0.04), torch.optim.Muon(theirs, lr=0.04)
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda step: 1.0 / (1 + step)) for o in (opt, ref)]
+    for _ in range(4):
+        before = [p.detach().clone() for p in ours]
+        same_gradients(ours, theirs)
+        opt.step()
+        ref.step()
+        for schedule in schedules:
+            schedule.step()
+        for i, (x, y, b) in enumerate(zip(ours, theirs, before)):
+            assert update_error(x.detach(), y.detach(), b) <= tolerances.MUON_TORCH, i
+            y.data.copy_(x.data)
+
+
 def test_amp_step_divides_the_scaled_gradients(device):
     """AmpStep over Muon: gradients of a loss scaled by 2^10 step as the unscaled ones
     (the divisor is a power of two: bit for bit), and an overflow skips the step."""

@@ -33,6 +33,10 @@ void muon_cpu(const MuonLaunch& launch);
 // a CUDA graph and replayed when `graphs` and `stream` is not recording.
 void muon_cuda_step(const void* gemm, std::span<const MuonLaunch> launches, bool concurrent, bool graphs,
                     Stream stream);
+// Chooses every product's cuBLASLt algorithm for these launches, launching
+// nothing: a plan does it when it is made, so that a step cannot fail
+// half-way on a product cuBLASLt has no algorithm for.
+void muon_cuda_prepare(const void* gemm, std::span<const MuonLaunch> launches);
 
 // The CUDA backend's per-plan state (a cuBLASLt handle and workspace, and
 // `lanes` side streams with a workspace each), made once per plan.

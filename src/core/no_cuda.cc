@@ -64,6 +64,7 @@ size_t muon_cuda_workspace_bytes(const MuonPlan::Batch&) {
 }
 std::shared_ptr<void> muon_cuda_gemm(Device device, int) { return upload(device, nullptr, 0); }
 void muon_cuda_step(const void*, std::span<const MuonLaunch>, bool, bool, Stream) { upload(Device::cuda(0), nullptr, 0); }
+void muon_cuda_prepare(const void*, std::span<const MuonLaunch>) { upload(Device::cuda(0), nullptr, 0); }
 
 }  // namespace gradkit::backend
 

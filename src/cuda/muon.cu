@@ -157,6 +157,7 @@ struct GemmStream {
   cudaStream_t stream;
   void* workspace;
   size_t workspace_bytes;
+  bool dry = false;  // choose each product's algorithm, launch nothing (a plan's construction)
 };
 
 // Descriptors and the heuristic's algorithm for one GemmShape, made once.
@@ -272,6 +273,7 @@ struct GemmState {
     const GemmAlignment al{operand_alignment(a, s.lda, s.stride_a), operand_alignment(b, s.ldb, s.stride_b),
                            std::min(operand_alignment(c, s.ldc, s.stride_c), operand_alignment(d, s.ldc, s.stride_c))};
     const PreparedGemm& p = prepare(s, al, on.workspace_bytes);
+    if (on.dry) return;
     GRADKIT_CUBLAS_CHECK(cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, d, p.c, &p.algo,
                                         on.workspace, on.workspace_bytes, on.stream));
   }
@@ -359,7 +361,7 @@ void symmetric_product(GemmState& gemm, const RowOperand& y, int64_t m, int64_t 
   product(0, m1, 0, m1);
   product(m1, m - m1, 0, m1);
   product(m1, m - m1, m1, m - m1);
-  mirror_upper(d, m, m1, sd, batch, stream.stream);
+  if (!stream.dry) mirror_upper(d, m, m1, sd, batch, stream.stream);
 }
 
 // The first row block's size when split: about half, a multiple of 64 (the
@@ -497,7 +499,7 @@ cudaGraphExec_t record(GemmState& state, std::span<const MuonLaunch> launches, b
   cudaGraph_t graph = nullptr;
   try {
     enqueue(state, launches, concurrent, state.capture);
-  } catch (const Error&) {
+  } catch (...) {  // whatever failed, the recording must end, or every later one would fail
     cudaStreamEndCapture(state.capture, &graph);
     if (graph) cudaGraphDestroy(graph);
     cudaGetLastError();  // the failed recording's error is not the caller's
@@ -515,6 +517,18 @@ cudaGraphExec_t record(GemmState& state, std::span<const MuonLaunch> launches, b
 }
 
 }  // namespace
+
+void muon_cuda_prepare(const void* gemm, std::span<const MuonLaunch> launches) {
+  auto& state = *static_cast<GemmState*>(const_cast<void*>(gemm));
+  cuda::DeviceGuard guard(state.device);
+  for (const MuonLaunch& l : launches) {
+    const CudaWorkspace w(*l.batch, l.workspace);
+    const GemmStream on = l.lane >= 0 ? GemmStream{nullptr, state.lanes[static_cast<size_t>(l.lane)].workspace,
+                                                   kLaneWorkspace, true}
+                                      : GemmStream{nullptr, state.workspace, kGemmWorkspace, true};
+    newton_schulz(state, *l.batch, w, *l.hyper, l.split_from, on);
+  }
+}
 
 void muon_cuda_step(const void* gemm, std::span<const MuonLaunch> launches, bool concurrent, bool graphs,
                     Stream stream) {

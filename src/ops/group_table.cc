@@ -9,4 +9,8 @@ void write_group_table(std::shared_ptr<void>& device_copy, Device device, const 
   else device_copy = backend::upload(device, host, bytes);
 }
 
+void write_group_table_async(void* device_copy, Device device, const void* host, size_t bytes, Stream stream) {
+  backend::copy_from_host_async(device_copy, host, bytes, device, stream);
+}
+
 }  // namespace gradkit::detail

@@ -155,10 +155,34 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
   if (device().is_cuda()) gemm_ = backend::muon_cuda_gemm(device(), lanes_);
   workspace_ = Buffer(device(), workspace);
   hyper_.set(kOp, hyperparameters, device());
+  if (device().is_cuda()) backend::muon_cuda_prepare(gemm_.get(), launches({}));
+}
+
+std::vector<backend::MuonLaunch> MuonPlan::launches(const MuonStepInputs& in) const {
+  std::vector<backend::MuonLaunch> out;
+  for (size_t b = 0; b < batches_.size(); ++b) {
+    const Batch& batch = batches_[b];
+    const auto group = static_cast<size_t>(batch.group);
+    backend::MuonLaunch launch{&batch,        &hyper_.host()[group],
+                               hyper_.on(device()) + group,
+                               workspace_.data(), gemm_.get(),
+                               in.found_inf,  in.grad_scale,
+                               in.grad_scale_device, options_.split_from};
+    if (!offsets_.empty()) {  // at once on the side streams
+      launch.workspace = static_cast<unsigned char*>(workspace_.data()) + offsets_[b];
+      launch.lane = static_cast<int>(b % static_cast<size_t>(lanes_));
+    }
+    out.push_back(launch);
+  }
+  return out;
 }
 
 void MuonPlan::set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters) {
-  hyper_.set(kOp, hyperparameters, device());  // checks the count and each entry; the device copy in place
+  hyper_.set(kOp, hyperparameters, device());  // checks the count and each entry first
+}
+
+void MuonPlan::set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters, Stream stream) {
+  hyper_.set_on(kOp, hyperparameters, device(), stream);
 }
 
 void MuonPlan::set_grads(std::span<const TensorView> grads, Stream stream) {
@@ -182,26 +206,11 @@ void MuonPlan::validate_inputs(const MuonStepInputs& in) const {
 
 void MuonPlan::step(const MuonStepInputs& in, Stream stream) const {
   validate_inputs(in);
-  const bool concurrent = !offsets_.empty();
-  std::vector<backend::MuonLaunch> launches;
-  for (size_t b = 0; b < batches_.size(); ++b) {
-    const Batch& batch = batches_[b];
-    const auto group = static_cast<size_t>(batch.group);
-    backend::MuonLaunch launch{&batch,        &hyper_.host()[group],
-                               hyper_.on(device()) + group,
-                               workspace_.data(), gemm_.get(),
-                               in.found_inf,  in.grad_scale,
-                               in.grad_scale_device, options_.split_from};
-    if (concurrent) {
-      launch.workspace = static_cast<unsigned char*>(workspace_.data()) + offsets_[b];
-      launch.lane = static_cast<int>(b % static_cast<size_t>(lanes_));
-    }
-    launches.push_back(launch);
-  }
+  const std::vector<backend::MuonLaunch> all = launches(in);
   if (device().is_cuda()) {
-    backend::muon_cuda_step(gemm_.get(), launches, concurrent, options_.graphs, stream);
+    backend::muon_cuda_step(gemm_.get(), all, !offsets_.empty(), options_.graphs, stream);
   } else {
-    for (const backend::MuonLaunch& launch : launches) backend::muon_cpu(launch);
+    for (const backend::MuonLaunch& launch : all) backend::muon_cpu(launch);
   }
 }
 

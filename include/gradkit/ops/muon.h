@@ -19,6 +19,10 @@
 
 namespace gradkit {
 
+namespace backend {
+struct MuonLaunch;  // src/backend/muon.h
+}
+
 // How the learning rate is scaled by each matrix's shape (rows A, columns B):
 // original (Keller Jordan's): sqrt(max(1, A / B)); match_rms_adamw
 // (Moonshot's): 0.2 sqrt(max(A, B)).
@@ -106,8 +110,12 @@ class MuonPlan {
 
   void step(const MuonStepInputs& inputs = {}, Stream stream = {}) const;
   void validate_inputs(const MuonStepInputs& inputs) const;
-  // Replaces the hyperparameters (same group count). The batches stay.
+  // Replaces the hyperparameters (same group count). The batches stay. The
+  // device table is rewritten synchronously, or with a stream, in order on
+  // it (no wait): steps enqueued after it there, replayed ones included, see
+  // the new values (a learning-rate schedule that does not stall the device).
   void set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters);
+  void set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters, Stream stream);
   // Points the plan at new gradients (the same count, element counts, dtype
   // and device; checked as the constructor checks them, nothing changes if
   // a check fails) with small copies enqueued on `stream`, for frameworks
@@ -135,6 +143,9 @@ class MuonPlan {
   };
 
  private:
+  // Each batch's launch of a step (src/backend/muon.h).
+  std::vector<backend::MuonLaunch> launches(const MuonStepInputs& inputs) const;
+
   MultiTensorPlan all_;  // the whole tensors, validated once
   detail::GroupTable<MuonHyperparameters> hyper_;  // host, and on the device for the kernels
   std::vector<Batch> batches_;

@@ -14,6 +14,7 @@ plan theirs.
 import torch
 
 import gradkit
+from gradkit.torch._device import stream_handle
 from gradkit.torch._dtensor import is_dtensor, local
 from gradkit.torch._param_groups import adam_hyperparameters
 from gradkit.torch._state_forms import StateForm
@@ -142,18 +143,28 @@ class Muon(AdamW):
                                 [self._layout.group_of[i] for i in indices], hold_grads=False)
 
     def _current_hyper_key(self):
-        """Muon's plans take the learning rate as a hyperparameter: a changed lr rewrites them."""
-        return super()._current_hyper_key() + tuple(float(g["lr"]) for g in self.param_groups if g["use_muon"])
+        """AdamW's key (its plans read lr from the device), and the Muon groups' learning
+        rates, which Muon's plans hold in their table."""
+        return super()._current_hyper_key(), tuple(float(g["lr"]) for g in self.param_groups if g["use_muon"])
 
     def _sync_hyperparameters(self):
+        """A new Muon lr (a schedule: every step) rewrites the Muon plans' tables in order on
+        the step's stream, without waiting for the device; the AdamW plans' only when their
+        own hyperparameters changed."""
         key = self._current_hyper_key()
-        if key != self._hyper_key:
-            self._refuse_in_capture("the hyperparameters changed")
-            adam = [self._hyperparameters(g) for g in self.param_groups]
-            muon = [self._muon_hyperparameters(g) for g in self.param_groups]
-            for c in self._cohorts:
-                c.plan.set_hyperparameters(muon if isinstance(c.plan, gradkit.MuonPlan) else adam)
-            self._hyper_key = key
+        if key == self._hyper_key:
+            return
+        self._refuse_in_capture("the hyperparameters changed")
+        adam_changed = self._hyper_key is None or key[0] != self._hyper_key[0]
+        stream = stream_handle(self._get_layout().device)
+        muon = [self._muon_hyperparameters(g) for g in self.param_groups]
+        adam = [self._hyperparameters(g) for g in self.param_groups] if adam_changed else None
+        for c in self._cohorts:
+            if isinstance(c.plan, gradkit.MuonPlan):
+                c.plan.set_hyperparameters(muon, stream=stream)
+            elif adam_changed:
+                c.plan.set_hyperparameters(adam)
+        self._hyper_key = key
 
     def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
         adamw = [c for c in cohorts if not isinstance(c.plan, gradkit.MuonPlan)]
@@ -165,12 +176,21 @@ class Muon(AdamW):
                 c.plan.step(found_inf=found_inf, grad_scale_device=grad_divisor, stream=stream)
 
     def load_state_dict(self, state_dict):
-        """As the other optimizers', and torch.optim.Muon's state (which counts no steps)."""
+        """As the other optimizers', and torch.optim.Muon's or AdamW's state dicts: their state
+        counts no steps (Muon's) and their groups lack this optimizer's keys ("use_muon",
+        "betas", "adamw_eps", ...), which keep the values the groups have here (torch's
+        load_state_dict takes the saved groups as they are)."""
         state = {k: dict(v) for k, v in state_dict.get("state", {}).items()}
         for s in state.values():
             if "momentum_buffer" in s and "step" not in s:
                 s["step"] = torch.tensor(0.0)
-        super().load_state_dict({**state_dict, "state": state})
+        saved_groups = state_dict.get("param_groups", [])
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"the state dict has {len(saved_groups)} param groups, expected "
+                             f"{len(self.param_groups)}")
+        groups = [{**{k: v for k, v in mine.items() if k != "params"}, **saved}
+                  for mine, saved in zip(self.param_groups, saved_groups)]
+        super().load_state_dict({**state_dict, "state": state, "param_groups": groups})
 
 
 def muon_param_groups(model, *, exclude=(), **adamw_group):

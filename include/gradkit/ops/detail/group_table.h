@@ -18,6 +18,9 @@ namespace gradkit::detail {
 // Copies `bytes` from host memory into the table's device allocation (made
 // on first use); defined in src/ops/group_table.cc.
 void write_group_table(std::shared_ptr<void>& device_copy, Device device, const void* host, size_t bytes);
+// The same enqueued on `stream` (the allocation exists), without waiting for
+// the device: kernels enqueued after it on that stream read the new values.
+void write_group_table_async(void* device_copy, Device device, const void* host, size_t bytes, Stream stream);
 
 template <class Hyperparameters>
 class GroupTable {
@@ -33,6 +36,16 @@ class GroupTable {
     for (size_t i = 0; i < entries.size(); ++i) validate(entries[i], op, "hyperparameters[" + std::to_string(i) + "]");
     host_.assign(entries.begin(), entries.end());
     if (device.is_cuda()) write_group_table(device_, device, host_.data(), host_.size() * sizeof(Hyperparameters));
+  }
+
+  // As set(), with the device copy written in order on `stream` rather than
+  // synchronously (once the table exists): for per-step changes (a learning
+  // rate schedule) that must not stall the device.
+  void set_on(std::string_view op, std::span<const Hyperparameters> entries, Device device, Stream stream) {
+    if (!device.is_cuda() || !device_ || entries.size() != host_.size()) return set(op, entries, device);
+    for (size_t i = 0; i < entries.size(); ++i) validate(entries[i], op, "hyperparameters[" + std::to_string(i) + "]");
+    host_.assign(entries.begin(), entries.end());
+    write_group_table_async(device_.get(), device, host_.data(), host_.size() * sizeof(Hyperparameters), stream);
   }
 
   bool empty() const { return host_.empty(); }
