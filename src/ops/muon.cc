@@ -64,6 +64,14 @@ TensorView matrix_of(const TensorView& t, int64_t index, int64_t elements) {
   return v;
 }
 
+// The views of a batch's matrices in one list of whole tensors.
+std::vector<TensorView> batch_views(const MuonPlan::Batch& b, std::span<const TensorView> tensors) {
+  std::vector<TensorView> views;
+  views.reserve(b.sources.size());
+  for (const auto& [tensor, m] : b.sources) views.push_back(matrix_of(tensors[static_cast<size_t>(tensor)], m, b.rows * b.cols));
+  return views;
+}
+
 }  // namespace
 
 void validate(const MuonHyperparameters& h, std::string_view op, const std::string& arg) {
@@ -91,6 +99,7 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
     throw_argument_error(ErrorCode::invalid_argument, kOp, "hyperparameters", "is empty; expected one entry per group");
   }
   for (size_t i = 0; i < hyperparameters.size(); ++i) validate(hyperparameters[i], kOp, indexed("hyperparameters", i));
+  check_value(options.streams >= 1, kOp, "options.streams", options.streams, "a count >= 1");
   if (t.shapes.size() != t.params.size()) {
     throw_argument_error(ErrorCode::size_mismatch, kOp, "shapes",
                          "has " + std::to_string(t.shapes.size()) + " entries, expected one per parameter (" +
@@ -105,43 +114,34 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
 
   // Matrices of one shape and one group, in tensor order, make a batch (up
   // to kMaxBatchElements): its products run as one batched call each.
-  struct Pending {
-    std::vector<TensorView> params, grads, momentum;
-    int64_t elements = 0;
-  };
-  std::vector<Pending> pending;
-  std::map<std::tuple<int64_t, int64_t, int32_t>, size_t> open;  // shape and group -> pending index
+  std::map<std::tuple<int64_t, int64_t, int32_t>, size_t> open;  // shape and group -> batch index
   for (size_t i = 0; i < t.params.size(); ++i) {
     const MatrixShape& s = t.shapes[i];
     const int32_t group = groups.empty() ? 0 : groups[i];
-    const int64_t elements = s.rows * s.cols;
     const auto key = std::make_tuple(s.rows, s.cols, group);
     for (int64_t m = 0; m < s.batch; ++m) {
       auto it = open.find(key);
-      if (it == open.end() || pending[it->second].elements + elements > kMaxBatchElements) {
+      const auto full = [&](const Batch& b) {
+        return static_cast<int64_t>(b.sources.size() + 1) * s.rows * s.cols > kMaxBatchElements;
+      };
+      if (it == open.end() || full(batches_[it->second])) {
         batches_.push_back(Batch{{}, 0, s.rows, s.cols, group, {}});
-        pending.emplace_back();
-        it = open.insert_or_assign(key, pending.size() - 1).first;
+        it = open.insert_or_assign(key, batches_.size() - 1).first;
       }
-      Pending& p = pending[it->second];
       batches_[it->second].sources.emplace_back(static_cast<int32_t>(i), m);
-      p.params.push_back(matrix_of(t.params[i], m, elements));
-      p.grads.push_back(matrix_of(t.grads[i], m, elements));
-      p.momentum.push_back(matrix_of(t.momentum[i], m, elements));
-      p.elements += elements;
     }
   }
-  check_value(options.streams >= 1, kOp, "options.streams", options.streams, "a count >= 1");
   size_t workspace = 0, together = 0;
   std::vector<size_t> offsets;
-  for (size_t b = 0; b < batches_.size(); ++b) {
-    const std::vector<PlanList> batch_lists = {{"params", pending[b].params, true},
-                                               {"grads", pending[b].grads, false},
-                                               {"momentum", pending[b].momentum, true}};
-    batches_[b].plan = MultiTensorPlan(kOp, batch_lists);
-    batches_[b].count = static_cast<int64_t>(pending[b].params.size());
-    const size_t bytes = device().is_cuda() ? backend::muon_cuda_workspace_bytes(batches_[b])
-                                            : backend::muon_cpu_workspace_bytes(batches_[b]);
+  for (Batch& batch : batches_) {
+    const std::vector<TensorView> params = batch_views(batch, t.params), grads = batch_views(batch, t.grads),
+                                  momentum = batch_views(batch, t.momentum);
+    const std::vector<PlanList> batch_lists = {{"params", params, true}, {"grads", grads, false},
+                                               {"momentum", momentum, true}};
+    batch.plan = MultiTensorPlan(kOp, batch_lists);
+    batch.count = static_cast<int64_t>(batch.sources.size());
+    const size_t bytes = device().is_cuda() ? backend::muon_cuda_workspace_bytes(batch)
+                                            : backend::muon_cpu_workspace_bytes(batch);
     workspace = std::max(workspace, bytes);
     offsets.push_back(together);
     together += (bytes + 255) / 256 * 256;
@@ -187,12 +187,7 @@ void MuonPlan::set_hyperparameters(std::span<const MuonHyperparameters> hyperpar
 
 void MuonPlan::set_grads(std::span<const TensorView> grads, Stream stream) {
   all_.repoint(1, grads, stream);  // every check, before any batch changes
-  for (Batch& b : batches_) {
-    std::vector<TensorView> views;
-    views.reserve(b.sources.size());
-    for (const auto& [tensor, m] : b.sources) views.push_back(matrix_of(grads[static_cast<size_t>(tensor)], m, b.rows * b.cols));
-    b.plan.repoint(1, views, stream);
-  }
+  for (Batch& b : batches_) b.plan.repoint(1, batch_views(b, grads), stream);
 }
 
 void MuonPlan::validate_inputs(const MuonStepInputs& in) const {
