@@ -227,6 +227,9 @@ def test_refuses_what_muon_cannot_take():
     opt = gt.Muon([{"params": [w]}, {"params": [b], "use_muon": False}])  # the 1-D tensor goes to AdamW
     with pytest.raises(ValueError, match=r"param_groups\[2\].*has shape \(8,\)"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(8))]})
+    with pytest.raises(TypeError, match=r"param_groups\[2\].*float32"):  # an AdamW group too
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(8, dtype=torch.float64))], "use_muon": False})
+    assert len(opt.param_groups) == 2  # the refused groups were not added
     with pytest.raises(ValueError, match="not one of the model's parameters"):
         gt.muon_param_groups(model, exclude=["nope"])
 

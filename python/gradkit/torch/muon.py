@@ -44,6 +44,11 @@ def _check_group(group, index):
         raise ValueError(f"{where}['lr'] is {group['lr']}, expected a finite value >= 0")
     if not group["weight_decay"] >= 0.0:
         raise ValueError(f"{where}['weight_decay'] is {group['weight_decay']}, expected a value >= 0")
+    for j, p in enumerate(group["params"]):
+        if p.dtype != torch.float32:
+            name = _param_name(group, j)
+            raise TypeError(f"{where}['params'][{j}]" + (f" ({name})" if name else "") +
+                            f" has dtype {p.dtype}; gradkit.torch.Muon takes float32 parameters")
     if not group["use_muon"]:
         betas = group["betas"]
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
@@ -69,8 +74,6 @@ def _check_group(group, index):
             raise ValueError(f"{what} has shape {tuple(p.shape)}; Muon takes 2-D matrices and 3-D stacks of them. "
                              "Put 1-D tensors, embeddings and the output head in a group with 'use_muon': False "
                              "(AdamW), as gradkit.torch.muon_param_groups(model) does")
-        if p.dtype != torch.float32:
-            raise TypeError(f"{what} has dtype {p.dtype}; gradkit.torch.Muon takes float32 parameters")
         if is_dtensor(p):
             raise TypeError(f"{what} is a DTensor; Muon over FSDP2's sharded parameters is not offered yet (the "
                             "owner-rank step of issue 39). Use gradkit.torch.AdamW for DTensor parameters")
@@ -100,15 +103,18 @@ class Muon(AdamW):
                         ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
                         use_muon=True, betas=tuple(adamw_betas), adamw_eps=adamw_eps, amsgrad=False, maximize=False)
         _PlannedOptimizer.__init__(self, params, defaults)  # add_param_group checks each group
-        for i, group in enumerate(self.param_groups):
-            for j, p in enumerate(group["params"]):
-                if p.dtype != torch.float32:
-                    raise TypeError(f"param_groups[{i}]['params'][{j}] has dtype {p.dtype}; gradkit.torch.Muon "
-                                    "takes float32 parameters")
 
     def add_param_group(self, param_group):
+        """As torch's, refusing a group Muon's step cannot take; a refused group is not added
+        (torch fills in the defaults first, so the check runs on the added group, which then
+        goes again)."""
         super().add_param_group(param_group)
-        _check_group(self.param_groups[-1], len(self.param_groups) - 1)
+        try:
+            _check_group(self.param_groups[-1], len(self.param_groups) - 1)
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            self._invalidate()
+            raise
 
     # -- what each group takes ----------------------------------------------------
 
