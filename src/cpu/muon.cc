@@ -32,7 +32,7 @@ struct CpuWorkspace {
 
   CpuWorkspace(const MuonPlan::Batch& b, void* base) {
     const int64_t elements = b.rows * b.cols, m = std::min(b.rows, b.cols);
-    x = static_cast<float*>(base);
+    x = static_cast<float*>(base);  // first: an orthogonalize batch's plan lists these matrices
     x_next = x + b.count * elements;
     gram = x_next + elements;
     poly = gram + m * m;
@@ -40,14 +40,19 @@ struct CpuWorkspace {
   }
 };
 
+// The momentum pass: the buffers, and the Newton-Schulz input rounded to
+// bf16, to the batch's matrices in the workspace with each chunk's sum of
+// squares (whole), or to the rows' places in the exchange buffer, list 3
+// (a sharded plan's momentum part).
 template <class P, class G, class M>
-void momentum_pass(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace& w) {
+void momentum_pass(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace* w) {
   const MuonPlan::Batch& b = *l.batch;
   const int64_t elements = b.rows * b.cols;
   cpu::for_each_chunk(b.plan, [&](const cpu::ChunkView& v) {
     const G* grad = v.tensor<G>(1);
     M* buffer = v.tensor<M>(2);
-    float* x = w.x + v.chunk.tensor * elements + v.chunk.begin;
+    float* x = w != nullptr ? w->x + v.chunk.tensor * elements + v.chunk.begin : nullptr;
+    bfloat16* rows = w != nullptr ? nullptr : v.tensor<bfloat16>(3);
     const float scale = l.grad_scale_device != nullptr ? *l.grad_scale_device : l.grad_scale;
     float sum = 0.0f;
     for (int32_t i = 0; i < v.chunk.length; ++i) {
@@ -57,10 +62,58 @@ void momentum_pass(const MuonLaunch& l, const MuonCoefficients& c, const CpuWork
       const float s = cpu::to_compute<float>(stored);
       // Nesterov's input has the gradient's dtype (torch: grad.lerp(buf)).
       const float u = c.nesterov ? cpu::to_compute<float>(cpu::from_compute<G>(muon_nesterov(g, s, c))) : s;
+      if (rows != nullptr) {
+        rows[i] = bfloat16(u);
+        continue;
+      }
       x[i] = round_bf16(u);
       sum += x[i] * x[i];
     }
+    if (w != nullptr) w->partials[v.index] = sum;
+  });
+}
+
+// Each element of an owned matrix comes from the rank whose rows hold it:
+// the last piece that begins at or before it.
+const MuonPiece& piece_of(const MuonPiece* pieces, int32_t ranks, int64_t element) {
+  int32_t s = 0;
+  while (s + 1 < ranks && element >= pieces[s + 1].first) ++s;
+  return pieces[s];
+}
+
+// An orthogonalize batch's matrices from the ranks' rows in the exchange
+// buffer, with each chunk's sum of squares as the momentum pass makes them.
+void assemble(const MuonLaunch& l, const CpuWorkspace& w) {
+  const MuonPlan::Batch& b = *l.batch;
+  const int64_t elements = b.rows * b.cols;
+  const auto* exchange = static_cast<const bfloat16*>(l.exchange);
+  cpu::for_each_chunk(b.plan, [&](const cpu::ChunkView& v) {
+    const MuonPiece* pieces = l.pieces + v.chunk.tensor * l.ranks;
+    float* x = w.x + v.chunk.tensor * elements + v.chunk.begin;
+    float sum = 0.0f;
+    for (int32_t i = 0; i < v.chunk.length; ++i) {
+      const int64_t e = v.chunk.begin + i;
+      const MuonPiece& p = piece_of(pieces, l.ranks, e);
+      x[i] = static_cast<float>(exchange[p.at + e - p.first]);
+      sum += x[i] * x[i];
+    }
     w.partials[v.index] = sum;
+  });
+}
+
+// The orthogonalised matrices' rows back where each rank's came from.
+void disperse(const MuonLaunch& l, const CpuWorkspace& w) {
+  const MuonPlan::Batch& b = *l.batch;
+  const int64_t elements = b.rows * b.cols;
+  auto* exchange = static_cast<bfloat16*>(l.exchange);
+  cpu::for_each_chunk(b.plan, [&](const cpu::ChunkView& v) {
+    const MuonPiece* pieces = l.pieces + v.chunk.tensor * l.ranks;
+    const float* x = w.x + v.chunk.tensor * elements + v.chunk.begin;
+    for (int32_t i = 0; i < v.chunk.length; ++i) {
+      const int64_t e = v.chunk.begin + i;
+      const MuonPiece& p = piece_of(pieces, l.ranks, e);
+      exchange[p.at + e - p.first] = bfloat16(x[i]);
+    }
   });
 }
 
@@ -112,31 +165,42 @@ void newton_schulz(float* x, const CpuWorkspace& w, int64_t rows, int64_t cols, 
 }
 #endif
 
+// The weight update from the workspace's matrices (whole), or from the
+// rows' places in the exchange buffer, list 3 (a sharded plan's update).
 template <class P>
-void weight_pass(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace& w) {
+void weight_pass(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace* w) {
   const MuonPlan::Batch& b = *l.batch;
   const int64_t elements = b.rows * b.cols;
   cpu::for_each_chunk(b.plan, [&](const cpu::ChunkView& v) {
     P* param = v.tensor<P>(0);
-    const float* o = w.x + v.chunk.tensor * elements + v.chunk.begin;
+    const float* o = w != nullptr ? w->x + v.chunk.tensor * elements + v.chunk.begin : nullptr;
+    const bfloat16* rows = w != nullptr ? nullptr : v.tensor<bfloat16>(3);
     const auto round_weight = [](float x) { return cpu::to_compute<float>(cpu::from_compute<P>(x)); };
     for (int32_t i = 0; i < v.chunk.length; ++i) {
-      param[i] = cpu::from_compute<P>(muon_weight(cpu::to_compute<float>(param[i]), o[i], c, round_weight));
+      const float update = rows != nullptr ? static_cast<float>(rows[i]) : o[i];
+      param[i] = cpu::from_compute<P>(muon_weight(cpu::to_compute<float>(param[i]), update, c, round_weight));
     }
   });
+}
+
+void orthogonalise(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace& w) {
+  const MuonPlan::Batch& b = *l.batch;
+  normalise(l, c, w);
+#if defined(GRADKIT_WITH_BLAS)
+  for (int64_t m = 0; m < b.count; ++m) newton_schulz(w.x + m * b.rows * b.cols, w, b.rows, b.cols, *l.hyper);
+#endif
 }
 
 template <class P, class G, class M>
 void run(const MuonLaunch& l) {
   const MuonPlan::Batch& b = *l.batch;
   const MuonCoefficients c = muon_coefficients(*l.hyper, b.rows, b.cols);
+  if (l.stage == MuonStage::momentum) return momentum_pass<P, G, M>(l, c, nullptr);
+  if (l.stage == MuonStage::update) return weight_pass<P>(l, c, nullptr);
   const CpuWorkspace w(b, l.workspace);
-  momentum_pass<P, G, M>(l, c, w);
-  normalise(l, c, w);
-#if defined(GRADKIT_WITH_BLAS)
-  for (int64_t m = 0; m < b.count; ++m) newton_schulz(w.x + m * b.rows * b.cols, w, b.rows, b.cols, *l.hyper);
-#endif
-  weight_pass<P>(l, c, w);
+  momentum_pass<P, G, M>(l, c, &w);
+  orthogonalise(l, c, w);
+  weight_pass<P>(l, c, &w);
 }
 
 template <class P, class G>
@@ -156,10 +220,14 @@ void dispatch_grad(const MuonLaunch& l) {
 
 }  // namespace
 
-size_t muon_cpu_workspace_bytes(const MuonPlan::Batch& b) {
-  const int64_t elements = b.rows * b.cols, m = std::min(b.rows, b.cols);
-  const auto floats = (b.count + 1) * elements + 2 * m * m + static_cast<int64_t>(b.plan.chunks().size());
+size_t muon_cpu_workspace_bytes(int64_t count, int64_t rows, int64_t cols, size_t chunks) {
+  const int64_t elements = rows * cols, m = std::min(rows, cols);
+  const auto floats = (count + 1) * elements + 2 * m * m + static_cast<int64_t>(chunks);
   return sizeof(float) * static_cast<size_t>(floats);
+}
+
+size_t muon_cpu_workspace_bytes(const MuonPlan::Batch& b) {
+  return muon_cpu_workspace_bytes(b.count, b.rows, b.cols, b.plan.chunks().size());
 }
 
 void muon_cpu(const MuonLaunch& l) {
@@ -169,6 +237,13 @@ void muon_cpu(const MuonLaunch& l) {
               "(scripts/setup installs libopenblas-dev; then rebuild)");
 #endif
   if (l.found_inf != nullptr && *l.found_inf) return;
+  if (l.stage == MuonStage::orthogonalize) {
+    const MuonPlan::Batch& b = *l.batch;
+    const CpuWorkspace w(b, l.workspace);
+    assemble(l, w);
+    orthogonalise(l, muon_coefficients(*l.hyper, b.rows, b.cols), w);
+    return disperse(l, w);
+  }
   if (l.batch->plan.dtype(0) == DType::f32) dispatch_grad<float>(l);
   else dispatch_grad<bfloat16>(l);
 }

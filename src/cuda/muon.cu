@@ -43,11 +43,14 @@ __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(_
 
 // ---- The element kernels -------------------------------------------------
 
+// The momentum pass: the buffers, and the Newton-Schulz input rounded to
+// bf16, to the batch's matrices with each chunk's sum of squares, or
+// (x null) to the rows' places in the exchange buffer, the plan's list 3.
 template <class P, class G, class M>
 struct MomentumOp {
   const MuonHyperparameters* hyper;  // the group's entry of the plan's table (on the device)
   int64_t rows, cols;
-  bf16* x;          // the batch's matrices, one after another
+  bf16* x;          // the batch's matrices, one after another (or null: list 3)
   float* partials;  // one per chunk
   int64_t elements; // per matrix
   const bool* found_inf;
@@ -62,7 +65,7 @@ struct MomentumOp {
     using NM = cuda::native_t<M>;
     const NG* grad = plan.tensor<NG>(1, chunk);
     NM* buffer = plan.tensor<NM>(2, chunk);
-    bf16* out = x + chunk.tensor * elements + chunk.begin;
+    bf16* out = x != nullptr ? x + chunk.tensor * elements + chunk.begin : plan.tensor<bf16>(3, chunk);
     float sum = 0.0f;
     for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
       const float g = __fdiv_rn(cuda::to_compute<float>(grad[i]), scale);
@@ -75,8 +78,70 @@ struct MomentumOp {
       const float xf = __bfloat162float(xb);
       sum = __fadd_rn(sum, __fmul_rn(xf, xf));
     }
+    if (x == nullptr) return;
     sum = cuda::block_reduce(sum, cuda::Plus{});
     if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+  }
+};
+
+// An owned matrix's element comes from the rank whose rows hold it: the
+// last piece that begins at or before it. Each thread's elements go up, so
+// its piece only moves on.
+__device__ __forceinline__ int32_t next_piece(const MuonPiece* pieces, int32_t ranks, int32_t s, int64_t element) {
+  while (s + 1 < ranks && element >= pieces[s + 1].first) ++s;
+  return s;
+}
+
+// A sharded plan's owned matrices from the ranks' rows in the exchange
+// buffer, with each chunk's sum of squares in the momentum pass's order
+// (the same chunks, threads and reduction: the same norm, bit for bit).
+struct AssembleOp {
+  const MuonPiece* pieces;  // ranks per matrix
+  int32_t ranks;
+  const bf16* exchange;
+  bf16* x;
+  float* partials;
+  int64_t elements;
+  const bool* found_inf;
+
+  __device__ void operator()(const cuda::PlanArgs&, const PlanChunk& chunk) const {
+    if (found_inf != nullptr && *found_inf) return;
+    const MuonPiece* p = pieces + chunk.tensor * ranks;
+    bf16* out = x + chunk.tensor * elements + chunk.begin;
+    float sum = 0.0f;
+    int32_t s = 0;
+    for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
+      const int64_t e = chunk.begin + i;
+      s = next_piece(p, ranks, s, e);
+      const bf16 xb = exchange[p[s].at + e - p[s].first];
+      out[i] = xb;
+      const float xf = __bfloat162float(xb);
+      sum = __fadd_rn(sum, __fmul_rn(xf, xf));
+    }
+    sum = cuda::block_reduce(sum, cuda::Plus{});
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+  }
+};
+
+// The orthogonalised matrices' rows back where each rank's came from.
+struct DisperseOp {
+  const MuonPiece* pieces;
+  int32_t ranks;
+  bf16* exchange;
+  const bf16* result;
+  int64_t elements;
+  const bool* found_inf;
+
+  __device__ void operator()(const cuda::PlanArgs&, const PlanChunk& chunk) const {
+    if (found_inf != nullptr && *found_inf) return;
+    const MuonPiece* p = pieces + chunk.tensor * ranks;
+    const bf16* in = result + chunk.tensor * elements + chunk.begin;
+    int32_t s = 0;
+    for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
+      const int64_t e = chunk.begin + i;
+      s = next_piece(p, ranks, s, e);
+      exchange[p[s].at + e - p[s].first] = in[i];
+    }
   }
 };
 
@@ -102,6 +167,8 @@ struct NormaliseOp {
   }
 };
 
+// The weight update from the orthogonalised matrices, or (orthogonal null)
+// from the rows' places in the exchange buffer, the plan's list 3.
 template <class P>
 struct WeightOp {
   const MuonHyperparameters* hyper;
@@ -115,7 +182,8 @@ struct WeightOp {
     using NP = cuda::native_t<P>;
     const MuonCoefficients c = muon_coefficients(*hyper, rows, cols);
     NP* param = plan.tensor<NP>(0, chunk);
-    const bf16* o = orthogonal + chunk.tensor * elements + chunk.begin;
+    const bf16* o = orthogonal != nullptr ? orthogonal + chunk.tensor * elements + chunk.begin
+                                          : plan.tensor<const bf16>(3, chunk);
     const auto round_weight = [](float v) { return cuda::to_compute<float>(cuda::from_compute<NP>(v)); };
     for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
       param[i] = cuda::from_compute<NP>(
@@ -290,18 +358,22 @@ struct CudaWorkspace {
 
   // Each buffer starts 256-byte aligned (the products' fastest tiles want 16).
   static size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-  static size_t matrices_bytes(const MuonPlan::Batch& b) { return aligned(sizeof(bf16) * b.count * b.rows * b.cols); }
-  static size_t gram_bytes(const MuonPlan::Batch& b) {
-    const int64_t m = std::min(b.rows, b.cols);
-    return aligned(sizeof(bf16) * b.count * m * m);
+  static size_t matrices_bytes(int64_t count, int64_t rows, int64_t cols) {
+    return aligned(sizeof(bf16) * count * rows * cols);
   }
-  static size_t bytes(const MuonPlan::Batch& b) {
-    return 2 * matrices_bytes(b) + 2 * gram_bytes(b) + sizeof(float) * b.plan.chunks().size();
+  static size_t matrices_bytes(const MuonPlan::Batch& b) { return matrices_bytes(b.count, b.rows, b.cols); }
+  static size_t gram_bytes(int64_t count, int64_t rows, int64_t cols) {
+    const int64_t m = std::min(rows, cols);
+    return aligned(sizeof(bf16) * count * m * m);
+  }
+  static size_t gram_bytes(const MuonPlan::Batch& b) { return gram_bytes(b.count, b.rows, b.cols); }
+  static size_t bytes(int64_t count, int64_t rows, int64_t cols, size_t chunks) {
+    return 2 * matrices_bytes(count, rows, cols) + 2 * gram_bytes(count, rows, cols) + sizeof(float) * chunks;
   }
 
   CudaWorkspace(const MuonPlan::Batch& b, void* base) {
     auto* at = static_cast<unsigned char*>(base);
-    x = reinterpret_cast<bf16*>(at);
+    x = reinterpret_cast<bf16*>(at);  // first: an orthogonalize batch's plan lists these matrices
     x_next = reinterpret_cast<bf16*>(at + matrices_bytes(b));
     gram = reinterpret_cast<bf16*>(at + 2 * matrices_bytes(b));
     poly = reinterpret_cast<bf16*>(at + 2 * matrices_bytes(b) + gram_bytes(b));
@@ -402,19 +474,46 @@ bf16* newton_schulz(GemmState& gemm, const MuonPlan::Batch& b, const CudaWorkspa
   return in;
 }
 
-template <class P, class G, class M>
-void run(const MuonLaunch& l, cudaStream_t stream) {
+// Normalisation and Newton-Schulz on the workspace's matrices (their
+// chunks' sums made); returns the buffer that holds the result.
+const bf16* orthogonalise(const MuonLaunch& l, const CudaWorkspace& w, cudaStream_t stream) {
   const MuonPlan::Batch& b = *l.batch;
-  const CudaWorkspace w(b, l.workspace);
-  const int64_t elements = b.rows * b.cols;
-  const Stream s{stream};
-  cuda::launch_multi_tensor(b.plan, MomentumOp<P, G, M>{l.table, b.rows, b.cols, w.x, w.partials, elements, l.found_inf,
-                                                        l.grad_scale, l.grad_scale_device}, s);
-  cuda::launch_multi_tensor(b.plan, NormaliseOp{l.table, w.x, w.partials, elements, l.found_inf}, s);
+  cuda::launch_multi_tensor(b.plan, NormaliseOp{l.table, w.x, w.partials, b.rows * b.cols, l.found_inf}, Stream{stream});
   auto& gemm = *static_cast<GemmState*>(const_cast<void*>(l.gemm));
   const GemmStream on = l.lane >= 0 ? GemmStream{stream, gemm.lanes[static_cast<size_t>(l.lane)].workspace, kLaneWorkspace}
                                     : GemmStream{stream, gemm.workspace, kGemmWorkspace};
-  const bf16* result = newton_schulz(gemm, b, w, *l.hyper, l.split_from, on);
+  return newton_schulz(gemm, b, w, *l.hyper, l.split_from, on);
+}
+
+// A sharded plan's owned batch: assembled, orthogonalised, dispersed.
+void run_orthogonalize(const MuonLaunch& l, cudaStream_t stream) {
+  const MuonPlan::Batch& b = *l.batch;
+  const CudaWorkspace w(b, l.workspace);
+  const int64_t elements = b.rows * b.cols;
+  auto* exchange = static_cast<bf16*>(l.exchange);
+  cuda::launch_multi_tensor(b.plan, AssembleOp{l.pieces, l.ranks, exchange, w.x, w.partials, elements, l.found_inf},
+                            Stream{stream});
+  const bf16* result = orthogonalise(l, w, stream);
+  cuda::launch_multi_tensor(b.plan, DisperseOp{l.pieces, l.ranks, exchange, result, elements, l.found_inf},
+                            Stream{stream});
+}
+
+template <class P, class G, class M>
+void run(const MuonLaunch& l, cudaStream_t stream) {
+  const MuonPlan::Batch& b = *l.batch;
+  const int64_t elements = b.rows * b.cols;
+  const Stream s{stream};
+  if (l.stage == MuonStage::momentum) {
+    return cuda::launch_multi_tensor(b.plan, MomentumOp<P, G, M>{l.table, b.rows, b.cols, nullptr, nullptr, elements,
+                                                                 l.found_inf, l.grad_scale, l.grad_scale_device}, s);
+  }
+  if (l.stage == MuonStage::update) {
+    return cuda::launch_multi_tensor(b.plan, WeightOp<P>{l.table, b.rows, b.cols, nullptr, elements, l.found_inf}, s);
+  }
+  const CudaWorkspace w(b, l.workspace);
+  cuda::launch_multi_tensor(b.plan, MomentumOp<P, G, M>{l.table, b.rows, b.cols, w.x, w.partials, elements, l.found_inf,
+                                                        l.grad_scale, l.grad_scale_device}, s);
+  const bf16* result = orthogonalise(l, w, stream);
   cuda::launch_multi_tensor(b.plan, WeightOp<P>{l.table, b.rows, b.cols, result, elements, l.found_inf}, s);
 }
 
@@ -435,12 +534,19 @@ void dispatch_grad(const MuonLaunch& l, cudaStream_t stream) {
 
 }  // namespace
 
-size_t muon_cuda_workspace_bytes(const MuonPlan::Batch& b) { return CudaWorkspace::bytes(b); }
+size_t muon_cuda_workspace_bytes(const MuonPlan::Batch& b) {
+  return CudaWorkspace::bytes(b.count, b.rows, b.cols, b.plan.chunks().size());
+}
 
-std::shared_ptr<void> muon_cuda_gemm(Device device, int lanes) {
+size_t muon_cuda_workspace_bytes(int64_t count, int64_t rows, int64_t cols, size_t chunks) {
+  return CudaWorkspace::bytes(count, rows, cols, chunks);
+}
+
+std::shared_ptr<void> muon_cuda_gemm(Device device, int lanes, bool products) {
   cuda::DeviceGuard guard(device.index);
   auto state = std::make_shared<GemmState>();
   state->device = device.index;
+  if (!products) return state;  // element passes only: what recording them needs
   GRADKIT_CUBLAS_CHECK(cublasLtCreate(&state->handle));
   GRADKIT_CUDA_CHECK(cudaMalloc(&state->workspace, kGemmWorkspace));
   if (lanes > 0) GRADKIT_CUDA_CHECK(cudaEventCreateWithFlags(&state->fork, cudaEventDisableTiming));
@@ -474,7 +580,8 @@ void enqueue(const GemmState& state, std::span<const MuonLaunch> launches, bool 
   if (concurrent) fork(state, stream);
   for (const MuonLaunch& l : launches) {
     const cudaStream_t s = l.lane >= 0 ? state.lanes[static_cast<size_t>(l.lane)].stream : stream;
-    if (l.batch->plan.dtype(0) == DType::f32) dispatch_grad<float>(l, s);
+    if (l.stage == MuonStage::orthogonalize) run_orthogonalize(l, s);
+    else if (l.batch->plan.dtype(0) == DType::f32) dispatch_grad<float>(l, s);
     else dispatch_grad<bfloat16>(l, s);
   }
   if (concurrent) join(state, stream);
@@ -522,6 +629,7 @@ void muon_cuda_prepare(const void* gemm, std::span<const MuonLaunch> launches) {
   auto& state = *static_cast<GemmState*>(const_cast<void*>(gemm));
   cuda::DeviceGuard guard(state.device);
   for (const MuonLaunch& l : launches) {
+    if (l.stage == MuonStage::momentum || l.stage == MuonStage::update) continue;  // no products
     const CudaWorkspace w(*l.batch, l.workspace);
     const GemmStream on = l.lane >= 0 ? GemmStream{nullptr, state.lanes[static_cast<size_t>(l.lane)].workspace,
                                                    kLaneWorkspace, true}

@@ -12,27 +12,16 @@
 #include "backend/muon_math.h"
 #include "gradkit/core/error.h"
 #include "ops/device_scalar.h"
+#include "ops/muon_common.h"
 
 namespace gradkit {
-namespace {
+namespace muon_detail {
 
-constexpr std::string_view kOp = "muon_step";
-
-// A batch is closed before it passes this many elements (256 MiB of bf16),
-// so that the workspace stays a fraction of the model however many same-
-// shape matrices it has; the products are as fast at this size as beyond.
-constexpr int64_t kMaxBatchElements = int64_t{1} << 27;
-// The most workspace the batches may take together to run at once
-// (MuonPlanOptions::streams).
-constexpr size_t kConcurrentWorkspace = size_t{64} << 20;
-
-std::string indexed(std::string_view list, size_t i) { return std::string(list) + "[" + std::to_string(i) + "]"; }
-
-void check_dtypes(const MultiTensorPlan& plan) {
-  const auto expect = [](DType got, std::initializer_list<DType> allowed, std::string_view list,
-                         std::string_view expected) {
+void check_dtypes(std::string_view op, const MultiTensorPlan& plan) {
+  const auto expect = [&](DType got, std::initializer_list<DType> allowed, std::string_view list,
+                          std::string_view expected) {
     if (std::find(allowed.begin(), allowed.end(), got) == allowed.end()) {
-      throw_argument_error(ErrorCode::dtype_unsupported, kOp, list,
+      throw_argument_error(ErrorCode::dtype_unsupported, op, list,
                            "has dtype " + std::string(dtype_name(got)) + ", expected " + std::string(expected));
     }
   };
@@ -41,34 +30,64 @@ void check_dtypes(const MultiTensorPlan& plan) {
   expect(plan.dtype(2), {DType::f32, DType::bf16}, "momentum", "f32 or bf16");
 }
 
-void check_shape(size_t i, const MatrixShape& s, int64_t numel) {
+void check_shape(std::string_view op, size_t i, const MatrixShape& s, int64_t numel) {
   if (s.batch < 1 || s.rows < 1 || s.cols < 1) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, indexed("shapes", i),
+    throw_argument_error(ErrorCode::invalid_argument, op, indexed("shapes", i),
                          "is (" + std::to_string(s.batch) + ", " + std::to_string(s.rows) + ", " +
                              std::to_string(s.cols) + "); expected batch, rows and cols each >= 1");
   }
   // rows * cols first, each bounded by numel, so that no product overflows.
   const bool fits = s.rows <= numel && s.cols <= numel / s.rows && s.batch <= numel / (s.rows * s.cols);
   if (!fits || s.batch * s.rows * s.cols != numel) {
-    throw_argument_error(ErrorCode::size_mismatch, kOp, indexed("shapes", i),
+    throw_argument_error(ErrorCode::size_mismatch, op, indexed("shapes", i),
                          "is (" + std::to_string(s.batch) + ", " + std::to_string(s.rows) + ", " +
                              std::to_string(s.cols) + "), expected batch * rows * cols = the tensor's " +
                              std::to_string(numel) + " elements");
   }
 }
 
-TensorView matrix_of(const TensorView& t, int64_t index, int64_t elements) {
-  TensorView v = t;
-  v.data = static_cast<unsigned char*>(t.data) + static_cast<size_t>(index * elements) * dtype_size(t.dtype);
-  v.numel = elements;
-  return v;
+void check_step_inputs(std::string_view op, const MuonStepInputs& in, Device device) {
+  ops::check_device_scalar(op, "found_inf", in.found_inf, device);
+  ops::check_device_scalar(op, "grad_scale_device", in.grad_scale_device, device);
+  if (in.grad_scale_device == nullptr) {
+    check_value(std::isfinite(in.grad_scale) && in.grad_scale > 0, op, "grad_scale", in.grad_scale,
+                "a finite value > 0");
+  }
 }
+
+Concurrency plan_concurrency(Device device, std::span<const size_t> batch_bytes, int32_t streams) {
+  Concurrency c;
+  size_t largest = 0, together = 0;
+  std::vector<size_t> offsets;
+  for (const size_t bytes : batch_bytes) {
+    largest = std::max(largest, bytes);
+    offsets.push_back(together);
+    together += (bytes + 255) / 256 * 256;
+  }
+  c.workspace = largest;
+  // Small batches at once on side streams, each in a workspace of its own.
+  if (device.is_cuda() && streams > 1 && batch_bytes.size() > 1 && together <= kConcurrentWorkspace) {
+    c.offsets = std::move(offsets);
+    c.lanes = static_cast<int>(std::min<size_t>(static_cast<size_t>(streams), batch_bytes.size()));
+    c.workspace = together;
+  }
+  return c;
+}
+
+}  // namespace muon_detail
+
+namespace {
+
+using namespace muon_detail;
+
+constexpr std::string_view kOp = "muon_step";
 
 // The views of a batch's matrices in one list of whole tensors.
 std::vector<TensorView> batch_views(const MuonPlan::Batch& b, std::span<const TensorView> tensors) {
   std::vector<TensorView> views;
   views.reserve(b.sources.size());
-  for (const auto& [tensor, m] : b.sources) views.push_back(matrix_of(tensors[static_cast<size_t>(tensor)], m, b.rows * b.cols));
+  const int64_t elements = b.rows * b.cols;
+  for (const auto& [tensor, m] : b.sources) views.push_back(slice(tensors[static_cast<size_t>(tensor)], m * elements, elements));
   return views;
 }
 
@@ -109,8 +128,8 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
                                        {"momentum", t.momentum, true}};
   all_ = MultiTensorPlan(kOp, lists, MultiTensorPlan::kDefaultChunkElements, groups,
                          static_cast<int32_t>(hyperparameters.size()));
-  if (!all_.empty()) check_dtypes(all_);
-  for (size_t i = 0; i < t.params.size(); ++i) check_shape(i, t.shapes[i], t.params[i].numel);
+  if (!all_.empty()) check_dtypes(kOp, all_);
+  for (size_t i = 0; i < t.params.size(); ++i) check_shape(kOp, i, t.shapes[i], t.params[i].numel);
 
   // Matrices of one shape and one group, in tensor order, make a batch (up
   // to kMaxBatchElements): its products run as one batched call each.
@@ -131,8 +150,7 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
       batches_[it->second].sources.emplace_back(static_cast<int32_t>(i), m);
     }
   }
-  size_t workspace = 0, together = 0;
-  std::vector<size_t> offsets;
+  std::vector<size_t> bytes;
   for (Batch& batch : batches_) {
     const std::vector<TensorView> params = batch_views(batch, t.params), grads = batch_views(batch, t.grads),
                                   momentum = batch_views(batch, t.momentum);
@@ -140,18 +158,13 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
                                                {"momentum", momentum, true}};
     batch.plan = MultiTensorPlan(kOp, batch_lists);
     batch.count = static_cast<int64_t>(batch.sources.size());
-    const size_t bytes = device().is_cuda() ? backend::muon_cuda_workspace_bytes(batch)
-                                            : backend::muon_cpu_workspace_bytes(batch);
-    workspace = std::max(workspace, bytes);
-    offsets.push_back(together);
-    together += (bytes + 255) / 256 * 256;
+    bytes.push_back(device().is_cuda() ? backend::muon_cuda_workspace_bytes(batch)
+                                       : backend::muon_cpu_workspace_bytes(batch));
   }
-  // Small batches at once on side streams, each in a workspace of its own.
-  if (device().is_cuda() && options.streams > 1 && batches_.size() > 1 && together <= kConcurrentWorkspace) {
-    offsets_ = std::move(offsets);
-    lanes_ = static_cast<int>(std::min<size_t>(static_cast<size_t>(options.streams), batches_.size()));
-    workspace = together;
-  }
+  Concurrency together = plan_concurrency(device(), bytes, options.streams);
+  offsets_ = std::move(together.offsets);
+  lanes_ = together.lanes;
+  const size_t workspace = together.workspace;
   if (device().is_cuda()) gemm_ = backend::muon_cuda_gemm(device(), lanes_);
   workspace_ = Buffer(device(), workspace);
   hyper_.set(kOp, hyperparameters, device());
@@ -190,14 +203,7 @@ void MuonPlan::set_grads(std::span<const TensorView> grads, Stream stream) {
   for (Batch& b : batches_) b.plan.repoint(1, batch_views(b, grads), stream);
 }
 
-void MuonPlan::validate_inputs(const MuonStepInputs& in) const {
-  ops::check_device_scalar(kOp, "found_inf", in.found_inf, device());
-  ops::check_device_scalar(kOp, "grad_scale_device", in.grad_scale_device, device());
-  if (in.grad_scale_device == nullptr) {
-    check_value(std::isfinite(in.grad_scale) && in.grad_scale > 0, kOp, "grad_scale", in.grad_scale,
-                "a finite value > 0");
-  }
-}
+void MuonPlan::validate_inputs(const MuonStepInputs& in) const { check_step_inputs(kOp, in, device()); }
 
 void MuonPlan::step(const MuonStepInputs& in, Stream stream) const {
   validate_inputs(in);
