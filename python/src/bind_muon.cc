@@ -11,6 +11,7 @@
 
 #include "bindings.h"
 #include "gradkit/ops/muon.h"
+#include "gradkit/ops/muon_sharded.h"
 #include "tensors.h"
 
 namespace gradkit::python {
@@ -37,6 +38,43 @@ struct PyMuonPlan {
     std::vector<MatrixShape> out;
     for (const auto& [batch, rows, cols] : s) out.push_back({batch, rows, cols});
     return out;
+  }
+};
+
+std::vector<MatrixShape> to_shapes(const std::vector<Shape>& s) { return PyMuonPlan::to_shapes(s); }
+
+MuonStepInputs step_inputs(nb::handle found_inf, float grad_scale, nb::handle grad_scale_device) {
+  MuonStepInputs in;
+  in.found_inf = flag_pointer(found_inf, "found_inf");
+  in.grad_scale = grad_scale;
+  in.grad_scale_device = scalar_pointer<float>(grad_scale_device, "grad_scale_device", "float32");
+  return in;
+}
+
+// row_splits: a list per tensor of ranks + 1 row boundaries, flattened.
+std::vector<int64_t> flat_splits(const std::vector<std::vector<int64_t>>& splits) {
+  std::vector<int64_t> out;
+  for (const auto& s : splits) out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
+struct PyMuonShardedPlan {
+  ViewList params, grads, momentum;
+  std::vector<MatrixShape> shapes;
+  std::vector<int64_t> splits;
+  MuonShardedPlan plan;
+  PyMuonShardedPlan(const Arrays& p, const Arrays& g, const Arrays& m, const std::vector<Shape>& s,
+                    const std::vector<std::vector<int64_t>>& row_splits, int32_t rank, int32_t ranks,
+                    const std::vector<MuonHyperparameters>& hyper, const std::vector<int32_t>& groups,
+                    bool hold_grads, int64_t split_from, int32_t streams, bool graphs)
+      : params(to_views(p, "params")),
+        grads(to_views(g, "grads")),
+        momentum(to_views(m, "momentum")),
+        shapes(to_shapes(s)),
+        splits(flat_splits(row_splits)),
+        plan({params.views, grads.views, momentum.views, shapes, splits, rank, ranks}, hyper, groups,
+             MuonPlanOptions{.split_from = split_from, .graphs = graphs, .streams = streams}) {
+    if (!hold_grads) grads.arrays.clear();
   }
 };
 
@@ -88,11 +126,7 @@ void bind_muon(nb::module_& m) {
           "step",
           [](const PyMuonPlan& p, nb::handle found_inf, float grad_scale, nb::handle grad_scale_device,
              uintptr_t stream) {
-            MuonStepInputs in;
-            in.found_inf = flag_pointer(found_inf, "found_inf");
-            in.grad_scale = grad_scale;
-            in.grad_scale_device = scalar_pointer<float>(grad_scale_device, "grad_scale_device", "float32");
-            p.plan.step(in, to_stream(stream));
+            p.plan.step(step_inputs(found_inf, grad_scale, grad_scale_device), to_stream(stream));
           },
           nb::arg("found_inf") = nb::none(), nb::arg("grad_scale") = 1.0f, nb::arg("grad_scale_device") = nb::none(),
           nb::arg("stream") = 0,
@@ -118,6 +152,74 @@ void bind_muon(nb::module_& m) {
       .def_prop_ro("num_tensors", [](const PyMuonPlan& p) { return p.plan.num_tensors(); })
       .def_prop_ro("num_batches", [](const PyMuonPlan& p) { return p.plan.num_batches(); })
       .def_prop_ro("workspace_bytes", [](const PyMuonPlan& p) { return p.plan.workspace_bytes(); });
+
+  nb::class_<PyMuonShardedPlan>(
+      m, "MuonShardedPlan",
+      "Muon over this rank's rows of each tensor (FSDP2's Shard(0); docs/ops.md, muon_step over row shards): "
+      "row_splits[i] holds tensor i's ranks + 1 row boundaries (of batch * rows rows). The step is momentum(), an "
+      "all-to-all from shard_buffer (shard_counts) into owner_buffer (owner_counts), orthogonalize(), the "
+      "all-to-all back, update().")
+      .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const std::vector<Shape>&,
+                    const std::vector<std::vector<int64_t>>&, int32_t, int32_t, const std::vector<MuonHyperparameters>&,
+                    const std::vector<int32_t>&, bool, int64_t, int32_t, bool>(),
+           nb::arg("params"), nb::arg("grads"), nb::arg("momentum"), nb::arg("shapes"), nb::arg("row_splits"),
+           nb::arg("rank"), nb::arg("ranks"), nb::arg("hyperparameters"), nb::arg("groups") = std::vector<int32_t>{},
+           nb::arg("hold_grads") = true, nb::arg("split_from") = MuonPlanOptions{}.split_from,
+           nb::arg("streams") = MuonPlanOptions{}.streams, nb::arg("graphs") = MuonPlanOptions{}.graphs)
+      .def(
+          "momentum",
+          [](const PyMuonShardedPlan& p, nb::handle found_inf, float grad_scale, nb::handle grad_scale_device,
+             uintptr_t stream) { p.plan.momentum(step_inputs(found_inf, grad_scale, grad_scale_device), to_stream(stream)); },
+          nb::arg("found_inf") = nb::none(), nb::arg("grad_scale") = 1.0f, nb::arg("grad_scale_device") = nb::none(),
+          nb::arg("stream") = 0, "1. The momentum pass; this rank's rows of the updates to shard_buffer, by owner.")
+      .def(
+          "orthogonalize",
+          [](const PyMuonShardedPlan& p, nb::handle found_inf, uintptr_t stream) {
+            p.plan.orthogonalize(step_inputs(found_inf, 1.0f, nb::none()), to_stream(stream));
+          },
+          nb::arg("found_inf") = nb::none(), nb::arg("stream") = 0,
+          "2. This rank's matrices from owner_buffer, orthogonalised, their rows back to owner_buffer.")
+      .def(
+          "update",
+          [](const PyMuonShardedPlan& p, nb::handle found_inf, uintptr_t stream) {
+            p.plan.update(step_inputs(found_inf, 1.0f, nb::none()), to_stream(stream));
+          },
+          nb::arg("found_inf") = nb::none(), nb::arg("stream") = 0, "3. The weight update from shard_buffer.")
+      .def(
+          "set_grads",
+          [](PyMuonShardedPlan& p, const Arrays& g, bool hold, uintptr_t stream) {
+            ViewList next = to_views(g, "grads");
+            p.plan.set_grads(next.views, to_stream(stream));
+            p.grads = std::move(next);
+            if (!hold) p.grads.arrays.clear();
+          },
+          nb::arg("grads"), nb::arg("hold_grads") = true, nb::arg("stream") = 0)
+      .def(
+          "set_hyperparameters",
+          [](PyMuonShardedPlan& p, const std::vector<MuonHyperparameters>& h, std::optional<uintptr_t> stream) {
+            if (stream) p.plan.set_hyperparameters(h, to_stream(*stream));
+            else p.plan.set_hyperparameters(h);
+          },
+          nb::arg("hyperparameters"), nb::arg("stream") = nb::none())
+      .def_prop_ro("shard_buffer",
+                   [](nb::handle self) { return to_array(nb::cast<PyMuonShardedPlan&>(self).plan.shard_buffer(), self); },
+                   "This rank's rows of the updates, by owner rank (bf16, 1-D; the plan's memory).")
+      .def_prop_ro("owner_buffer",
+                   [](nb::handle self) { return to_array(nb::cast<PyMuonShardedPlan&>(self).plan.owner_buffer(), self); },
+                   "Every rank's rows of this rank's matrices, by rank (bf16, 1-D; the plan's memory).")
+      .def_prop_ro("shard_counts",
+                   [](const PyMuonShardedPlan& p) {
+                     return std::vector<int64_t>(p.plan.shard_counts().begin(), p.plan.shard_counts().end());
+                   })
+      .def_prop_ro("owner_counts",
+                   [](const PyMuonShardedPlan& p) {
+                     return std::vector<int64_t>(p.plan.owner_counts().begin(), p.plan.owner_counts().end());
+                   })
+      .def("owner", [](const PyMuonShardedPlan& p, size_t tensor, int64_t matrix) { return p.plan.owner(tensor, matrix); },
+           nb::arg("tensor"), nb::arg("matrix") = 0)
+      .def_prop_ro("owned_flops", [](const PyMuonShardedPlan& p) { return p.plan.owned_flops(); })
+      .def_prop_ro("num_owned_batches", [](const PyMuonShardedPlan& p) { return p.plan.num_owned_batches(); })
+      .def_prop_ro("workspace_bytes", [](const PyMuonShardedPlan& p) { return p.plan.workspace_bytes(); });
 }
 
 }  // namespace gradkit::python

@@ -1,5 +1,5 @@
 """gradkit.torch's optimizers and AmpStep over FSDP2's DTensor parameters
-(ranks/fsdp2.py under torchrun): AdamW against torch.optim.AdamW, LAMB against
+(ranks/fsdp2.py under torchrun; Muon's owner-rank step: ranks/fsdp2_muon.py): AdamW against torch.optim.AdamW, LAMB against
 the unsharded model, AmpStep's norm against clip_grad_norm_ and a skip that
 one rank's Inf decides for all, a Partial placement refused, and the state
 through torch.distributed.checkpoint saved on 2 ranks and loaded on 4
@@ -27,11 +27,11 @@ def torchrun(ranks, *args):
             str(free_port()), "--no-python", *rank_command(*args)]
 
 
-def run(ranks, *args):
+def run(ranks, *args, script="fsdp2.py"):
     if torch.cuda.is_available() and os.environ.get("GRADKIT_TEST_CUDA_DEVICE") is None \
             and torch.cuda.device_count() < ranks:
         pytest.skip(f"{ranks} ranks need {ranks} GPUs (or GRADKIT_TEST_CUDA_DEVICE: the ranks share that one)")
-    done = subprocess.run(torchrun(ranks, RANKS / "fsdp2.py", *args), capture_output=True, text=True, timeout=900,
+    done = subprocess.run(torchrun(ranks, RANKS / script, *args), capture_output=True, text=True, timeout=900,
                           env=env())
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
     assert done.stdout.count(": ok") == ranks, done.stdout
@@ -51,6 +51,22 @@ def test_fsdp2_on_2_ranks(checkpoints):
 
 def test_fsdp2_checkpoints_load_on_4_ranks(checkpoints):
     run(4, "load", checkpoints)
+
+
+@pytest.fixture(scope="module")
+def muon_checkpoint(tmp_path_factory):
+    """gradkit.torch.Muon's 2-rank run (ranks/fsdp2_muon.py) and the state it saves."""
+    directory = tmp_path_factory.mktemp("fsdp2_muon")
+    run(2, "train", directory, script="fsdp2_muon.py")
+    return directory
+
+
+def test_muon_on_2_ranks_is_the_unsharded_muon(muon_checkpoint):
+    assert (muon_checkpoint / "muon_full.pt").exists()
+
+
+def test_muon_checkpoint_loads_on_4_ranks(muon_checkpoint):
+    run(4, "load", muon_checkpoint, script="fsdp2_muon.py")
 
 
 def test_the_docs_fsdp2_example_runs_as_written(tmp_path):

@@ -10,6 +10,13 @@ tensors; muon_param_groups(model) makes that split. Every number is gradkit's:
 MuonPlan (same-shape matrices orthogonalised together, bf16 products with f32
 accumulation) and AdamPlan, one cohort each, as gradkit.torch's other optimizers
 plan theirs.
+
+FSDP2's DTensor parameters (rows sharded, Shard(0)) take MuonShardedPlan: each
+matrix has an owner rank (balanced by Newton-Schulz FLOPs); the step is the
+momentum pass on each rank's rows, one all-to-all of the updates' bf16 rows to
+the owners over the shards' process group, the owners' Newton-Schulz on whole
+matrices, one all-to-all back, and the weight update on the rows: the
+unsharded step's numbers. The momentum stays sharded like the parameters.
 """
 import torch
 
@@ -75,8 +82,11 @@ def _check_group(group, index):
                              "Put 1-D tensors, embeddings and the output head in a group with 'use_muon': False "
                              "(AdamW), as gradkit.torch.muon_param_groups(model) does")
         if is_dtensor(p):
-            raise TypeError(f"{what} is a DTensor; Muon over FSDP2's sharded parameters is not offered yet (the "
-                            "owner-rank step of issue 39). Use gradkit.torch.AdamW for DTensor parameters")
+            cut = [pl for pl in p.placements if pl.is_shard()]
+            if any(not pl.is_shard(0) or type(pl).__name__ != "Shard" for pl in cut):
+                raise ValueError(f"{what} is a DTensor with placements {tuple(p.placements)}; Muon takes DTensors "
+                                 "sharded by rows (Shard(0), FSDP2's default) or replicated: each owner rank "
+                                 "gathers a matrix's rows")
 
 
 class Muon(AdamW):
@@ -142,11 +152,14 @@ class Muon(AdamW):
         if not self._is_muon(indices[0]):
             return super()._make_plan(indices, grads)
         params = self._layout.params
-        return gradkit.MuonPlan([local(params[i].detach()) for i in indices], self._grad_arrays(grads, indices),
-                                self._state_list(indices, "momentum_buffer"),
-                                [_matrix_shape(params[i]) for i in indices],
-                                [self._muon_hyperparameters(g) for g in self.param_groups],
-                                [self._layout.group_of[i] for i in indices], hold_grads=False)
+        lists = ([local(params[i].detach()) for i in indices], self._grad_arrays(grads, indices),
+                 self._state_list(indices, "momentum_buffer"), [_matrix_shape(params[i]) for i in indices])
+        hyper = [self._muon_hyperparameters(g) for g in self.param_groups]
+        groups = [self._layout.group_of[i] for i in indices]
+        shards = self._layout.shard_group()
+        if shards is None:
+            return gradkit.MuonPlan(*lists, hyper, groups, hold_grads=False)
+        return _ShardedMuon(shards, [params[i] for i in indices], lists, hyper, groups)
 
     def _current_hyper_key(self):
         """AdamW's key (its plans read lr from the device), and the Muon groups' learning
@@ -166,18 +179,19 @@ class Muon(AdamW):
         muon = [self._muon_hyperparameters(g) for g in self.param_groups]
         adam = [self._hyperparameters(g) for g in self.param_groups] if adam_changed else None
         for c in self._cohorts:
-            if isinstance(c.plan, gradkit.MuonPlan):
+            if isinstance(c.plan, (gradkit.MuonPlan, _ShardedMuon)):
                 c.plan.set_hyperparameters(muon, stream=stream)
             elif adam_changed:
                 c.plan.set_hyperparameters(adam)
         self._hyper_key = key
 
     def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
-        adamw = [c for c in cohorts if not isinstance(c.plan, gradkit.MuonPlan)]
+        muon = (gradkit.MuonPlan, _ShardedMuon)
+        adamw = [c for c in cohorts if not isinstance(c.plan, muon)]
         if adamw:
             super()._launch_all(adamw, stream, found_inf, grad_divisor)
         for c in cohorts:
-            if isinstance(c.plan, gradkit.MuonPlan):
+            if isinstance(c.plan, muon):
                 gradkit.advance_step(c.counter_scalar, skip=found_inf, stream=stream)
                 c.plan.step(found_inf=found_inf, grad_scale_device=grad_divisor, stream=stream)
 
@@ -197,6 +211,55 @@ class Muon(AdamW):
         groups = [{**{k: v for k, v in mine.items() if k != "params"}, **saved}
                   for mine, saved in zip(self.param_groups, saved_groups)]
         super().load_state_dict({**state_dict, "state": state, "param_groups": groups})
+
+
+def _row_splits(p, ranks):
+    """torch.chunk's split of p's dim 0 over `ranks` (DTensor's and FSDP2's Shard(0)),
+    in rows of the (batch * rows, cols) matrix list: ranks + 1 boundaries."""
+    slices = p.shape[0]
+    rows_per_slice = 1 if p.ndim == 2 else p.shape[1]
+    each = -(-slices // ranks)
+    return [min(r * each, slices) * rows_per_slice for r in range(ranks + 1)]
+
+
+class _ShardedMuon:
+    """A Muon cohort of row-sharded DTensors: MuonShardedPlan's three parts with the two
+    all-to-alls between them on the shards' process group (enqueued in stream order:
+    torch's NCCL collectives wait for the current stream and make it wait for them).
+    The exchange buffers are the plan's; they travel as bytes (the bf16 values' bits:
+    every backend moves uint8, gloo included)."""
+
+    def __init__(self, group, params, lists, hyper, groups):
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.group = group
+        rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+        splits = [_row_splits(p, ranks) for p in params]
+        for p, s, shard in zip(params, splits, lists[0]):
+            held = (s[rank + 1] - s[rank]) * p.shape[-1]
+            if shard.numel() != held:
+                raise ValueError(f"a DTensor of shape {tuple(p.shape)} holds {shard.numel()} elements on rank {rank}, "
+                                 f"expected torch.chunk's rows {s[rank]} to {s[rank + 1]} ({held}); Muon takes "
+                                 "Shard(0) as DTensor and FSDP2 split it")
+        self.plan = gradkit.MuonShardedPlan(*lists, splits, rank, ranks, hyper, groups, hold_grads=False)
+        self.shard = torch.from_dlpack(self.plan.shard_buffer).view(torch.uint8)
+        self.owner = torch.from_dlpack(self.plan.owner_buffer).view(torch.uint8)
+        self.shard_counts = [2 * n for n in self.plan.shard_counts]
+        self.owner_counts = [2 * n for n in self.plan.owner_counts]
+
+    def set_grads(self, grads, hold_grads=False, stream=0):
+        self.plan.set_grads(grads, hold_grads=hold_grads, stream=stream)
+
+    def set_hyperparameters(self, hyperparameters, stream=None):
+        self.plan.set_hyperparameters(hyperparameters, stream=stream)
+
+    def step(self, found_inf=None, grad_scale_device=None, stream=0):
+        self.plan.momentum(found_inf=found_inf, grad_scale_device=grad_scale_device, stream=stream)
+        self._dist.all_to_all_single(self.owner, self.shard, self.owner_counts, self.shard_counts, group=self.group)
+        self.plan.orthogonalize(found_inf=found_inf, stream=stream)
+        self._dist.all_to_all_single(self.shard, self.owner, self.shard_counts, self.owner_counts, group=self.group)
+        self.plan.update(found_inf=found_inf, stream=stream)
 
 
 def muon_param_groups(model, *, exclude=(), **adamw_group):

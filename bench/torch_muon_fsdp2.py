@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""gradkit.torch.Muon over FSDP2's row-sharded DTensor parameters on N GPUs
+against the same optimizer on one GPU, in the same run (issue 39's target:
+the 2-GPU step at most 0.6x the one-GPU step, communication included):
+
+    torchrun --nproc-per-node 2 bench/torch_muon_fsdp2.py [--lists gpt2,llama1b] [--reps N] [--markdown FILE]
+
+The lists are bench/torch_muon.py's hidden matrices (GPT-2 small, 48 matrices;
+Llama-shaped 1B, 112). Cases per list:
+- one GPU: gradkit.torch.Muon on whole tensors (rank 0 alone, the others wait),
+  and torch.optim.Muon beside it;
+- N GPUs: gradkit.torch.Muon on DTensors sharded by rows (distribute_tensor,
+  Shard(0): FSDP2's layout) with their sharded gradients: the whole step, and
+  its parts on each rank: the owners' Newton-Schulz (MuonShardedPlan's
+  orthogonalize alone: the balance), and the two all-to-alls alone (NCCL
+  through torch.distributed, the bytes the step sends).
+Device time is the median over --reps of CUDA events on rank 0 (every part
+runs on every rank; rank r's own figures are printed as "rank r").
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gradkit.torch as gt  # noqa: E402
+from timing import median_ms  # noqa: E402
+from torch_muon import LISTS, ns_flops  # noqa: E402
+from torch_step import make_params  # noqa: E402
+
+LR = 0.02
+
+
+def sharded_params(shapes, mesh, seed=0):
+    """The same seeded values as make_params, as DTensors sharded by rows (the grads too)."""
+    out = []
+    for p in make_params(shapes, seed):
+        d = torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)]))
+        d.grad = distribute_tensor(p.grad, mesh, [Shard(0)])
+        out.append(d)
+    return out
+
+
+def sharded_cohort(opt):
+    cohorts = [c for c in opt._cohorts if hasattr(c.plan, "owner_counts")]
+    assert len(cohorts) == 1, "expected one sharded Muon cohort"
+    return cohorts[0].plan
+
+
+def bench_list(key, reps, rows):
+    title, matrices = LISTS[key]
+    shapes = matrices()
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    flops = ns_flops(shapes)
+    params_n = sum(r * c for r, c in shapes)
+    one = {}
+    if rank == 0:
+        params = make_params(shapes)
+        opt = gt.Muon(params, lr=LR)
+        one["gradkit"] = median_ms(opt.step, reps)
+        del opt, params
+        if hasattr(torch.optim, "Muon"):
+            params = make_params(shapes)
+            opt = torch.optim.Muon(params, lr=LR)
+            one["torch"] = median_ms(opt.step, max(3, reps // 4))
+            del opt, params
+        torch.cuda.empty_cache()
+    dist.barrier()
+    mesh = init_device_mesh("cuda", (ranks,))
+    params = sharded_params(shapes, mesh)
+    opt = gt.Muon(params, lr=LR)
+    opt.step()  # plans
+    torch.cuda.synchronize()
+    step_ms = median_ms(opt.step, reps)
+    sharded = sharded_cohort(opt)
+    ortho_ms = median_ms(lambda: sharded.plan.orthogonalize(stream=torch.cuda.current_stream().cuda_stream), reps)
+
+    def exchange():
+        dist.all_to_all_single(sharded.owner, sharded.shard, sharded.owner_counts, sharded.shard_counts)
+        dist.all_to_all_single(sharded.shard, sharded.owner, sharded.shard_counts, sharded.owner_counts)
+
+    comm_ms = median_ms(exchange, reps)
+    # Bytes this rank sends to the others: its rows to their owners, its matrices' rows back.
+    sent = sum(sharded.shard_counts) - sharded.shard_counts[rank] + sum(sharded.owner_counts) - sharded.owner_counts[rank]
+    mine = torch.tensor([step_ms, ortho_ms, comm_ms, sharded.plan.owned_flops, float(sent)], device="cuda",
+                        dtype=torch.float64)
+    every = [torch.empty_like(mine) for _ in range(ranks)]
+    dist.all_gather(every, mine)
+    if rank != 0:
+        return
+    base = one["gradkit"]
+
+    def row(case, ms, extra=""):
+        r = (title, case, f"{ms:.3f}", f"{base / ms:.2f}x" if ms else "", f"{ms / base:.2f}" if ms else "", extra)
+        rows.append(r)
+        print("  ".join(f"{c:>{w}}" for c, w in zip(r, (16, 40, 9, 8, 7, 30))), flush=True)
+
+    print(f"\n{title}: {len(shapes)} matrices, {params_n / 1e6:.1f}M parameters, Newton-Schulz {flops / 1e12:.1f} TFLOP")
+    row("one GPU: gradkit.torch.Muon", base, f"{flops / base / 1e9:.0f} TFLOP/s")
+    if "torch" in one:
+        row("one GPU: torch.optim.Muon", one["torch"])
+    row(f"{ranks} GPUs: gradkit.torch.Muon (FSDP2 rows)", step_ms, "target <= 0.60 x one GPU")
+    for r, (s, o, c, f, b) in enumerate(t.tolist() for t in every):
+        row(f"  rank {r}: owners' Newton-Schulz", o, f"{5 * f / o / 1e9:.0f} TFLOP/s, {100 * 5 * f / flops:.0f}% of the FLOPs")
+        row(f"  rank {r}: the two all-to-alls", c, f"{b / 1e9:.3f} GB sent, {b / c / 1e6:.0f} GB/s")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lists", default="gpt2,llama1b")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--markdown")
+    args = ap.parse_args()
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rows = []
+    if dist.get_rank() == 0:
+        print(f"{torch.cuda.get_device_name()} x {dist.get_world_size()}, torch {torch.__version__}")
+        print("  ".join(f"{c:>{w}}" for c, w in zip(("list", "case", "ms", "speedup", "x one", "notes"),
+                                                     (16, 40, 9, 8, 7, 30))))
+    for key in args.lists.split(","):
+        bench_list(key, args.reps, rows)
+        dist.barrier()
+    if args.markdown and dist.get_rank() == 0:
+        with open(args.markdown, "w") as f:
+            f.write("| list | case | ms | speedup over one GPU | x one GPU | notes |\n|---|---|---|---|---|---|\n")
+            f.writelines("| " + " | ".join(r) + " |\n" for r in rows)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
