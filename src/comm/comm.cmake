@@ -24,6 +24,8 @@ target_sources(gradkit PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/mpi/mpi_environment.cc
   # The sharded optimizer is an optimizer over a communicator: it needs this layer.
   ${CMAKE_CURRENT_LIST_DIR}/../optim/sharded.cc
+  # Muon over row shards, with its all-to-alls through a communicator.
+  ${CMAKE_CURRENT_LIST_DIR}/../optim/muon_sharded_step.cc
 )
 target_link_libraries(gradkit PRIVATE MPI::MPI_CXX)
 target_compile_definitions(gradkit PUBLIC GRADKIT_WITH_MPI=1)

@@ -417,6 +417,53 @@ void Communicator::exchange(const TensorView& send, const TensorView& receive, i
   do_exchange(send.data, receive.data, send.bytes(), peer, stream);
 }
 
+void Communicator::all_to_all(const TensorView& send, std::span<const int64_t> send_counts, const TensorView& receive,
+                              std::span<const int64_t> receive_counts, Stream stream) {
+  constexpr std::string_view name = "all_to_all";
+  require_usable(name);
+  check_buffer(name, "send", send, device_);
+  check_buffer(name, "receive", receive, device_);
+  if (receive.dtype != send.dtype) {
+    throw_argument_error(ErrorCode::dtype_unsupported, name, "receive",
+                         "has dtype " + std::string(dtype_name(receive.dtype)) + ", expected " +
+                             std::string(dtype_name(send.dtype)) + " (the dtype of 'send')");
+  }
+  // Each list: one count per rank, each >= 0, adding up to its buffer's elements.
+  const auto sections = [&](std::string_view arg, std::span<const int64_t> counts, const TensorView& buffer,
+                            std::vector<size_t>& bytes, std::vector<size_t>& offsets) {
+    if (counts.size() != static_cast<size_t>(size_)) {
+      throw_argument_error(ErrorCode::size_mismatch, name, arg,
+                           "has " + std::to_string(counts.size()) + " entries, expected one per rank (" +
+                               std::to_string(size_) + ")");
+    }
+    int64_t total = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (counts[r] < 0 || counts[r] > buffer.numel - total) {
+        std::string what = "has ";
+        what.append(std::to_string(counts[r])).append(" elements for rank ").append(std::to_string(r));
+        what.append(", expected a count >= 0 within the buffer's ").append(std::to_string(buffer.numel));
+        throw_argument_error(ErrorCode::size_mismatch, name, arg, what + " elements");
+      }
+      offsets.push_back(static_cast<size_t>(total) * dtype_size(buffer.dtype));
+      bytes.push_back(static_cast<size_t>(counts[r]) * dtype_size(buffer.dtype));
+      total += counts[r];
+    }
+    if (total != buffer.numel) {
+      throw_argument_error(ErrorCode::size_mismatch, name, arg,
+                           "adds up to " + std::to_string(total) + " elements, expected the buffer's " +
+                               std::to_string(buffer.numel));
+    }
+  };
+  std::vector<size_t> to_bytes, to_offsets, from_bytes, from_offsets;
+  sections("send_counts", send_counts, send, to_bytes, to_offsets);
+  sections("receive_counts", receive_counts, receive, from_bytes, from_offsets);
+  if (send.numel > 0 && receive.numel > 0) {
+    check_not_overlapping(name, {.input = "send", .output = "receive"}, receive, send,
+                          "separate send and receive buffers");
+  }
+  do_all_to_all(send.data, {to_bytes, to_offsets}, receive.data, {from_bytes, from_offsets}, stream);
+}
+
 namespace {
 
 void check_peer(std::string_view op, int peer, int rank, int size) {

@@ -329,6 +329,65 @@ TEST_P(Collectives, ExchangeSwapsBuffersWithAPeer) {
   }
 }
 
+// all_to_all: rank s sends rank r count(s, r) elements (some zero, its own
+// section too), the values of rank s's seeded input from an offset that
+// names the pair; every rank checks each received section against the
+// sender's input. Then the refusals, which write nothing.
+int64_t pair_count(int s, int r) { return (3 * s + 5 * r + 1) % 7 * 13; }  // 0 for some pairs
+int64_t pair_offset(int s, int r) {
+  int64_t at = 0;
+  for (int k = 0; k < r; ++k) at += pair_count(s, k);
+  return at;
+}
+
+TEST_P(Collectives, AllToAllDeliversEverySection) {
+  Communicator& c = comm();
+  const int n = c.size(), me = c.rank();
+  for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+    std::vector<int64_t> send_counts, receive_counts;
+    for (int r = 0; r < n; ++r) {
+      send_counts.push_back(pair_count(me, r));
+      receive_counts.push_back(pair_count(r, me));
+    }
+    int64_t sent = 0, received = 0;
+    for (int r = 0; r < n; ++r) sent += send_counts[r], received += receive_counts[r];
+    TestList send(c.device(), dtype, {sent}, Layout::back_to_back);
+    TestList receive(c.device(), dtype, {received}, Layout::back_to_back);
+    const auto mine = rank_input(6000, me, sent, dtype);
+    send.write(mine);
+    c.all_to_all(send.views()[0], send_counts, receive.views()[0], receive_counts);
+    c.wait();
+    const auto got = receive.read();
+    int64_t at = 0;
+    for (int s = 0; s < n; ++s) {
+      const auto theirs = rank_input(6000, s, pair_offset(s, n), dtype);
+      const int64_t from = pair_offset(s, me), count = pair_count(s, me);
+      const std::vector<double> want(theirs.begin() + from, theirs.begin() + from + count);
+      const std::vector<double> part(got.begin() + at, got.begin() + at + count);
+      expect_equal(part, want, 0, count, "all_to_all " + std::string(dtype_name(dtype)) + " from rank " +
+                                             std::to_string(s));
+      at += count;
+    }
+    EXPECT_EQ(send.read(), mine) << "the send buffer changed";
+  }
+  TestList send(c.device(), DType::f32, {8 * n}, Layout::back_to_back);
+  TestList receive(c.device(), DType::f32, {8 * n}, Layout::back_to_back);
+  const std::vector<int64_t> eights(static_cast<size_t>(n), 8);
+  std::vector<int64_t> short_list(eights.begin(), eights.end() - 1), too_many = eights;
+  too_many[0] = 9;
+  receive.write(std::vector<double>(static_cast<size_t>(8 * n), 2.0));
+  expect_error([&] { c.all_to_all(send.views()[0], short_list, receive.views()[0], eights); },
+               ErrorCode::size_mismatch, {"send_counts", "one per rank"});
+  expect_error([&] { c.all_to_all(send.views()[0], eights, receive.views()[0], too_many); },
+               ErrorCode::size_mismatch, {"receive_counts"});
+  TestList halves(c.device(), DType::bf16, {8 * n}, Layout::back_to_back);
+  expect_error([&] { c.all_to_all(send.views()[0], eights, halves.views()[0], eights); },
+               ErrorCode::dtype_unsupported, {"receive", "bf16"});
+  expect_error([&] { c.all_to_all(send.views()[0], eights, send.views()[0], eights); }, ErrorCode::aliasing,
+               {"receive"});
+  EXPECT_EQ(receive.read(), std::vector<double>(static_cast<size_t>(8 * n), 2.0));
+}
+
 TEST_P(Collectives, EmptyListsAndBarrier) {
   Communicator& c = comm();
   c.all_reduce(std::span<const TensorView>{});

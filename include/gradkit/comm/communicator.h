@@ -181,6 +181,16 @@ class Communicator {
   // Sends `send` to rank `peer` and receives the same number of bytes from it
   // into `receive` (the peer calls exchange with this rank). Not in place.
   void exchange(const TensorView& send, const TensorView& receive, int peer, Stream stream = {});
+  // MPI_Alltoallv's meaning: `send` holds one section per rank in rank
+  // order (send_counts[r] elements for rank r), `receive` likewise
+  // (receive_counts[r] elements from rank r); rank s's section for this
+  // rank lands in this rank's section s. Counts are elements of send's
+  // dtype, which receive shares; each rank's send_counts[r] must be rank
+  // r's receive_counts[this rank] (not checked across ranks: a mismatch is
+  // the backend's error or a hang, as with MPI). Not in place.
+  // MuonShardedPlan's exchanges (gradkit/optim/muon_sharded_step.h).
+  void all_to_all(const TensorView& send, std::span<const int64_t> send_counts, const TensorView& receive,
+                  std::span<const int64_t> receive_counts, Stream stream = {});
   // One-way transfers: `data` goes to rank `peer`, which calls receive() from
   // this rank with a buffer of the same number of bytes (Adasum's fold of the
   // ranks past a power of two, and the result's way back).
@@ -227,6 +237,13 @@ class Communicator {
   virtual void do_all_gathers(std::span<const BufferCall> calls, Stream stream);
   virtual void do_reduce_scatters(std::span<const BufferCall> calls, Stream stream);
   virtual void do_exchange(const void* send, void* receive, size_t bytes, int peer, Stream stream) = 0;
+  // Bytes to and from each rank, at their offsets (validated, in bounds).
+  struct Sections {
+    std::span<const size_t> bytes;
+    std::span<const size_t> offsets;
+  };
+  virtual void do_all_to_all(const void* send, const Sections& to, void* receive, const Sections& from,
+                             Stream stream) = 0;
   virtual void do_send(const void* data, size_t bytes, int peer, Stream stream) = 0;
   virtual void do_receive(void* data, size_t bytes, int peer, Stream stream) = 0;
   virtual void do_barrier() = 0;

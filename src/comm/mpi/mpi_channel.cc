@@ -89,9 +89,8 @@ void MpiChannel::wait(MPI_Request& request, const char* call) {
   }
 }
 
-void MpiChannel::wait_all(MPI_Request (&requests)[2], const char* call) {
-  wait(requests[0], call);
-  wait(requests[1], call);
+void MpiChannel::wait_all(std::span<MPI_Request> requests, const char* call) {
+  for (MPI_Request& request : requests) wait(request, call);
 }
 
 void MpiChannel::all_gather_bytes(const void* input, void* output, size_t bytes) {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <span>
 #include <string>
 
 #include "gradkit/comm/communicator.h"
@@ -38,7 +39,7 @@ class MpiChannel {
   // naming `call` and keeps the request (a collective cannot be cancelled):
   // the owner must then treat the communicator as unusable.
   void wait(MPI_Request& request, const char* call);
-  void wait_all(MPI_Request (&requests)[2], const char* call);
+  void wait_all(std::span<MPI_Request> requests, const char* call);
 
   void all_gather_bytes(const void* input, void* output, size_t bytes);
   void broadcast_bytes(void* data, size_t bytes, int root);

@@ -90,6 +90,33 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  void do_all_to_all(const void* send, const Sections& to, void* receive, const Sections& from, Stream) override {
+    const auto* out = static_cast<const unsigned char*>(send);
+    auto* in = static_cast<unsigned char*>(receive);
+    const auto me = static_cast<size_t>(rank());
+    if (to.bytes[me] > 0) std::memcpy(in + from.offsets[me], out + to.offsets[me], to.bytes[me]);
+    std::vector<MPI_Request> requests;
+    for (size_t r = 0; r < to.bytes.size(); ++r) {
+      if (r == me) continue;
+      const int peer = static_cast<int>(r);
+      if (from.bytes[r] > 0) {
+        GRADKIT_MPI_CHECK(MPI_Irecv(in + from.offsets[r], comm::mpi_count("all_to_all", static_cast<int64_t>(from.bytes[r])),
+                                    MPI_BYTE, peer, kTag, channel_->comm(), &requests.emplace_back()));
+      }
+      if (to.bytes[r] > 0) {
+        GRADKIT_MPI_CHECK(MPI_Isend(out + to.offsets[r], comm::mpi_count("all_to_all", static_cast<int64_t>(to.bytes[r])),
+                                    MPI_BYTE, peer, kTag, channel_->comm(), &requests.emplace_back()));
+      }
+    }
+    if (requests.empty()) return;
+    try {
+      channel_->wait_all(requests, "MPI_Irecv/MPI_Isend (all_to_all)");
+    } catch (const Error& e) {
+      mark_unusable(e.what());
+      throw;
+    }
+  }
+
   void do_send(const void* data, size_t bytes, int peer, Stream) override {
     MPI_Request request = MPI_REQUEST_NULL;
     GRADKIT_MPI_CHECK(MPI_Isend(data, comm::mpi_count("send", static_cast<int64_t>(bytes)), MPI_BYTE, peer, kTag,

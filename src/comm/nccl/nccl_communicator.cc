@@ -178,6 +178,26 @@ void NcclCommunicator::do_exchange(const void* send, void* receive, size_t bytes
   });
 }
 
+void NcclCommunicator::do_all_to_all(const void* send, const Sections& to, void* receive, const Sections& from,
+                                     Stream stream) {
+  cuda::DeviceGuard guard(device().index);
+  const cudaStream_t s = cuda::native(stream);
+  const auto* out = static_cast<const unsigned char*>(send);
+  auto* in = static_cast<unsigned char*>(receive);
+  const auto me = static_cast<size_t>(rank());
+  // This rank's own section is a copy; the others one send and one receive
+  // each, in one group.
+  if (to.bytes[me] > 0) copy(in + from.offsets[me], out + to.offsets[me], to.bytes[me], stream);
+  grouped("ncclSend and ncclRecv (all_to_all)", s, [&](auto&& add) {
+    for (size_t r = 0; r < to.bytes.size(); ++r) {
+      if (r == me) continue;
+      const int peer = static_cast<int>(r);
+      if (to.bytes[r] > 0) add(ncclSend(out + to.offsets[r], to.bytes[r], ncclUint8, peer, comm_, s), "ncclSend");
+      if (from.bytes[r] > 0) add(ncclRecv(in + from.offsets[r], from.bytes[r], ncclUint8, peer, comm_, s), "ncclRecv");
+    }
+  });
+}
+
 void NcclCommunicator::do_send(const void* data, size_t bytes, int peer, Stream stream) {
   cuda::DeviceGuard guard(device().index);
   const cudaStream_t s = cuda::native(stream);

@@ -117,6 +117,8 @@ class NcclCommunicator final : public Communicator {
 
   void do_exchange(const void* send, void* receive, size_t bytes, int peer, Stream stream) override;
 
+  void do_all_to_all(const void* send, const Sections& to, void* receive, const Sections& from,
+                     Stream stream) override;
   void do_send(const void* data, size_t bytes, int peer, Stream stream) override;
 
   void do_receive(void* data, size_t bytes, int peer, Stream stream) override;

@@ -1,0 +1,26 @@
+// MuonShardedPlan's step over a communicator (gradkit/optim/muon_sharded_step.h).
+#include "gradkit/optim/muon_sharded_step.h"
+
+#include <string>
+
+#include "gradkit/core/error.h"
+
+namespace gradkit {
+
+void muon_sharded_step(const MuonShardedPlan& plan, Communicator& comm, const MuonStepInputs& inputs, Stream stream) {
+  constexpr std::string_view name = "muon_sharded_step";
+  if (comm.size() != plan.ranks() || comm.rank() != plan.rank() || comm.device() != plan.device()) {
+    throw_argument_error(ErrorCode::invalid_argument, name, "comm",
+                         "is rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + " on " +
+                             to_string(comm.device()) + ", expected the plan's rank " + std::to_string(plan.rank()) +
+                             " of " + std::to_string(plan.ranks()) + " on " + to_string(plan.device()));
+  }
+  plan.validate_inputs(inputs);
+  plan.momentum(inputs, stream);
+  comm.all_to_all(plan.shard_buffer(), plan.shard_counts(), plan.owner_buffer(), plan.owner_counts(), stream);
+  plan.orthogonalize(inputs, stream);
+  comm.all_to_all(plan.owner_buffer(), plan.owner_counts(), plan.shard_buffer(), plan.shard_counts(), stream);
+  plan.update(inputs, stream);
+}
+
+}  // namespace gradkit
