@@ -17,21 +17,12 @@
 #include "gradkit/ops/muon_sharded.h"
 #include "support/device_param.h"
 #include "support/expect_error.h"
+#include "support/muon_shards.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"
 
 namespace gradkit::test {
 namespace {
-
-// torch.chunk's split (FSDP2's Shard(0)) of `slices` dim-0 slices of
-// `rows_per_slice` rows each over `ranks`: ceil(slices / ranks) slices each,
-// the last ranks short or empty.
-std::vector<int64_t> chunk_splits(int64_t slices, int64_t rows_per_slice, int ranks) {
-  const int64_t each = (slices + ranks - 1) / ranks;
-  std::vector<int64_t> out;
-  for (int r = 0; r <= ranks; ++r) out.push_back(std::min<int64_t>(r * each, slices) * rows_per_slice);
-  return out;
-}
 
 struct Dtypes {
   DType param = DType::f32, grad = DType::f32, momentum = DType::f32;
@@ -63,16 +54,6 @@ Model make_model(std::mt19937_64& rng, const std::vector<MatrixShape>& shapes, i
   return m;
 }
 
-std::vector<double> rows_of(const std::vector<double>& v, int64_t cols, int64_t lo, int64_t hi) {
-  return {v.begin() + lo * cols, v.begin() + hi * cols};
-}
-
-void write(const TestTensor& t, const std::vector<double>& values, DType dtype) {
-  const TestTensor fresh(t.view().device, dtype, values);
-  const auto bytes = fresh.bytes();
-  if (!bytes.empty()) copy_from_host(t.view().data, t.view().device, bytes.data(), bytes.size());
-}
-
 // One rank: its rows of every tensor and its plan.
 struct Rank {
   std::vector<TestTensor> w, g, buf;
@@ -99,7 +80,7 @@ struct Rank {
   void set_gradients(const Model& m, int rank, const std::vector<std::vector<double>>& grads) {
     for (size_t i = 0; i < g.size(); ++i) {
       const int64_t lo = m.splits[i][static_cast<size_t>(rank)], hi = m.splits[i][static_cast<size_t>(rank) + 1];
-      write(g[i], rows_of(grads[i], m.shapes[i].cols, lo, hi), m.d.grad);
+      overwrite(g[i], rows_of(grads[i], m.shapes[i].cols, lo, hi));
     }
   }
 };
@@ -155,7 +136,7 @@ struct Whole {
     plan = MuonPlan({wv, gv, bv, m.shapes}, h, groups);
   }
   void set_gradients(const Model& m, const std::vector<std::vector<double>>& grads) {
-    for (size_t i = 0; i < g.size(); ++i) write(g[i], grads[i], m.d.grad);
+    for (size_t i = 0; i < g.size(); ++i) overwrite(g[i], grads[i]);
   }
 };
 

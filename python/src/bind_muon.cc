@@ -78,6 +78,28 @@ struct PyMuonShardedPlan {
   }
 };
 
+// set_grads and set_hyperparameters, which both plans' bindings take alike.
+template <class Py>
+void bind_repointing(nb::class_<Py>& c) {
+  c.def(
+       "set_grads",
+       [](Py& p, const Arrays& g, bool hold, uintptr_t stream) {
+         ViewList next = to_views(g, "grads");
+         p.plan.set_grads(next.views, to_stream(stream));
+         p.grads = std::move(next);
+         if (!hold) p.grads.arrays.clear();
+       },
+       nb::arg("grads"), nb::arg("hold_grads") = true, nb::arg("stream") = 0)
+      .def(
+          "set_hyperparameters",
+          [](Py& p, const std::vector<MuonHyperparameters>& h, std::optional<uintptr_t> stream) {
+            if (stream) p.plan.set_hyperparameters(h, to_stream(*stream));
+            else p.plan.set_hyperparameters(h);
+          },
+          nb::arg("hyperparameters"), nb::arg("stream") = nb::none(),
+          "Synchronously, or in order on `stream` without waiting (per-step schedules).");
+}
+
 }  // namespace
 
 void bind_muon(nb::module_& m) {
@@ -109,7 +131,7 @@ void bind_muon(nb::module_& m) {
   m.def("muon_adjusted_lr", &muon_adjusted_lr, nb::arg("hyperparameters"), nb::arg("rows"), nb::arg("cols"),
         "The learning rate a rows x cols matrix gets (torch.optim.Muon's _adjust_lr).");
 
-  nb::class_<PyMuonPlan>(m, "MuonPlan",
+  auto plan = nb::class_<PyMuonPlan>(m, "MuonPlan",
                          "Muon over lists of matrices planned once (docs/ops.md, muon_step): shapes[i] = (batch, "
                          "rows, cols) of tensor i; matrices of one shape and group are orthogonalised together.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const std::vector<Shape>&,
@@ -132,28 +154,12 @@ void bind_muon(nb::module_& m) {
           nb::arg("stream") = 0,
           "One update. found_inf: a bool on the plan's device, true skips the whole step; the gradients are "
           "divided by grad_scale (or the float32 at grad_scale_device).")
-      .def(
-          "set_grads",
-          [](PyMuonPlan& p, const Arrays& g, bool hold, uintptr_t stream) {
-            ViewList next = to_views(g, "grads");
-            p.plan.set_grads(next.views, to_stream(stream));
-            p.grads = std::move(next);
-            if (!hold) p.grads.arrays.clear();
-          },
-          nb::arg("grads"), nb::arg("hold_grads") = true, nb::arg("stream") = 0)
-      .def(
-          "set_hyperparameters",
-          [](PyMuonPlan& p, const std::vector<MuonHyperparameters>& h, std::optional<uintptr_t> stream) {
-            if (stream) p.plan.set_hyperparameters(h, to_stream(*stream));
-            else p.plan.set_hyperparameters(h);
-          },
-          nb::arg("hyperparameters"), nb::arg("stream") = nb::none(),
-          "Synchronously, or in order on `stream` without waiting (per-step schedules).")
       .def_prop_ro("num_tensors", [](const PyMuonPlan& p) { return p.plan.num_tensors(); })
       .def_prop_ro("num_batches", [](const PyMuonPlan& p) { return p.plan.num_batches(); })
       .def_prop_ro("workspace_bytes", [](const PyMuonPlan& p) { return p.plan.workspace_bytes(); });
+  bind_repointing(plan);
 
-  nb::class_<PyMuonShardedPlan>(
+  auto sharded = nb::class_<PyMuonShardedPlan>(
       m, "MuonShardedPlan",
       "Muon over this rank's rows of each tensor (FSDP2's Shard(0); docs/ops.md, muon_step over row shards): "
       "row_splits[i] holds tensor i's ranks + 1 row boundaries (of batch * rows rows). The step is momentum(), an "
@@ -185,22 +191,6 @@ void bind_muon(nb::module_& m) {
             p.plan.update(step_inputs(found_inf, 1.0f, nb::none()), to_stream(stream));
           },
           nb::arg("found_inf") = nb::none(), nb::arg("stream") = 0, "3. The weight update from shard_buffer.")
-      .def(
-          "set_grads",
-          [](PyMuonShardedPlan& p, const Arrays& g, bool hold, uintptr_t stream) {
-            ViewList next = to_views(g, "grads");
-            p.plan.set_grads(next.views, to_stream(stream));
-            p.grads = std::move(next);
-            if (!hold) p.grads.arrays.clear();
-          },
-          nb::arg("grads"), nb::arg("hold_grads") = true, nb::arg("stream") = 0)
-      .def(
-          "set_hyperparameters",
-          [](PyMuonShardedPlan& p, const std::vector<MuonHyperparameters>& h, std::optional<uintptr_t> stream) {
-            if (stream) p.plan.set_hyperparameters(h, to_stream(*stream));
-            else p.plan.set_hyperparameters(h);
-          },
-          nb::arg("hyperparameters"), nb::arg("stream") = nb::none())
       .def_prop_ro("shard_buffer",
                    [](nb::handle self) { return to_array(nb::cast<PyMuonShardedPlan&>(self).plan.shard_buffer(), self); },
                    "This rank's rows of the updates, by owner rank (bf16, 1-D; the plan's memory).")
@@ -220,6 +210,7 @@ void bind_muon(nb::module_& m) {
       .def_prop_ro("owned_flops", [](const PyMuonShardedPlan& p) { return p.plan.owned_flops(); })
       .def_prop_ro("num_owned_batches", [](const PyMuonShardedPlan& p) { return p.plan.num_owned_batches(); })
       .def_prop_ro("workspace_bytes", [](const PyMuonShardedPlan& p) { return p.plan.workspace_bytes(); });
+  bind_repointing(sharded);
 }
 
 }  // namespace gradkit::python

@@ -16,28 +16,11 @@
 #include "comm/comm_test_support.h"
 #include "gradkit/ops/muon_sharded.h"
 #include "gradkit/optim/muon_sharded_step.h"
+#include "support/muon_shards.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {
 namespace {
-
-// torch.chunk's split of `slices` dim-0 slices (rows_per_slice rows each).
-std::vector<int64_t> chunk_splits(int64_t slices, int64_t rows_per_slice, int ranks) {
-  const int64_t each = (slices + ranks - 1) / ranks;
-  std::vector<int64_t> out;
-  for (int r = 0; r <= ranks; ++r) out.push_back(std::min<int64_t>(r * each, slices) * rows_per_slice);
-  return out;
-}
-
-std::vector<double> rows_of(const std::vector<double>& v, int64_t cols, int64_t lo, int64_t hi) {
-  return {v.begin() + lo * cols, v.begin() + hi * cols};
-}
-
-void write(const TestTensor& t, const std::vector<double>& values) {
-  const TestTensor fresh(t.view().device, t.view().dtype, values);
-  const auto bytes = fresh.bytes();
-  if (!bytes.empty()) copy_from_host(t.view().data, t.view().device, bytes.data(), bytes.size());
-}
 
 std::vector<double> minus(const std::vector<double>& a, const std::vector<double>& b) {
   std::vector<double> out(a.size());
@@ -85,8 +68,8 @@ TEST_P(MuonShardedStep, MatchesTheUnshardedStepOnEveryRank) {
       const MatrixShape& s = shapes[i];
       const auto grads = random_values(rng, s.batch * s.rows * s.cols);
       const size_t at = i * static_cast<size_t>(ranks + 1) + static_cast<size_t>(me);
-      write(g[i], rows_of(grads, s.cols, splits[at], splits[at + 1]));
-      write(whole_g[i], grads);
+      overwrite(g[i], rows_of(grads, s.cols, splits[at], splits[at + 1]));
+      overwrite(whole_g[i], grads);
     }
     muon_sharded_step(plan, c, {});
     whole.step();

@@ -23,7 +23,6 @@ The ranks are 2 and 4: FSDP2 averages the ranks' equal gradients, which is
 exact for a power of two (on 3 ranks (g + g + g) / 3 need not be g).
 
 Prints "rank R: ok" when every check passed."""
-import os
 import pathlib
 import sys
 
@@ -40,19 +39,8 @@ import gradkit.torch as gt  # noqa: E402
 from models import TinyGPT, text_batches  # noqa: E402
 from tolerances import MUON_TORCH  # noqa: E402
 
-
-def setup():
-    if torch.cuda.is_available():
-        index = int(os.environ.get("GRADKIT_TEST_CUDA_DEVICE", os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(index)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", index))
-        return torch.device("cuda", index)
-    dist.init_process_group("gloo")
-    return torch.device("cpu")
-
-
-def full(t):
-    return t.full_tensor() if isinstance(t, DTensor) else t
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from fsdp2 import finish, full, setup  # noqa: E402  (the FSDP2 ranks' set-up, as ranks/fsdp2.py's)
 
 
 class OddShapes(torch.nn.Module):
@@ -201,12 +189,7 @@ def main():
         load(directory, device)
         check_against_unsharded("odd", device)
         check_skip(device)
-    dist.barrier()
-    print(f"rank {rank}: ok", flush=True)
-    dist.destroy_process_group()
-    if device.type == "cpu":
-        sys.stderr.flush()
-        os._exit(0)  # as ranks/fsdp2.py: gloo's finalization can abort after every check passed
+    finish(device, rank)
 
 
 if __name__ == "__main__":
