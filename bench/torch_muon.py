@@ -23,7 +23,9 @@ Device time is the median over --reps of CUDA events around the call (best
 of --rounds interleaved rounds); host us is the call's wall time.
 With --training, also one whole training step (forward, backward, clip,
 step) of the test GPT and of a GPT-2-small-shaped model, AdamW against Muon
-(host us: the optimizers' step() calls' own wall time in that loop).
+(each on its own copy of the model, the cases taking turns for at least 5
+rounds, each keeping its best round: a small model's step is bound by the
+host; host us: the optimizers' step() calls' own wall time in that loop).
 usage: bench/torch_muon.py [--reps N] [--rounds N] [--lists testgpt,gpt2,llama1b] [--training] [--markdown FILE]
 """
 import argparse
@@ -174,20 +176,21 @@ def bench_list(key, reps, rounds, peak, rows):
     torch.cuda.empty_cache()
 
 
-def bench_training(reps, rows):
+def bench_training(reps, rounds, rows):
     """One whole training step (forward, backward, clip, step) of the test GPT
     (python/tests/models.TinyGPT: 2 layers, d 128, batch 16 x 64) and of a
     GPT-2-small-shaped one (12 layers, d 768, batch 8 x 512, bf16 autocast):
     AdamW alone against Muon on the matrices (muon_param_groups) with AdamW on
-    the rest, gradkit's and torch's."""
+    the rest, gradkit's and torch's. Each optimizer has its own copy of the
+    model; the cases take turns for `rounds` rounds (a small model's step is
+    bound by the host, whose speed drifts) and each keeps its best round's
+    median."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
     import models
 
     configs = [("test GPT", dict(), 16, 64, False), ("GPT-2-small-shaped", dict(layers=12, d=768, heads=12, block=512),
                                                       8, 512, True)]
     for name, shape, batch, block, autocast in configs:
-        torch.manual_seed(0)
-        model = models.TinyGPT(**shape).cuda()
         x, y = next(models.text_batches("cuda", 1, batch=batch, block=block))
 
         def torch_muon(m):
@@ -200,12 +203,14 @@ def bench_training(reps, rows):
                       "torch fused AdamW": lambda m: [torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)],
                       "gradkit Muon + AdamW": lambda m: [gt.Muon(gt.muon_param_groups(m, lr=3e-4), lr=0.02)],
                       "torch Muon + fused AdamW": torch_muon}
-        times, hosts = {}, {}
+        steps, hosts = {}, {}
         for label, make in optimizers.items():
+            torch.manual_seed(0)
+            model = models.TinyGPT(**shape).cuda()
             opts = make(model)
-            step_host = []
+            step_host = hosts.setdefault(label, [])
 
-            def step():
+            def step(model=model, opts=opts, step_host=step_host):
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                     loss = model(x, y)
                 loss.backward()
@@ -216,16 +221,20 @@ def bench_training(reps, rows):
                 step_host.append((time.perf_counter() - t0) * 1e6)
                 for o in opts:
                     o.zero_grad()
-            times[label] = median_ms(step, reps)
-            hosts[label] = sorted(step_host)[len(step_host) // 2]  # the optimizers' step() calls' own host time
+            steps[label] = step
+        times = {label: float("inf") for label in steps}
+        for _ in range(rounds):
+            for label in steps:
+                times[label] = min(times[label], median_ms(steps[label], reps))
         base = times["gradkit AdamW"]
-        print(f"\n{name}: whole training step (forward, backward, clip, step)", flush=True)
+        print(f"\n{name}: whole training step (forward, backward, clip, step), best of {rounds} rounds", flush=True)
         for label, ms in times.items():
-            row = (name + " training step", label, f"{ms:.2f}", f"{hosts[label]:.0f}", "", "", "",
+            host = sorted(hosts[label])[len(hosts[label]) // 2]  # the optimizers' step() calls' own host time
+            row = (name + " training step", label, f"{ms:.2f}", f"{host:.0f}", "", "", "",
                    f"{100 * (ms / base - 1):+.1f}% vs AdamW")
             rows.append(row)
             print("  ".join(f"{c:>{w}}" for c, w in zip(row, (28, 30, 8, 8, 1, 1, 1, 18))), flush=True)
-        del model
+        del steps
         torch.cuda.empty_cache()
 
 
@@ -249,7 +258,7 @@ def main():
     for key in filter(None, args.lists.split(",")):
         bench_list(key, args.reps, args.rounds, peak, rows)
     if args.training:
-        bench_training(args.reps, rows)
+        bench_training(args.reps, max(args.rounds, 5), rows)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"bf16 matmul measured: {peak:.0f} TFLOP/s\n\n| list | implementation | ms | host us | TFLOP/s | "
