@@ -12,8 +12,9 @@ Llama-shaped 1B, 112). Cases per list:
 - N GPUs: gradkit.torch.Muon on DTensors sharded by rows (distribute_tensor,
   Shard(0): FSDP2's layout) with their sharded gradients: the whole step, and
   its parts on each rank: the owners' Newton-Schulz (MuonShardedPlan's
-  orthogonalize alone: the balance), and the two all-to-alls alone (NCCL
-  through torch.distributed, the bytes the step sends).
+  orthogonalize alone: the balance), the two all-to-alls alone (NCCL
+  through torch.distributed, the bytes the step sends), and the five parts
+  timed with events between them within whole steps.
 Device time is the median over --reps of CUDA events on rank 0 (every part
 runs on every rank; rank r's own figures are printed as "rank r").
 """
@@ -50,6 +51,33 @@ def sharded_cohort(opt):
     return cohorts[0].plan
 
 
+PARTS = ("momentum", "all-to-all", "orthogonalize", "all-to-all back", "update")
+
+
+def step_parts(sharded, reps):
+    """The step's five parts as gradkit.torch.Muon runs them, with CUDA events
+    between them: each part's median time within whole steps (a wait for the
+    other rank shows in the all-to-alls)."""
+    stream = torch.cuda.current_stream().cuda_stream
+    calls = (lambda: sharded.plan.momentum(stream=stream),
+             lambda: dist.all_to_all_single(sharded.owner, sharded.shard, sharded.owner_counts, sharded.shard_counts),
+             lambda: sharded.plan.orthogonalize(stream=stream),
+             lambda: dist.all_to_all_single(sharded.shard, sharded.owner, sharded.shard_counts, sharded.owner_counts),
+             lambda: sharded.plan.update(stream=stream))
+    times = [[] for _ in calls]
+    for rep in range(reps + 3):
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(calls) + 1)]
+        events[0].record()
+        for call, event in zip(calls, events[1:]):
+            call()
+            event.record()
+        events[-1].synchronize()
+        if rep >= 3:
+            for k in range(len(calls)):
+                times[k].append(events[k].elapsed_time(events[k + 1]))
+    return [sorted(t)[len(t) // 2] for t in times]
+
+
 def bench_list(key, reps, rows):
     title, matrices = LISTS[key]
     shapes = matrices()
@@ -83,9 +111,10 @@ def bench_list(key, reps, rows):
         dist.all_to_all_single(sharded.shard, sharded.owner, sharded.shard_counts, sharded.owner_counts)
 
     comm_ms = median_ms(exchange, reps)
+    parts = step_parts(sharded, reps)
     # Bytes this rank sends to the others: its rows to their owners, its matrices' rows back.
     sent = sum(sharded.shard_counts) - sharded.shard_counts[rank] + sum(sharded.owner_counts) - sharded.owner_counts[rank]
-    mine = torch.tensor([step_ms, ortho_ms, comm_ms, sharded.plan.owned_flops, float(sent)], device="cuda",
+    mine = torch.tensor([step_ms, ortho_ms, comm_ms, sharded.plan.owned_flops, float(sent), *parts], device="cuda",
                         dtype=torch.float64)
     every = [torch.empty_like(mine) for _ in range(ranks)]
     dist.all_gather(every, mine)
@@ -103,9 +132,10 @@ def bench_list(key, reps, rows):
     if "torch" in one:
         row("one GPU: torch.optim.Muon", one["torch"])
     row(f"{ranks} GPUs: gradkit.torch.Muon (FSDP2 rows)", step_ms, "target <= 0.60 x one GPU")
-    for r, (s, o, c, f, b) in enumerate(t.tolist() for t in every):
+    for r, (s, o, c, f, b, *within) in enumerate(t.tolist() for t in every):
         row(f"  rank {r}: owners' Newton-Schulz", o, f"{5 * f / o / 1e9:.0f} TFLOP/s, {100 * 5 * f / flops:.0f}% of the FLOPs")
         row(f"  rank {r}: the two all-to-alls", c, f"{b / 1e9:.3f} GB sent, {b / c / 1e6:.0f} GB/s")
+        row(f"  rank {r}: within one step", sum(within), " + ".join(f"{n} {ms:.3f}" for n, ms in zip(PARTS, within)))
 
 
 def main():
