@@ -61,6 +61,11 @@ def full(t):
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def full_state(optim_state):
+    """An optimizer state dict's "state" as whole tensors on the CPU, keyed "param.name"."""
+    return {f"{k}.{s}": full(v).cpu() for k, d in optim_state.items() for s, v in d.items()}
+
+
 def train(model, opt, device, steps, seed):
     losses = []
     for x, y in text_batches(device, steps, batch=8, block=32, seed=seed):
@@ -199,7 +204,7 @@ def save(directory, device, rank):
         train(m, opt, device, 5, seed=30 + rank)
         state = {"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt)}
         dcp.save(state, checkpoint_id=str(directory / name))
-        states[name] = {f"{k}.{s}": full(v).cpu() for k, d in state["optim"]["state"].items() for s, v in d.items()}
+        states[name] = full_state(state["optim"]["state"])
     if rank == 0:
         torch.save(states, directory / "full.pt")
 
@@ -214,8 +219,7 @@ def load(directory, device):
         dcp.load(state, checkpoint_id=str(directory / name))
         set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, opt, state["optim"])
-        got = get_optimizer_state_dict(model, opt)["state"]
-        got = {f"{k}.{s}": full(v).cpu() for k, d in got.items() for s, v in d.items()}
+        got = full_state(get_optimizer_state_dict(model, opt)["state"])
         assert got.keys() == saved[name].keys(), (sorted(got)[:4], sorted(saved[name])[:4])
         for key, value in saved[name].items():
             if name == "gradkit_low_bit" and resharded and key.rsplit(".", 1)[1] in ("exp_avg", "exp_avg_sq"):

@@ -40,7 +40,7 @@ from models import TinyGPT, text_batches  # noqa: E402
 from tolerances import MUON_TORCH  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from fsdp2 import finish, full, setup  # noqa: E402  (the FSDP2 ranks' set-up, as ranks/fsdp2.py's)
+from fsdp2 import finish, full, full_state, setup  # noqa: E402  (the FSDP2 ranks' set-up, as ranks/fsdp2.py's)
 
 
 class OddShapes(torch.nn.Module):
@@ -152,7 +152,7 @@ def save(directory, device, rank):
     model, opt = check_against_unsharded("gpt", device)
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
     dcp.save(state, checkpoint_id=str(directory / "muon"))
-    saved = {f"{k}.{s}": full(v).cpu() for k, d in state["optim"]["state"].items() for s, v in d.items()}
+    saved = full_state(state["optim"]["state"])
     assert any(k.endswith("momentum_buffer") for k in saved)
     if rank == 0:
         torch.save({"world": dist.get_world_size(), "state": saved}, directory / "muon_full.pt")
@@ -166,8 +166,7 @@ def load(directory, device):
     dcp.load(state, checkpoint_id=str(directory / "muon"))
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, opt, state["optim"])
-    got = get_optimizer_state_dict(model, opt)["state"]
-    got = {f"{k}.{s}": full(v).cpu() for k, d in got.items() for s, v in d.items()}
+    got = full_state(get_optimizer_state_dict(model, opt)["state"])
     assert got.keys() == saved.keys(), (sorted(got)[:4], sorted(saved)[:4])
     for key, value in saved.items():
         assert torch.equal(got[key].to(value.dtype), value), f"{key} changed through the checkpoint"
