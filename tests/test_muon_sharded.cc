@@ -321,6 +321,13 @@ TEST_P(MuonSharded, SetGradsRepointsTheRows) {
   expect_same(device(), ranks, whole, m, "set_grads");
   const std::vector<TensorView> one(ranks[0].gv.begin(), ranks[0].gv.begin() + 1);
   expect_error([&] { ranks[0].plan.set_grads(one); }, ErrorCode::size_mismatch, {"grads"});
+  // Gradients in the plan's own exchange buffer: refused before any table changes.
+  const TensorView exchange = ranks[0].plan.shard_buffer();
+  std::vector<TensorView> inside = ranks[0].gv;
+  inside[0].data = exchange.data;
+  inside[0].dtype = DType::bf16;
+  inside[0].numel = std::min(inside[0].numel, exchange.numel);
+  expect_error([&] { ranks[0].plan.set_grads(inside); }, ErrorCode::aliasing, {"grads[0]", "shard_buffer"});
 }
 
 TEST_P(MuonSharded, RefusesBadSplitsAndRanks) {

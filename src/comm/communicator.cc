@@ -457,6 +457,15 @@ void Communicator::all_to_all(const TensorView& send, std::span<const int64_t> s
   std::vector<size_t> to_bytes, to_offsets, from_bytes, from_offsets;
   sections("send_counts", send_counts, send, to_bytes, to_offsets);
   sections("receive_counts", receive_counts, receive, from_bytes, from_offsets);
+  // This rank's own section is copied: both sides must be its size (the
+  // other ranks' agreement cannot be checked here).
+  const auto me = static_cast<size_t>(rank_);
+  if (receive_counts[me] != send_counts[me]) {
+    throw_argument_error(ErrorCode::size_mismatch, name, "receive_counts",
+                         "has " + std::to_string(receive_counts[me]) + " elements from this rank (" +
+                             std::to_string(rank_) + ") to itself, expected send_counts' " +
+                             std::to_string(send_counts[me]));
+  }
   if (send.numel > 0 && receive.numel > 0) {
     check_not_overlapping(name, {.input = "send", .output = "receive"}, receive, send,
                           "separate send and receive buffers");

@@ -88,7 +88,7 @@ void assemble(const MuonLaunch& l, const CpuWorkspace& w) {
   const int64_t elements = b.rows * b.cols;
   const auto* exchange = static_cast<const bfloat16*>(l.exchange);
   cpu::for_each_chunk(b.plan, [&](const cpu::ChunkView& v) {
-    const MuonPiece* pieces = l.pieces + v.chunk.tensor * l.ranks;
+    const MuonPiece* pieces = l.pieces + static_cast<int64_t>(v.chunk.tensor) * l.ranks;
     float* x = w.x + v.chunk.tensor * elements + v.chunk.begin;
     float sum = 0.0f;
     for (int32_t i = 0; i < v.chunk.length; ++i) {
@@ -107,7 +107,7 @@ void disperse(const MuonLaunch& l, const CpuWorkspace& w) {
   const int64_t elements = b.rows * b.cols;
   auto* exchange = static_cast<bfloat16*>(l.exchange);
   cpu::for_each_chunk(b.plan, [&](const cpu::ChunkView& v) {
-    const MuonPiece* pieces = l.pieces + v.chunk.tensor * l.ranks;
+    const MuonPiece* pieces = l.pieces + static_cast<int64_t>(v.chunk.tensor) * l.ranks;
     const float* x = w.x + v.chunk.tensor * elements + v.chunk.begin;
     for (int32_t i = 0; i < v.chunk.length; ++i) {
       const int64_t e = v.chunk.begin + i;

@@ -106,7 +106,7 @@ struct AssembleOp {
 
   __device__ void operator()(const cuda::PlanArgs&, const PlanChunk& chunk) const {
     if (found_inf != nullptr && *found_inf) return;
-    const MuonPiece* p = pieces + chunk.tensor * ranks;
+    const MuonPiece* p = pieces + static_cast<int64_t>(chunk.tensor) * ranks;
     bf16* out = x + chunk.tensor * elements + chunk.begin;
     float sum = 0.0f;
     int32_t s = 0;
@@ -134,7 +134,7 @@ struct DisperseOp {
 
   __device__ void operator()(const cuda::PlanArgs&, const PlanChunk& chunk) const {
     if (found_inf != nullptr && *found_inf) return;
-    const MuonPiece* p = pieces + chunk.tensor * ranks;
+    const MuonPiece* p = pieces + static_cast<int64_t>(chunk.tensor) * ranks;
     const bf16* in = result + chunk.tensor * elements + chunk.begin;
     int32_t s = 0;
     for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {

@@ -355,7 +355,18 @@ void MuonShardedPlan::set_hyperparameters(std::span<const MuonHyperparameters> h
 }
 
 void MuonShardedPlan::set_grads(std::span<const TensorView> grads, Stream stream) {
-  all_.repoint(1, grads, stream);  // every check, before any batch changes
+  // The rows batches check the new gradients against shard_buffer (their
+  // list 3) too: that check runs first, so that a refusal changes nothing.
+  const auto* lo = static_cast<const unsigned char*>(shard_buffer_.data());
+  const auto* hi = lo + shard_buffer_.bytes();
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const auto* at = static_cast<const unsigned char*>(grads[i].data);
+    if (grads[i].numel > 0 && at < hi && at + grads[i].bytes() > lo) {
+      throw_argument_error(ErrorCode::aliasing, kOp, indexed("grads", i),
+                           "overlaps the plan's shard_buffer; expected gradients in memory of their own");
+    }
+  }
+  all_.repoint(1, grads, stream);  // every other check, before any batch changes
   for (size_t b = 0; b < rows_.size(); ++b) rows_[b].plan.repoint(1, slice_views(row_slices_[b], grads), stream);
 }
 

@@ -16,6 +16,7 @@ void muon_sharded_step(const MuonShardedPlan& plan, Communicator& comm, const Mu
                              " of " + std::to_string(plan.ranks()) + " on " + to_string(plan.device()));
   }
   plan.validate_inputs(inputs);
+  comm.require_usable(name);  // before the momentum moves: a failed communicator would leave it half-stepped
   plan.momentum(inputs, stream);
   comm.all_to_all(plan.shard_buffer(), plan.shard_counts(), plan.owner_buffer(), plan.owner_counts(), stream);
   plan.orthogonalize(inputs, stream);

@@ -385,6 +385,12 @@ TEST_P(Collectives, AllToAllDeliversEverySection) {
                ErrorCode::dtype_unsupported, {"receive", "bf16"});
   expect_error([&] { c.all_to_all(send.views()[0], eights, send.views()[0], eights); }, ErrorCode::aliasing,
                {"receive"});
+  // This rank's own section: the same size on both sides (else its copy would overrun).
+  std::vector<int64_t> skewed = eights;
+  skewed[static_cast<size_t>(c.rank())] = 6;
+  skewed[static_cast<size_t>((c.rank() + 1) % n)] = 10;
+  expect_error([&] { c.all_to_all(send.views()[0], eights, receive.views()[0], skewed); }, ErrorCode::size_mismatch,
+               {"receive_counts", "to itself"});
   EXPECT_EQ(receive.read(), std::vector<double>(static_cast<size_t>(8 * n), 2.0));
 }
 

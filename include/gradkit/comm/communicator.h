@@ -198,6 +198,10 @@ class Communicator {
   void receive(const TensorView& data, int peer, Stream stream = {});
   // Returns when every rank has called it (host-side; waits for nothing on a stream).
   void barrier();
+  // Throws Error naming `op` if an earlier timeout or failure made this
+  // communicator unusable (what a step made of several calls checks before
+  // its first write).
+  void require_usable(std::string_view op) const;
   // Returns when the work this communicator enqueued on `stream` has
   // finished, or throws once `timeout` has passed or a peer has failed
   // (NCCL: the communicator is then aborted). Use it rather than
@@ -302,8 +306,6 @@ class Communicator {
     local_size_ = local_size;
   }
 
-  // Throws if an earlier timeout or failure made this communicator unusable.
-  void require_usable(std::string_view op) const;
   void mark_unusable(const std::string& why) { failure_ = why; }
 
  private:

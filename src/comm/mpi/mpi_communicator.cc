@@ -94,18 +94,25 @@ class MpiCommunicator final : public Communicator {
     const auto* out = static_cast<const unsigned char*>(send);
     auto* in = static_cast<unsigned char*>(receive);
     const auto me = static_cast<size_t>(rank());
+    // Every message's count first (mpi_count refuses more than INT_MAX
+    // bytes), so that a refusal leaves nothing posted and nothing copied.
+    std::vector<int> to_count, from_count;
+    for (size_t r = 0; r < to.bytes.size(); ++r) {
+      to_count.push_back(comm::mpi_count("all_to_all", static_cast<int64_t>(to.bytes[r])));
+      from_count.push_back(comm::mpi_count("all_to_all", static_cast<int64_t>(from.bytes[r])));
+    }
     if (to.bytes[me] > 0) std::memcpy(in + from.offsets[me], out + to.offsets[me], to.bytes[me]);
     std::vector<MPI_Request> requests;
     for (size_t r = 0; r < to.bytes.size(); ++r) {
       if (r == me) continue;
       const int peer = static_cast<int>(r);
-      if (from.bytes[r] > 0) {
-        GRADKIT_MPI_CHECK(MPI_Irecv(in + from.offsets[r], comm::mpi_count("all_to_all", static_cast<int64_t>(from.bytes[r])),
-                                    MPI_BYTE, peer, kTag, channel_->comm(), &requests.emplace_back()));
+      if (from_count[r] > 0) {
+        GRADKIT_MPI_CHECK(MPI_Irecv(in + from.offsets[r], from_count[r], MPI_BYTE, peer, kTag, channel_->comm(),
+                                    &requests.emplace_back()));
       }
-      if (to.bytes[r] > 0) {
-        GRADKIT_MPI_CHECK(MPI_Isend(out + to.offsets[r], comm::mpi_count("all_to_all", static_cast<int64_t>(to.bytes[r])),
-                                    MPI_BYTE, peer, kTag, channel_->comm(), &requests.emplace_back()));
+      if (to_count[r] > 0) {
+        GRADKIT_MPI_CHECK(MPI_Isend(out + to.offsets[r], to_count[r], MPI_BYTE, peer, kTag, channel_->comm(),
+                                    &requests.emplace_back()));
       }
     }
     if (requests.empty()) return;
