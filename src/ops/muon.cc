@@ -55,6 +55,29 @@ void check_step_inputs(std::string_view op, const MuonStepInputs& in, Device dev
   }
 }
 
+std::vector<MatrixBatch> batch_matrices(std::span<const MatrixShape> shapes, std::span<const int32_t> groups,
+                                        std::span<const int32_t> owners) {
+  std::vector<MatrixBatch> batches;
+  std::map<std::tuple<int64_t, int64_t, int32_t, int32_t>, size_t> open;  // the batch each key is filling
+  size_t matrix = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const MatrixShape& s = shapes[i];
+    const int32_t group = groups.empty() ? 0 : groups[i];
+    for (int64_t m = 0; m < s.batch; ++m, ++matrix) {
+      const int32_t owner = owners.empty() ? 0 : owners[matrix];
+      const auto key = std::make_tuple(s.rows, s.cols, group, owner);
+      auto it = open.find(key);
+      if (it == open.end() ||
+          static_cast<int64_t>(batches[it->second].sources.size() + 1) * s.rows * s.cols > kMaxBatchElements) {
+        batches.push_back(MatrixBatch{s.rows, s.cols, group, owner, {}});
+        it = open.insert_or_assign(key, batches.size() - 1).first;
+      }
+      batches[it->second].sources.emplace_back(static_cast<int32_t>(i), m);
+    }
+  }
+  return batches;
+}
+
 Concurrency plan_concurrency(Device device, std::span<const size_t> batch_bytes, int32_t streams) {
   Concurrency c;
   size_t largest = 0, together = 0;
@@ -133,22 +156,8 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
 
   // Matrices of one shape and one group, in tensor order, make a batch (up
   // to kMaxBatchElements): its products run as one batched call each.
-  std::map<std::tuple<int64_t, int64_t, int32_t>, size_t> open;  // shape and group -> batch index
-  for (size_t i = 0; i < t.params.size(); ++i) {
-    const MatrixShape& s = t.shapes[i];
-    const int32_t group = groups.empty() ? 0 : groups[i];
-    const auto key = std::make_tuple(s.rows, s.cols, group);
-    for (int64_t m = 0; m < s.batch; ++m) {
-      auto it = open.find(key);
-      const auto full = [&](const Batch& b) {
-        return static_cast<int64_t>(b.sources.size() + 1) * s.rows * s.cols > kMaxBatchElements;
-      };
-      if (it == open.end() || full(batches_[it->second])) {
-        batches_.push_back(Batch{{}, 0, s.rows, s.cols, group, {}});
-        it = open.insert_or_assign(key, batches_.size() - 1).first;
-      }
-      batches_[it->second].sources.emplace_back(static_cast<int32_t>(i), m);
-    }
+  for (MatrixBatch& b : batch_matrices(t.shapes, groups, {})) {
+    batches_.push_back(Batch{{}, 0, b.rows, b.cols, b.group, std::move(b.sources)});
   }
   std::vector<size_t> bytes;
   for (Batch& batch : batches_) {

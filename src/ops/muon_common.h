@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <string>
+#include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backend/muon.h"
@@ -39,6 +41,19 @@ inline TensorView slice(const TensorView& t, int64_t first, int64_t elements) {
   v.numel = elements;
   return v;
 }
+
+// Matrices to be orthogonalised together: one shape, one group, one owner
+// rank; each source is a tensor and a matrix index within it.
+struct MatrixBatch {
+  int64_t rows, cols;
+  int32_t group, owner;
+  std::vector<std::pair<int32_t, int64_t>> sources;
+};
+// Every tensor's matrices, in tensor order, into batches of one shape, one
+// group (groups empty: all 0) and one owner (owners: each matrix's, matrix
+// by matrix; empty: all 0), each closed before it passes kMaxBatchElements.
+std::vector<MatrixBatch> batch_matrices(std::span<const MatrixShape> shapes, std::span<const int32_t> groups,
+                                        std::span<const int32_t> owners);
 
 // Where batches run when they may run at once: each batch's workspace
 // offset and the side streams (lanes 0: one after another, in one

@@ -6,10 +6,8 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
 #include <numeric>
 #include <string>
-#include <tuple>
 
 #include "backend/muon.h"
 #include "gradkit/core/error.h"
@@ -146,29 +144,10 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
   }
   first_matrix_.push_back(static_cast<int64_t>(flops.size()));
   owners_ = assign_owners(flops, t.ranks);
-  struct Global {
-    int64_t rows, cols;
-    int32_t group, owner;
-    std::vector<std::pair<int32_t, int64_t>> sources;
-  };
-  std::vector<Global> batches;
-  std::map<std::tuple<int64_t, int64_t, int32_t, int32_t>, size_t> open;
-  for (size_t i = 0; i < n; ++i) {
-    const MatrixShape& s = t.shapes[i];
-    const int32_t group = groups.empty() ? 0 : groups[i];
-    for (int64_t m = 0; m < s.batch; ++m) {
-      const int32_t owner = owners_[static_cast<size_t>(first_matrix_[i] + m)];
-      if (owner == t.rank) owned_flops_ += flops[static_cast<size_t>(first_matrix_[i] + m)];
-      const auto key = std::make_tuple(s.rows, s.cols, group, owner);
-      auto it = open.find(key);
-      if (it == open.end() ||
-          static_cast<int64_t>(batches[it->second].sources.size() + 1) * s.rows * s.cols > kMaxBatchElements) {
-        batches.push_back(Global{s.rows, s.cols, group, owner, {}});
-        it = open.insert_or_assign(key, batches.size() - 1).first;
-      }
-      batches[it->second].sources.emplace_back(static_cast<int32_t>(i), m);
-    }
+  for (size_t m = 0; m < flops.size(); ++m) {
+    if (owners_[m] == t.rank) owned_flops_ += flops[m];
   }
+  const std::vector<MatrixBatch> batches = batch_matrices(t.shapes, groups, owners_);
 
   // The exchange buffers: shard_buffer's section o holds this rank's rows
   // of rank o's matrices, owner_buffer's section s rank s's rows of this
@@ -176,7 +155,7 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
   const auto R = static_cast<size_t>(t.ranks), me = static_cast<size_t>(t.rank);
   shard_counts_.assign(R, 0);
   owner_counts_.assign(R, 0);
-  for (const Global& b : batches) {
+  for (const MatrixBatch& b : batches) {
     for (const auto& [i, m] : b.sources) {
       const TensorRows& rows = tensors[static_cast<size_t>(i)];
       shard_counts_[static_cast<size_t>(b.owner)] += rows.piece(m, me).second * b.cols;
@@ -195,7 +174,7 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
 
   std::vector<backend::MuonPiece> pieces;
   std::vector<size_t> owned_bytes;
-  for (const Global& b : batches) {
+  for (const MatrixBatch& b : batches) {
     // This rank's rows of the batch's matrices, and their place in shard_buffer.
     MuonPlan::Batch rows_batch{{}, static_cast<int64_t>(b.sources.size()), b.rows, b.cols, b.group, b.sources};
     std::vector<RowSlice> slices;
