@@ -43,6 +43,31 @@ __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(_
 
 // ---- The element kernels -------------------------------------------------
 
+// Elements per thread whose loads are in flight together.
+constexpr int kInFlight = 4;
+
+// Runs use(i, load(i)) for the chunk's elements i = threadIdx.x, +blockDim.x,
+// ... in that order, each thread's next kInFlight loads issued before any of
+// their uses. The kernels' pointers may alias (nothing says otherwise), so
+// the compiler cannot hoist a load above the previous element's store by
+// itself; one element at a time leaves too few loads in flight to reach the
+// memory's bandwidth. Each thread still meets its elements in the order of
+// the plain strided loop, so its running sums (the norms) are the same bits.
+template <class Load, class Use>
+__device__ __forceinline__ void for_each_element(int32_t length, Load&& load, Use&& use) {
+  using Loaded = decltype(load(int32_t{0}));
+  const int32_t step = static_cast<int32_t>(blockDim.x);
+  int32_t i = static_cast<int32_t>(threadIdx.x);
+  for (; i + (kInFlight - 1) * step < length; i += kInFlight * step) {
+    Loaded v[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) v[k] = load(i + k * step);
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) use(i + k * step, v[k]);
+  }
+  for (; i < length; i += step) use(i, load(i));
+}
+
 // The momentum pass: the buffers, and the Newton-Schulz input rounded to
 // bf16, to the batch's matrices with each chunk's sum of squares, or
 // (x null) to the rows' places in the exchange buffer, the plan's list 3.
@@ -67,17 +92,23 @@ struct MomentumOp {
     NM* buffer = plan.tensor<NM>(2, chunk);
     bf16* out = x != nullptr ? x + chunk.tensor * elements + chunk.begin : plan.tensor<bf16>(3, chunk);
     float sum = 0.0f;
-    for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
-      const float g = __fdiv_rn(cuda::to_compute<float>(grad[i]), scale);
-      const NM stored = cuda::from_compute<NM>(muon_momentum(g, cuda::to_compute<float>(buffer[i]), c));
-      buffer[i] = stored;
-      const float s = cuda::to_compute<float>(stored);
-      const float u = c.nesterov ? cuda::to_compute<float>(cuda::from_compute<NG>(muon_nesterov(g, s, c))) : s;
-      const bf16 xb = __float2bfloat16_rn(u);
-      out[i] = xb;
-      const float xf = __bfloat162float(xb);
-      sum = __fadd_rn(sum, __fmul_rn(xf, xf));
-    }
+    struct Loaded {
+      NG grad;
+      NM buffer;
+    };
+    for_each_element(
+        chunk.length, [&](int32_t i) { return Loaded{grad[i], buffer[i]}; },
+        [&](int32_t i, const Loaded& in) {
+          const float g = __fdiv_rn(cuda::to_compute<float>(in.grad), scale);
+          const NM stored = cuda::from_compute<NM>(muon_momentum(g, cuda::to_compute<float>(in.buffer), c));
+          buffer[i] = stored;
+          const float s = cuda::to_compute<float>(stored);
+          const float u = c.nesterov ? cuda::to_compute<float>(cuda::from_compute<NG>(muon_nesterov(g, s, c))) : s;
+          const bf16 xb = __float2bfloat16_rn(u);
+          out[i] = xb;
+          const float xf = __bfloat162float(xb);
+          sum = __fadd_rn(sum, __fmul_rn(xf, xf));
+        });
     if (x == nullptr) return;
     sum = cuda::block_reduce(sum, cuda::Plus{});
     if (threadIdx.x == 0) partials[blockIdx.x] = sum;
@@ -109,15 +140,19 @@ struct AssembleOp {
     const MuonPiece* p = pieces + static_cast<int64_t>(chunk.tensor) * ranks;
     bf16* out = x + chunk.tensor * elements + chunk.begin;
     float sum = 0.0f;
-    int32_t s = 0;
-    for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
-      const int64_t e = chunk.begin + i;
-      s = next_piece(p, ranks, s, e);
-      const bf16 xb = exchange[p[s].at + e - p[s].first];
-      out[i] = xb;
-      const float xf = __bfloat162float(xb);
-      sum = __fadd_rn(sum, __fmul_rn(xf, xf));
-    }
+    int32_t s = 0;  // the loads meet the elements in order, so the piece only moves on
+    for_each_element(
+        chunk.length,
+        [&](int32_t i) {
+          const int64_t e = chunk.begin + i;
+          s = next_piece(p, ranks, s, e);
+          return exchange[p[s].at + e - p[s].first];
+        },
+        [&](int32_t i, bf16 xb) {
+          out[i] = xb;
+          const float xf = __bfloat162float(xb);
+          sum = __fadd_rn(sum, __fmul_rn(xf, xf));
+        });
     sum = cuda::block_reduce(sum, cuda::Plus{});
     if (threadIdx.x == 0) partials[blockIdx.x] = sum;
   }
@@ -137,11 +172,13 @@ struct DisperseOp {
     const MuonPiece* p = pieces + static_cast<int64_t>(chunk.tensor) * ranks;
     const bf16* in = result + chunk.tensor * elements + chunk.begin;
     int32_t s = 0;
-    for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
-      const int64_t e = chunk.begin + i;
-      s = next_piece(p, ranks, s, e);
-      exchange[p[s].at + e - p[s].first] = in[i];
-    }
+    for_each_element(
+        chunk.length, [&](int32_t i) { return in[i]; },
+        [&](int32_t i, bf16 value) {
+          const int64_t e = chunk.begin + i;
+          s = next_piece(p, ranks, s, e);
+          exchange[p[s].at + e - p[s].first] = value;
+        });
   }
 };
 
@@ -161,9 +198,9 @@ struct NormaliseOp {
     for (int64_t k = first; k < last; ++k) sum += partials[k];
     const float divisor = muon_divisor(sum, hyper->eps, round_bf16);
     bf16* out = x + chunk.tensor * elements + chunk.begin;
-    for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
-      out[i] = __float2bfloat16_rn(__fdiv_rn(__bfloat162float(out[i]), divisor));
-    }
+    for_each_element(
+        chunk.length, [&](int32_t i) { return out[i]; },
+        [&](int32_t i, bf16 v) { out[i] = __float2bfloat16_rn(__fdiv_rn(__bfloat162float(v), divisor)); });
   }
 };
 
@@ -185,10 +222,16 @@ struct WeightOp {
     const bf16* o = orthogonal != nullptr ? orthogonal + chunk.tensor * elements + chunk.begin
                                           : plan.tensor<const bf16>(3, chunk);
     const auto round_weight = [](float v) { return cuda::to_compute<float>(cuda::from_compute<NP>(v)); };
-    for (int32_t i = threadIdx.x; i < chunk.length; i += blockDim.x) {
-      param[i] = cuda::from_compute<NP>(
-          muon_weight(cuda::to_compute<float>(param[i]), __bfloat162float(o[i]), c, round_weight));
-    }
+    struct Loaded {
+      NP param;
+      bf16 o;
+    };
+    for_each_element(
+        chunk.length, [&](int32_t i) { return Loaded{param[i], o[i]}; },
+        [&](int32_t i, const Loaded& in) {
+          param[i] = cuda::from_compute<NP>(
+              muon_weight(cuda::to_compute<float>(in.param), __bfloat162float(in.o), c, round_weight));
+        });
   }
 };
 
