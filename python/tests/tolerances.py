@@ -51,6 +51,10 @@ INT8_CODE_DISTANCE = 1
 # block's absmax for the signed map, less for the unsigned) times its new
 # absmax; bounded here by this fraction of the tensor's largest magnitude.
 INT8_RESHARD = 0.01
+# the same for 4-bit moments: half the signed map's widest gap is 0.1125 (its
+# lowest code is -0.8875, so -1 moves that far), and the unsigned linear map
+# has no zero, so a second moment moves by at most its lowest value, 1/16.
+INT4_RESHARD = 0.12
 # the same step's weights against the float64 reference fed the decoded
 # moments: float32 rounding only (the weight update reads the moments before
 # they are requantized).

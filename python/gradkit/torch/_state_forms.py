@@ -12,8 +12,7 @@ Moments ("exp_avg", "exp_avg_sq", amsgrad's "max_exp_avg_sq"):
 - "int4": 4-bit blockwise (docs/ops.md, "4-bit moments"): a flat uint8 tensor of
   gradkit.quant4_bytes(numel) bytes (two codes a byte) and a float32 absmax per
   block of gradkit.QUANT4_BLOCK elements, "<name>_absmax4". No amsgrad; parameters
-  of fewer than `min_4bit_size` elements keep float32 moments; not for DTensor
-  parameters yet.
+  of fewer than `min_4bit_size` elements keep float32 moments.
 
 Masters of float16/bfloat16 parameters:
 - "float32": "master_param", float32, the parameter its rounded copy;
@@ -22,10 +21,11 @@ Masters of float16/bfloat16 parameters:
   remainder master"), 2 bytes instead of 4.
 
 DTensor parameters (FSDP2) take every form: the state is made like the parameter
-(DTensors), except an 8-bit moment's absmax, a plain tensor over the rank's own
-blocks (they start where the local shard starts); state_dict() hands 8-bit moments
-out decoded to float32 and remainder masters joined into float32 masters
-(StateForm.portable).
+(DTensors), except a quantized moment's absmax, a plain tensor over the rank's own
+blocks (they start where the local shard starts), and 4-bit codes, a plain flat
+tensor of the rank's own (two codes a byte have no shape to shard); state_dict()
+hands 8- and 4-bit moments out decoded to float32 and remainder masters joined into
+float32 masters (StateForm.portable).
 
 Every conversion goes through gradkit's own encoders (quantize_blockwise,
 split_masters, ...): state loaded from another form (torch.optim's float32
@@ -97,9 +97,6 @@ class StateForm:
         if self.moments in ("int8", "int4") and amsgrad:
             raise ValueError(f"amsgrad=True with moments={self.moments!r}; {self.moments[3:]}-bit moments have no "
                              "amsgrad (use moments='float32')")
-        if self.moments == "int4" and any(is_dtensor(p) for p in params):
-            raise TypeError("moments='int4' with DTensor parameters; 4-bit moments are not yet offered for FSDP2's "
-                            "DTensor parameters (use moments='int8')")
         if self.master == "remainder" and dtypes != {torch.bfloat16}:
             raise TypeError(f"master='remainder' with parameters of dtypes {sorted(str(d) for d in dtypes)}; it "
                             "needs bfloat16 parameters (a float16 weight cannot carry its float32 master in 16 more "
@@ -178,7 +175,8 @@ class StateForm:
                 state[name], state[absmax_name(name)] = codes, absmax
             elif bits == 4:
                 codes, absmax = _new_4bit(p)
-                gradkit.quantize_blockwise4(_CODES[name], _on(values, p, torch.float32).reshape(-1), codes, absmax)
+                gradkit.quantize_blockwise4(_CODES[name], local(_on(values, p, torch.float32)).reshape(-1), codes,
+                                            absmax)
                 state[name], state[absmax4_name(name)] = codes, absmax
             else:
                 state[name] = _on(values, p, self.moment_dtype(p))
@@ -211,7 +209,7 @@ class StateForm:
         return out
 
     def portable(self, p, names, state):
-        """A copy of p's state with 8-bit moments decoded to float32 and a remainder master
+        """A copy of p's state with 8- and 4-bit moments decoded to float32 and a remainder master
         joined into a float32 "master_param" (bfloat16 moments stay): how a DTensor
         parameter's state leaves state_dict(). An absmax covers the rank's own blocks, which
         torch.distributed.checkpoint could not reshard, and int16 is no NCCL or gloo type,
@@ -241,10 +239,12 @@ def _new_absmax(p):
 
 
 def _new_4bit(p):
-    """Zero 4-bit codes (flat, two a byte) and absmax for p (a plain tensor)."""
-    n = p.numel()
-    return (torch.zeros(gradkit.quant4_bytes(n), dtype=torch.uint8, device=p.device),
-            torch.zeros(gradkit.quant4_blocks(n), dtype=torch.float32, device=p.device))
+    """Zero 4-bit codes (flat, two a byte) and absmax for p, plain tensors (for a
+    DTensor, of the local shard: its blocks start where the shard starts)."""
+    shard = local(p)
+    n = shard.numel()
+    return (torch.zeros(gradkit.quant4_bytes(n), dtype=torch.uint8, device=shard.device),
+            torch.zeros(gradkit.quant4_blocks(n), dtype=torch.float32, device=shard.device))
 
 
 def _like(values, p):
@@ -278,10 +278,10 @@ def _float_moment(state, name, p):
     if t.is_floating_point():
         return t
     if _is_4bit(state, name):
-        values = torch.empty(p.numel(), dtype=torch.float32, device=t.device)
+        values = torch.empty(local(p).numel(), dtype=torch.float32, device=t.device)
         gradkit.dequantize_blockwise4(_CODES[name], t.contiguous(), state[absmax4_name(name)].to(torch.float32)
                                       .contiguous(), values)
-        return values.view(p.shape)
+        return _like(values, p)
     key = absmax_name(name)
     if t.dtype != torch.uint8 or key not in state:
         raise ValueError(f"the state's '{name}' is {t.dtype} without '{key}'; expected floating-point moments or "

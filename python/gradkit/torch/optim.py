@@ -516,7 +516,7 @@ class Adam(_PlannedOptimizer):
     moments="float32" (torch's), "bfloat16", "int8" (8-bit blockwise, about 2.06
     bytes of state per parameter; parameters of fewer than min_8bit_size elements
     keep float32 moments) or "int4" (4-bit blockwise, about 1.06 bytes; likewise
-    min_4bit_size; not for DTensor parameters yet), and for bfloat16 parameters
+    min_4bit_size), and for bfloat16 parameters
     master="float32" (4 bytes per parameter) or "remainder" (2 bytes, the same
     master bit for bit); gradkit.torch._state_forms says what each stores."""
 

@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor, Partial, init_device_mesh
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import gradkit.torch as gt  # noqa: E402
 from models import TinyGPT, text_batches  # noqa: E402
-from tolerances import FSDP2_NORM, FSDP2_UNSHARDED, INT8_RESHARD, TRAINING_LOSS  # noqa: E402
+from tolerances import FSDP2_NORM, FSDP2_UNSHARDED, INT4_RESHARD, INT8_RESHARD, TRAINING_LOSS  # noqa: E402
 
 STEPS = 50
 
@@ -123,17 +123,18 @@ def check_bfloat16_masters_against_unsharded(device):
 
 
 LOW_BIT = dict(moments="int8", master="remainder", min_8bit_size=0)
+INT4 = dict(moments="int4", master="remainder", min_4bit_size=0)
 
 
-def check_low_bit_against_local_shards(device, rank):
-    """8-bit moments and remainder masters over bfloat16 DTensor parameters: each rank's
-    update is gradkit's update of plain tensors holding its local shards (the 8-bit
+def check_low_bit_against_local_shards(device, rank, form, absmax):
+    """8- or 4-bit moments and remainder masters over bfloat16 DTensor parameters: each
+    rank's update is gradkit's update of plain tensors holding its local shards (the
     blocks start where a shard starts), bit for bit: weights, remainders, codes, absmax."""
     model = sharded_model(device, seed=8).to(torch.bfloat16)
-    opt = gt.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, **LOW_BIT)
+    opt = gt.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, **form)
     params = list(model.parameters())
     twins = [torch.nn.Parameter(p.detach().to_local().clone()) for p in params]
-    twin_opt = gt.AdamW(twins, lr=1e-3, weight_decay=0.01, **LOW_BIT)
+    twin_opt = gt.AdamW(twins, lr=1e-3, weight_decay=0.01, **form)
     for x, y in text_batches(device, 5, batch=8, block=32, seed=50 + rank):
         opt.zero_grad()
         model(x, y).backward()
@@ -144,7 +145,7 @@ def check_low_bit_against_local_shards(device, rank):
     for i, (p, t) in enumerate(zip(params, twins)):
         assert torch.equal(p.detach().to_local(), t.detach()), f"params[{i}]'s shard differs from its twin"
         mine, theirs = opt.state[p], twin_opt.state[t]
-        for key in ("weight_remainder", "exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax"):
+        for key in ("weight_remainder", "exp_avg", "exp_avg_sq", "exp_avg" + absmax, "exp_avg_sq" + absmax):
             a = mine[key].to_local() if isinstance(mine[key], DTensor) else mine[key]
             assert torch.equal(a, theirs[key]), f"params[{i}]'s {key} differs from its twin's"
     assert opt.state_bytes() == twin_opt.state_bytes()
@@ -192,7 +193,10 @@ def check_partial_refused(device):
 # The optimizers whose state goes through torch.distributed.checkpoint: each one's
 # maker and its model's dtype.
 CHECKPOINTED = {"gradkit": (gt.AdamW, torch.float32), "torch": (torch.optim.AdamW, torch.float32),
-                "gradkit_low_bit": (lambda params, **kw: gt.AdamW(params, **kw, **LOW_BIT), torch.bfloat16)}
+                "gradkit_low_bit": (lambda params, **kw: gt.AdamW(params, **kw, **LOW_BIT), torch.bfloat16),
+                "gradkit_int4": (lambda params, **kw: gt.AdamW(params, **kw, **INT4), torch.bfloat16)}
+# What re-encoding onto other shards' blocks may move a quantized moment by.
+RESHARD = {"gradkit_low_bit": INT8_RESHARD, "gradkit_int4": INT4_RESHARD}
 
 
 def save(directory, device, rank):
@@ -214,7 +218,7 @@ def load(directory, device):
     resharded = saved["world"] != dist.get_world_size()
     for name, (make, dtype) in CHECKPOINTED.items():
         model = sharded_model(device, seed=5).to(dtype)
-        opt = make(model.parameters(), lr=3e-3) if name == "gradkit_low_bit" else gt.AdamW(model.parameters(), lr=3e-3)
+        opt = make(model.parameters(), lr=3e-3) if name in RESHARD else gt.AdamW(model.parameters(), lr=3e-3)
         state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
         dcp.load(state, checkpoint_id=str(directory / name))
         set_model_state_dict(model, state["model"])
@@ -222,10 +226,10 @@ def load(directory, device):
         got = full_state(get_optimizer_state_dict(model, opt)["state"])
         assert got.keys() == saved[name].keys(), (sorted(got)[:4], sorted(saved[name])[:4])
         for key, value in saved[name].items():
-            if name == "gradkit_low_bit" and resharded and key.rsplit(".", 1)[1] in ("exp_avg", "exp_avg_sq"):
-                # Other shards, other 8-bit blocks: each value encoded again under its new
+            if name in RESHARD and resharded and key.rsplit(".", 1)[1] in ("exp_avg", "exp_avg_sq"):
+                # Other shards, other blocks: each value encoded again under its new
                 # block's absmax, within half a code gap of it.
-                bound = INT8_RESHARD * value.abs().max()
+                bound = RESHARD[name] * value.abs().max()
                 assert (got[key] - value).abs().max() <= bound, f"{name}'s {key} moved past {bound}"
                 continue
             assert torch.equal(got[key].to(value.dtype), value), f"{name}'s {key} changed through the checkpoint"
@@ -242,7 +246,8 @@ def main():
         check_adamw_against_torch(device, rank)
         check_lamb_against_unsharded(device)
         check_bfloat16_masters_against_unsharded(device)
-        check_low_bit_against_local_shards(device, rank)
+        check_low_bit_against_local_shards(device, rank, LOW_BIT, "_absmax")
+        check_low_bit_against_local_shards(device, rank, INT4, "_absmax4")
         check_amp_step(device, rank)
         check_partial_refused(device)
         save(directory, device, rank)
