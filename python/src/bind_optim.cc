@@ -214,7 +214,13 @@ void bind_sharded(nb::module_& m, const char* name) {
        "__init__",
        [](PySharded* self, Communicator& comm, const ShardedLayout& layout, const nb::list& groups,
           const std::optional<LossScalerOptions>& scaler, float max_norm, NormType norm, DType moment_dtype,
-          uintptr_t communication_stream, float eta, int update_parts, MasterStorage master) {
+          uintptr_t communication_stream, float eta, int update_parts, MasterStorage master, int32_t moment_bits) {
+         if constexpr (!std::is_same_v<Optimizer, Adam>) {
+           if (moment_bits != 8) {
+             throw_argument_error(ErrorCode::invalid_argument, "ShardedLamb", "moment_bits",
+                                  "is " + std::to_string(moment_bits) + ", expected 8 (LAMB has no 4-bit moments)");
+           }
+         }
          new (self) PySharded();
          auto g = to_groups<typename Optimizer::Group, Hyperparameters>(groups, self->keep);
          ShardedOptions options;
@@ -222,6 +228,7 @@ void bind_sharded(nb::module_& m, const char* name) {
          options.max_norm = max_norm;
          options.norm = norm;
          options.adam.moment_dtype = moment_dtype;
+         options.adam.moment_bits = moment_bits;
          options.lamb.moment_dtype = moment_dtype;
          options.lamb.eta = eta;
          options.communication_stream = to_stream(communication_stream);
@@ -233,7 +240,7 @@ void bind_sharded(nb::module_& m, const char* name) {
        nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2, nb::arg("moment_dtype") = DType::f32,
        nb::arg("communication_stream") = 0, nb::arg("eta") = 1e-3f,
        nb::arg("update_parts") = ShardedOptions{}.update_parts, nb::arg("master") = MasterStorage::f32,
-       nb::keep_alive<1, 2>())
+       nb::arg("moment_bits") = 8, nb::keep_alive<1, 2>())
       .def("step", [](PySharded& s, uintptr_t stream) { s.object->step(to_stream(stream)); }, nb::arg("stream") = 0,
            "Reduce-scatter, check, the update of the shard, scaler, all-gather; enqueued on `stream` (NCCL).")
       .def(

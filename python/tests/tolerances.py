@@ -55,6 +55,12 @@ INT8_RESHARD = 0.01
 # lowest code is -0.8875, so -1 moves that far), and the unsigned linear map
 # has no zero, so a second moment moves by at most its lowest value, 1/16.
 INT4_RESHARD = 0.12
+# ShardedAdamW with 4-bit moments against gradkit.torch.AdamW(moments="int4")
+# under DDP, the same blocks: the gradients averaged in another order move a
+# weight by float32 roundings (0 on 2 ranks, 6e-8 on 3 over MPI); a code that
+# flips on such a rounding moves it by about lr x 0.1 (1e-3 at lr 1e-2), which
+# this allows; shards cutting the blocks elsewhere would move every weight.
+SHARDED_INT4 = 1e-3
 # the same step's weights against the float64 reference fed the decoded
 # moments: float32 rounding only (the weight update reads the moments before
 # they are requantized).

@@ -105,6 +105,7 @@ struct Traits<Adam> {
   static constexpr std::string_view mixed_kind = "mixed_precision_adam";
   static constexpr std::string_view sections[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   static const AdamOptions& options(const ShardedOptions& o) { return o.adam; }
+  static int32_t moment_bits(const ShardedOptions& o) { return o.adam.moment_bits; }
   // amsgrad's maxima: kept by every rank or by none (the groups decide).
   static bool keeps(const Adam& adam, std::string_view section) {
     return section != "max_exp_avg_sq" || !adam.max_exp_avg_sq().empty();
@@ -117,12 +118,14 @@ struct Traits<Lamb> {
   static constexpr std::string_view mixed_kind = "mixed_precision_lamb";
   static constexpr std::string_view sections[] = {"exp_avg", "exp_avg_sq"};
   static const LambOptions& options(const ShardedOptions& o) { return o.lamb; }
+  static int32_t moment_bits(const ShardedOptions&) { return 8; }
   static bool keeps(const Lamb&, std::string_view) { return true; }
 };
 
 // A state section split like the weights: its name, the bytes of one
-// stored value, and the elements each stands for (1; kQuantBlock for the
-// absmax of 8-bit moments, one per block).
+// stored value, and the elements each stands for (1; 2 for 4-bit codes, two
+// a byte; kQuantBlock or kQuant4Block for the absmax of 8- or 4-bit
+// moments, one per block).
 struct SplitSection {
   std::string_view name;
   size_t width;
@@ -131,27 +134,31 @@ struct SplitSection {
 
 // The optimizer's split sections, in the order the unsharded one writes them.
 template <class Optimizer>
-std::vector<SplitSection> split_sections(const Optimizer& o) {
+std::vector<SplitSection> split_sections(const Optimizer& o, int32_t moment_bits) {
+  const bool four = !o.exp_avg_absmax().empty() && moment_bits == 4;
   std::vector<SplitSection> out;
-  for (std::string_view name : Traits<Optimizer>::sections) out.push_back({name, dtype_size(o.exp_avg()[0].dtype), 1});
+  for (std::string_view name : Traits<Optimizer>::sections) {
+    out.push_back({name, dtype_size(o.exp_avg()[0].dtype), four ? 2 : 1});
+  }
   if (!o.exp_avg_absmax().empty()) {
-    out.push_back({"exp_avg_absmax", sizeof(float), kQuantBlock});
-    out.push_back({"exp_avg_sq_absmax", sizeof(float), kQuantBlock});
+    out.push_back({"exp_avg_absmax", sizeof(float), four ? kQuant4Block : kQuantBlock});
+    out.push_back({"exp_avg_sq_absmax", sizeof(float), four ? kQuant4Block : kQuantBlock});
   }
   return out;
 }
 
 int64_t stored(int64_t elements, int64_t unit) { return (elements + unit - 1) / unit; }
 
-// 8-bit moments are encoded in blocks of kQuantBlock elements from each
-// tensor's element 0: every shard must hold whole blocks. A layout whose
-// alignment is a multiple of kQuantBlock gives that (its tensor offsets,
+// 8- and 4-bit moments are encoded in blocks of kQuantBlock (kQuant4Block)
+// elements from each tensor's element 0: every shard must hold whole
+// blocks. A layout whose alignment is a multiple of kQuantBlock gives both
+// (kQuant4Block divides it; its tensor offsets,
 // bucket starts and slices are multiples of the alignment), and its slices
 // of u8 codes are then whole 4-byte words for the all-gathers.
 void check_blocks_line_up(const ShardedLayout& layout, std::string_view option) {
   if (layout.alignment % kQuantBlock == 0) return;
   throw_argument_error(ErrorCode::invalid_argument, kOp, "layout.alignment",
-                       "is " + std::to_string(layout.alignment) + " with 8-bit moments (" + std::string(option) +
+                       "is " + std::to_string(layout.alignment) + " with 8- or 4-bit moments (" + std::string(option) +
                            " is u8); expected a multiple of " + std::to_string(kQuantBlock) +
                            " (kQuantBlock), so that no shard cuts a block: ShardedLayout::make(numels, world_size, "
                            "bucket_elements, 256)");
@@ -162,16 +169,12 @@ void check_blocks_line_up(const ShardedLayout& layout, std::string_view option) 
 template <class Optimizer>
 Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std::vector<Group> groups,
                             ShardedOptions options)
-    : comm_(comm), layout_(layout), communication_stream_(options.communication_stream) {
+    : comm_(comm),
+      layout_(layout),
+      communication_stream_(options.communication_stream),
+      moment_bits_(Traits<Optimizer>::moment_bits(options)) {
   if (groups.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
   layout_.validate(kOp);
-  if constexpr (std::is_same_v<Optimizer, Adam>) {
-    if (options.adam.moment_bits != 8) {
-      throw_argument_error(ErrorCode::invalid_argument, kOp, "options.adam.moment_bits",
-                           "is " + std::to_string(options.adam.moment_bits) +
-                               ", expected 8 (the sharded optimizers have no 4-bit moments yet)");
-    }
-  }
   if (Traits<Optimizer>::options(options).moment_dtype == DType::u8) {
     check_blocks_line_up(layout_, std::is_same_v<Optimizer, Adam> ? "options.adam.moment_dtype" : "options.lamb.moment_dtype");
   }
@@ -465,7 +468,7 @@ void Sharded<Optimizer>::save_to(StateFile& file) {
   // (their sections concatenated in bucket order, the pieces' order).
   std::vector<StateFile> parts(parts_.size());
   for (size_t k = 0; k < parts_.size(); ++k) parts_[k].optimizer->save_to(parts[k]);
-  const std::vector<SplitSection> sections = split_sections(*parts_[0].optimizer);
+  const std::vector<SplitSection> sections = split_sections(*parts_[0].optimizer, moment_bits_);
   StateFile mine;
   for (const SplitSection& section : sections) {
     std::vector<uint8_t> bytes;
@@ -498,7 +501,8 @@ void Sharded<Optimizer>::save_to(StateFile& file) {
     const int64_t max_values = stored(max_slice, unit) * layout_.world_size;
     Buffer staging(comm_.device(), static_cast<size_t>(max_values) * width);
     // The collectives move f16/bf16/f32/f64 elements: u8 codes go as 4-byte
-    // words (their slices are multiples of kQuantBlock: check_blocks_line_up).
+    // words (their slices are multiples of kQuantBlock elements, a multiple of 4 bytes of 8- or 4-bit codes:
+    // check_blocks_line_up).
     const size_t word = width == 1 ? 4 : width;
     const TensorView staged{staging.data(), max_values, dtype_of_size(word), comm_.device()};
     std::vector<uint8_t> host(static_cast<size_t>(max_values) * width);
@@ -587,7 +591,7 @@ typename Sharded<Optimizer>::ShardState Sharded<Optimizer>::shard_state(const st
     }
     return part;
   };
-  const std::vector<SplitSection> sections = split_sections(*parts_[0].optimizer);
+  const std::vector<SplitSection> sections = split_sections(*parts_[0].optimizer, moment_bits_);
   for (size_t k = 0; k < parts_.size(); ++k) {
     StateFile state;
     for (const SplitSection& section : sections) {

@@ -7,23 +7,27 @@
 namespace gradkit::test {
 namespace {
 
-// 8-bit moments on a layout aligned to kQuantBlock: every shard holds whole
-// blocks, so Adam's weights are bitwise the unsharded step's and LAMB's
-// moments (codes and absmax) are; the state file is the unsharded one's
-// (absmax sections included); a layout not aligned to blocks is refused.
-TEST_P(ShardedAdamTest, EightBitMomentsMatchTheUnshardedStep) {
+// 8- and 4-bit moments on a layout aligned to kQuantBlock: every shard
+// holds whole blocks (and whole 4-byte words of 4-bit codes), so Adam's
+// weights are bitwise the unsharded step's and LAMB's moments (codes and
+// absmax) are; the state file is the unsharded one's (absmax sections
+// included; 4-bit codes two a byte, odd tensors' last byte half used); a
+// layout not aligned to blocks is refused.
+TEST_P(ShardedAdamTest, EightAndFourBitMomentsMatchTheUnshardedStep) {
   const std::vector<int64_t> model = {1000, 37, 3, 4096, 129, 1, 700};
   const Case cases[] = {{DType::f32, DType::f32, model, LossScaling::none},
                         {DType::f16, DType::f16, model, LossScaling::dynamic, 2},
                         {DType::bf16, DType::f32, kTiny, LossScaling::none, 1}};
-  for (bool lamb : {false, true}) {
+  for (const auto& [lamb, bits] : {std::pair{false, 8}, std::pair{false, 4}, std::pair{true, 8}}) {
     for (const Case& c : cases) {
       RunSetup s = setup_of(c);
       s.alignment = kQuantBlock;
       s.options.adam.moment_dtype = DType::u8;
+      s.options.adam.moment_bits = bits;
       s.options.lamb.moment_dtype = DType::u8;
       s.options.lamb.eta = 1e-2f;
-      const std::string name = std::string(lamb ? "LAMB " : "Adam ") + "8-bit " + name_of(c);
+      const std::string name =
+          std::string(lamb ? "LAMB " : "Adam ") + std::to_string(bits) + "-bit " + name_of(c);
       auto run = [&](auto& pair, double tolerance) {
         pair.run_steps(name, 12, 7, tolerance);
         EXPECT_EQ(pair.sharded().step_count(), 11) << name;

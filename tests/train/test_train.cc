@@ -308,8 +308,8 @@ TEST(Training, EightBitMomentsAndRemainderMastersEndNearTheF32Loss) {
   }
 }
 
-// Resumed runs with 8- and 4-bit moments, remainder masters and a sharded
-// 8-bit run: the checkpoint of the straight run, byte for byte.
+// Resumed runs with 8- and 4-bit moments, remainder masters and sharded
+// 8- and 4-bit runs: the checkpoint of the straight run, byte for byte.
 TEST(Training, ResumesWithEightBitMomentsAndRemainderMasters) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   struct Variant {
@@ -321,6 +321,7 @@ TEST(Training, ResumesWithEightBitMomentsAndRemainderMasters) {
   for (const Variant& v : {Variant{"adam", "int8", "f32", 0}, Variant{"adam", "int8", "remainder", 0},
                            Variant{"adam", "int4", "f32", 0}, Variant{"adam", "int4", "remainder", 0},
                            Variant{"lamb", "int8", "f32", 0}, Variant{"adam", "int8", "f32", 1},
+                           Variant{"adam", "int4", "f32", 1},
                            Variant{"lamb", "int8", "f32", 2}}) {
     auto setup = [&](const std::string& name) {
       TrainOptions o = small_run();
@@ -446,13 +447,14 @@ TEST(Training, ChecksItsOptionsFirst) {
   o.moments = "int2";
   expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
                {"--moments: expected f32, bf16, int8 or int4, not 'int2'"});
-  for (auto [optimizer, shard] : {std::pair{"lamb", 0}, std::pair{"adam", 1}}) {
+  for (auto [optimizer, offload] : {std::pair{"lamb", false}, std::pair{"adam", true}}) {
     o = small_run();
     o.moments = "int4";
     o.optimizer = optimizer;
-    o.shard = shard;
+    o.offload = offload;
+    if (offload) o.device = "cuda";
     expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
-                 {"--moments int4: needs --optimizer adam, without --shard or --offload"});
+                 {"--moments int4: needs --optimizer adam, without --offload"});
   }
   o = small_run();
   o.master = "remainder";

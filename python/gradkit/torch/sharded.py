@@ -57,9 +57,10 @@ class ShardedAdamW(torch.optim.Optimizer):
     all-gathered while the next part is updated. `scaler` (a
     gradkit.LossScalerOptions) for float16 models whose loss is scaled:
     multiply the loss by `loss_scale_tensor`; steps with Inf/NaN gradients are
-    skipped either way. `moments`: "float32", "bfloat16" or "int8" (8-bit blockwise, as
-    gradkit.torch.AdamW's; the shards then start on 256-element block boundaries);
-    None takes `moment_dtype` (a torch dtype) instead. `master` for bfloat16
+    skipped either way. `moments`: "float32", "bfloat16", "int8" or "int4" (8- or 4-bit
+    blockwise, as gradkit.torch.AdamW's, for every parameter whatever its size; the shards
+    then start on 256-element block boundaries); None takes `moment_dtype` (a torch dtype)
+    instead. `master` for bfloat16
     parameters: "float32" (each rank keeps float32 masters of its shard, 4 bytes
     a parameter) or "remainder" (an int16 remainder completing each bfloat16
     weight of its shard, 2 bytes; the same masters bit for bit)."""
@@ -71,6 +72,7 @@ class ShardedAdamW(torch.optim.Optimizer):
             raise ValueError(f"stage is {stage!r}, expected 1 or 2")
         form = StateForm(master=master)  # refuses an unknown master form, naming it
         moment_type = self._moment_type(moments, moment_dtype)
+        moment_bits = 4 if moments == "int4" else 8
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults)
         self.comm = getattr(comm, "comm", comm)  # gradkit.torch.distributed.Communicator, or gradkit's own
@@ -84,7 +86,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         if self._device != torch.device(self.comm.device):
             raise ValueError(f"params are on {self._device}, expected {self.comm.device} (the communicator's device)")
         dtype = gradkit_dtype(params[0].dtype, "params[0]")
-        # 8-bit moments: every shard boundary on a quantization block's, so each rank holds whole blocks.
+        # 8- and 4-bit moments: every shard boundary on a quantization block's, so each rank holds whole
+        # blocks (QUANT_BLOCK is a multiple of QUANT4_BLOCK).
         alignment = gradkit.QUANT_BLOCK if moment_type == gradkit.DType.u8 else 64
         self.layout = gradkit.ShardedLayout([p.numel() for p in params], self.comm.size, bucket_elements, alignment)
         self._weights = gradkit.GradientArena(device_name(self._device), dtype, self.layout)
@@ -110,7 +113,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         self._sharded = gradkit.ShardedAdam(self.comm, self.layout, groups, scaler=scaler, max_norm=max_norm,
                                             moment_dtype=moment_type,
                                             communication_stream=self._side.cuda_stream if self._side else 0,
-                                            update_parts=update_parts,
+                                            update_parts=update_parts, moment_bits=moment_bits,
                                             master=gradkit.MasterStorage.remainder if master == "remainder"
                                             else gradkit.MasterStorage.f32)
         self._lrs = [float(g["lr"]) for g in self.param_groups]
@@ -130,13 +133,14 @@ class ShardedAdamW(torch.optim.Optimizer):
 
     @staticmethod
     def _moment_type(moments, moment_dtype):
-        """gradkit's moment dtype from `moments` ("float32", "bfloat16", "int8", as gradkit.torch.AdamW's)
-        or, when it is None, from the torch dtype `moment_dtype`."""
+        """gradkit's moment dtype from `moments` ("float32", "bfloat16", "int8", "int4", as
+        gradkit.torch.AdamW's) or, when it is None, from the torch dtype `moment_dtype`."""
         if moments is None:
             return gradkit_dtype(moment_dtype, "moment_dtype")
-        forms = {"float32": gradkit.DType.f32, "bfloat16": gradkit.DType.bf16, "int8": gradkit.DType.u8}
+        forms = {"float32": gradkit.DType.f32, "bfloat16": gradkit.DType.bf16, "int8": gradkit.DType.u8,
+                 "int4": gradkit.DType.u8}
         if moments not in forms:
-            raise ValueError(f"moments is {moments!r}, expected one of 'float32', 'bfloat16', 'int8'")
+            raise ValueError(f"moments is {moments!r}, expected one of 'float32', 'bfloat16', 'int8', 'int4'")
         return forms[moments]
 
     @staticmethod

@@ -25,6 +25,8 @@ import gradkit.torch as gt
 import gradkit.torch.distributed as gtd
 from gradkit.torch._device import stream_handle
 from torch_ddp_cpu import batch, close, fail
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tolerances import SHARDED_INT4  # noqa: E402
 
 TORCHRUN = "LOCAL_RANK" in os.environ
 DEVICE = (torch.device("cuda", int(os.environ.get("GRADKIT_TEST_CUDA_DEVICE", os.environ["LOCAL_RANK"]))) if TORCHRUN
@@ -48,10 +50,10 @@ def schedule(opt):
     return torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
 
 
-def train_reference():
+def train_reference(make_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2)):
     model = make_model()
     ddp = DDP(model, device_ids=[DEVICE.index] if TORCHRUN else None)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = make_optimizer(model.parameters())
     sched = schedule(opt)
     for step in range(STEPS):
         opt.zero_grad()
@@ -127,6 +129,21 @@ def run(comm):
         fail(rank, f"8-bit moments hold {held[0]:.0f} bytes over the ranks, float32 ones {held[1]:.0f}")
     if not all(torch.allclose(a, b, rtol=0, atol=0.05) for a, b in zip(weights(eight), weights(model))):
         fail(rank, "8-bit moments moved the weights far from the float32 moments' run")
+
+    # 4-bit moments, the same way: about 1 byte of state per parameter, and the weights
+    # those of gradkit.torch.AdamW with int4 moments stepping the whole model on one rank
+    # (every rank's shard holds whole 128-element blocks, so the codes are the same).
+    four, four_opt = train_sharded(comm, moments="int4")
+    same_on_every_rank(rank, size, weights(four), "4-bit moments")
+    held = torch.tensor([four_opt.state_bytes, eight_opt.state_bytes], dtype=torch.float64, device=DEVICE)
+    dist.all_reduce(held)
+    if not 0 < held[0] < held[1]:
+        fail(rank, f"4-bit moments hold {held[0]:.0f} bytes over the ranks, 8-bit ones {held[1]:.0f}")
+    alone = train_reference(lambda params: gt.AdamW(params, lr=1e-2, moments="int4", min_4bit_size=0))
+    worst = max((a - b).abs().max().item() for a, b in zip(weights(four), alone))
+    if worst > SHARDED_INT4:
+        fail(rank, f"4-bit moments: the sharded weights are {worst:.3g} from gradkit.torch.AdamW(moments='int4')'s "
+                   f"under DDP, more than {SHARDED_INT4}")
 
     if hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
         staged, staged_opt = train_sharded(comm, stage=2)

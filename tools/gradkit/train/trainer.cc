@@ -178,9 +178,9 @@ void check_train_options(const TrainOptions& o, bool writes) {
   if (o.moments != "f32" && o.moments != "bf16" && o.moments != "int8" && o.moments != "int4") {
     throw Error(ErrorCode::invalid_argument, "--moments: expected f32, bf16, int8 or int4, not '" + o.moments + "'");
   }
-  if (o.moments == "int4" && (o.optimizer != "adam" || o.shard > 0 || o.offload)) {
-    throw Error(ErrorCode::invalid_argument, "--moments int4: needs --optimizer adam, without --shard or --offload "
-                                             "(4-bit moments are Adam's alone so far: docs/ops.md)");
+  if (o.moments == "int4" && (o.optimizer != "adam" || o.offload)) {
+    throw Error(ErrorCode::invalid_argument, "--moments int4: needs --optimizer adam, without --offload "
+                                             "(4-bit moments are Adam's and ShardedAdam's alone so far: docs/ops.md)");
   }
   if (o.master != "f32" && o.master != "remainder") {
     throw Error(ErrorCode::invalid_argument, "--master: expected f32 or remainder, not '" + o.master + "'");
@@ -255,7 +255,8 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
   // allocation.
   // 8-bit moments: shards of whole quantization blocks (docs/ops.md).
   const ShardedLayout layout =
-      ShardedLayout::make(sizes, ranks, kShardBucketElements, o.moments == "int8" ? kQuantBlock : 64);
+      ShardedLayout::make(sizes, ranks, kShardBucketElements,
+                          o.moments == "int8" || o.moments == "int4" ? kQuantBlock : 64);
   auto arena = [&](DType dtype) {
     return o.shard > 0 ? GradientArena(device, dtype, layout) : GradientArena(device, dtype, sizes);
   };
