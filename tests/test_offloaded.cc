@@ -226,6 +226,8 @@ TEST_P(OffloadedAdamGpu, FiftyStepsEqualTheGpuStepBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadedAdamGpu, ::testing::ValuesIn(kOffloadConfigs),
                          [](const auto& info) { return config_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(FourBit, OffloadedAdamGpu, ::testing::ValuesIn(kOffloadAdam4BitConfigs),
+                         [](const auto& info) { return config_name(info.param); });
 
 // Release: each bucket handed twice a step (micro-batches), the second hand
 // added on the host, equals the GPU step over the sum (the same gradients

@@ -137,7 +137,8 @@ void bind_offloaded_common(nb::class_<Owned<Offloaded<Optimizer>>>& c) {
                    [](nb::handle self) {
                      return to_arrays(nb::cast<PyOffloaded&>(self).object->host_optimizer().exp_avg_absmax(), self);
                    },
-                   "With 8-bit moments, each tensor's absmax per 256-element block (else empty).")
+                   "With 8-bit (4-bit) moments, each tensor's absmax per 256-element (128-element) block (else "
+                   "empty).")
       .def_prop_ro("exp_avg_sq_absmax",
                    [](nb::handle self) {
                      return to_arrays(nb::cast<PyOffloaded&>(self).object->host_optimizer().exp_avg_sq_absmax(), self);
@@ -164,19 +165,20 @@ void bind_offload(nb::module_& m) {
       "__init__",
       [](PyAdam* self, const nb::list& groups, DType moment_dtype, std::optional<std::vector<int32_t>> buckets,
          size_t bucket_bytes, size_t piece_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm,
-         NormType norm, int host_threads, bool release) {
+         NormType norm, int host_threads, bool release, int32_t moment_bits) {
         new (self) PyAdam();
         auto g = to_groups<AdamGroup, AdamHyperparameters>(groups, self->keep);
         // The gradients given here are only looked at for their shapes
         // when bucket_ready() is always given the bucket's gradients.
-        self->object = std::make_unique<OffloadedAdam>(
-            std::move(g), offload_options(moment_dtype, std::move(buckets), bucket_bytes, piece_bytes, scaler, max_norm,
-                                          norm, host_threads, release));
+        OffloadedOptions options = offload_options(moment_dtype, std::move(buckets), bucket_bytes, piece_bytes, scaler,
+                                                   max_norm, norm, host_threads, release);
+        options.adam.moment_bits = moment_bits;
+        self->object = std::make_unique<OffloadedAdam>(std::move(g), std::move(options));
       },
       nb::arg("groups"), nb::arg("moment_dtype") = DType::f32, nb::arg("buckets") = nb::none(),
       nb::arg("bucket_bytes") = OffloadedOptions{}.bucket_bytes, nb::arg("piece_bytes") = OffloadedOptions{}.piece_bytes,
       nb::arg("scaler") = nb::none(), nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2,
-      nb::arg("host_threads") = 0, nb::arg("release") = false);
+      nb::arg("host_threads") = 0, nb::arg("release") = false, nb::arg("moment_bits") = 8);
   bind_offloaded_common(adam);
   adam.def("lr", [](PyAdam& o, int group) { return o.object->lr(group); }, nb::arg("group"))
       .def("set_lr", [](PyAdam& o, int group, float lr) { o.object->set_lr(group, lr); }, nb::arg("group"),

@@ -32,8 +32,10 @@ def test_params_on_the_cpu_are_refused():
 
 def test_an_unknown_moment_form_is_refused_by_name():
     params = [torch.nn.Parameter(torch.randn(4)) for _ in range(2)]
-    with pytest.raises(ValueError, match="moments is 'int4'"):
-        gt.OffloadedAdamW(params, moments="int4")
+    with pytest.raises(ValueError, match="moments is 'int2'"):
+        gt.OffloadedAdamW(params, moments="int2")
+    with pytest.raises(ValueError, match="moments is 'int4'.*OffloadedLamb has no 4-bit moments"):
+        gt.OffloadedLamb(params, moments="int4")
 
 
 def test_the_native_optimizer_names_the_host_tensor():
@@ -99,14 +101,14 @@ def test_equals_adamw_on_the_gpu_bit_for_bit(dtype):
 
 
 @needs_cuda
-@pytest.mark.parametrize("moments", ["bfloat16", "int8"])
+@pytest.mark.parametrize("moments", ["bfloat16", "int8", "int4"])
 def test_low_bit_host_moments_equal_adamw_on_the_gpu_and_move_between_them(moments):
-    """Host moments in bfloat16 or 8 bits: the same bits as gradkit.torch.AdamW's moments of
-    that form on the GPU (every tensor quantized on both sides), and the state dicts load
-    into each other, 8-bit codes and all."""
+    """Host moments in bfloat16, 8 or 4 bits: the same bits as gradkit.torch.AdamW's moments
+    of that form on the GPU (every tensor quantized on both sides; the host cuts its pieces
+    on whole blocks), and the state dicts load into each other, codes and all."""
     a, b = params_on("cuda"), params_on("cuda")
-    off = gt.OffloadedAdamW(two_groups(a), lr=1e-2, bucket_mb=0.1, moments=moments)
-    gpu = gt.AdamW(two_groups(b), lr=1e-2, moments=moments, min_8bit_size=0)
+    off = gt.OffloadedAdamW(two_groups(a), lr=1e-2, bucket_mb=0.1, piece_mb=0.01, moments=moments)
+    gpu = gt.AdamW(two_groups(b), lr=1e-2, moments=moments, min_8bit_size=0, min_4bit_size=0)
     for step in range(12):
         for p, q, g in zip(a, b, grads_for(step, torch.float32, "cuda")):
             p.grad, q.grad = g.clone(), g.clone()

@@ -86,13 +86,6 @@ void check_arguments(const std::vector<typename Optimizer::Group>& groups, const
     throw_argument_error(ErrorCode::dtype_unsupported, op, Traits::moment_option,
                          "is " + std::string(dtype_name(md)) + ", expected f32, bf16 or u8");
   }
-  if constexpr (std::is_same_v<Optimizer, Adam>) {
-    if (options.adam.moment_bits != 8) {
-      throw_argument_error(ErrorCode::invalid_argument, op, "options.adam.moment_bits",
-                           "is " + std::to_string(options.adam.moment_bits) +
-                               ", expected 8 (the offloaded optimizers have no 4-bit host moments yet)");
-    }
-  }
   if (!(std::isfinite(options.max_norm) && options.max_norm >= 0)) {
     throw_argument_error(ErrorCode::invalid_argument, op, "options.max_norm",
                          "is " + std::to_string(options.max_norm) + ", expected a finite value >= 0 (0: no clipping)");
@@ -160,17 +153,15 @@ TensorView slice(const TensorView& v, int64_t offset, int64_t count) {
   return out;
 }
 
-// Each slice's part of a per-tensor list (empty stays empty). `per_block`:
-// the list holds one value per 8-bit block (absmax), and slices start on
-// block boundaries.
+// Each slice's part of a per-tensor list (empty stays empty) whose values
+// stand for `unit` elements each: 1, 2 (4-bit codes, two a byte), or a
+// quantization block (absmax). Slices start on kQuantBlock boundaries,
+// multiples of every unit.
 std::vector<TensorView> pick(const std::vector<TensorView>& all, const std::vector<OffloadSlice>& slices,
-                             bool per_block = false) {
+                             int64_t unit = 1) {
   std::vector<TensorView> out;
   if (all.empty()) return out;
-  for (const OffloadSlice& s : slices) {
-    out.push_back(per_block ? slice(all[s.tensor], s.offset / kQuantBlock, quant_blocks(s.count))
-                            : slice(all[s.tensor], s.offset, s.count));
-  }
+  for (const OffloadSlice& s : slices) out.push_back(slice(all[s.tensor], s.offset / unit, (s.count + unit - 1) / unit));
   return out;
 }
 
@@ -178,11 +169,15 @@ std::vector<TensorView> pick(const std::vector<TensorView>& all, const std::vect
 AdamPlan piece_plan(const Adam& adam, const std::vector<OffloadSlice>& piece, const std::vector<TensorView>& masters,
                     const std::vector<TensorView>& grads, const std::vector<TensorView>& copies,
                     std::span<const AdamHyperparameters> hyper, const std::vector<int32_t>& group_of) {
+  const bool four = adam.moment_bits() == 4;
+  const int64_t code_unit = four ? 2 : 1, block = four ? kQuant4Block : kQuantBlock;
   const auto w = pick(masters, piece), g = pick(grads, piece), c = pick(copies, piece),
-             m = pick(adam.exp_avg(), piece), v = pick(adam.exp_avg_sq(), piece),
-             vmax = pick(adam.max_exp_avg_sq(), piece), m_absmax = pick(adam.exp_avg_absmax(), piece, true),
-             v_absmax = pick(adam.exp_avg_sq_absmax(), piece, true);
-  return AdamPlan(AdamTensors{w, g, m, v, vmax, c, m_absmax, v_absmax, {}}, hyper, group_of);
+             m = pick(adam.exp_avg(), piece, code_unit), v = pick(adam.exp_avg_sq(), piece, code_unit),
+             vmax = pick(adam.max_exp_avg_sq(), piece), m_absmax = pick(adam.exp_avg_absmax(), piece, block),
+             v_absmax = pick(adam.exp_avg_sq_absmax(), piece, block);
+  AdamTensors tensors{w, g, m, v, vmax, c, m_absmax, v_absmax, {}};
+  if (four) tensors.moment_bits = 4;
+  return AdamPlan(tensors, hyper, group_of);
 }
 
 LambPlan piece_plan(const Lamb& lamb, const std::vector<OffloadSlice>& piece, const std::vector<TensorView>& masters,
@@ -190,7 +185,8 @@ LambPlan piece_plan(const Lamb& lamb, const std::vector<OffloadSlice>& piece, co
                     std::span<const LambHyperparameters> hyper, const std::vector<int32_t>& group_of) {
   const auto w = pick(masters, piece), g = pick(grads, piece), c = pick(copies, piece),
              m = pick(lamb.exp_avg(), piece), v = pick(lamb.exp_avg_sq(), piece),
-             m_absmax = pick(lamb.exp_avg_absmax(), piece, true), v_absmax = pick(lamb.exp_avg_sq_absmax(), piece, true);
+             m_absmax = pick(lamb.exp_avg_absmax(), piece, kQuantBlock),
+             v_absmax = pick(lamb.exp_avg_sq_absmax(), piece, kQuantBlock);
   return LambPlan(LambTensors{w, g, m, v, c, {}, m_absmax, v_absmax, {}}, hyper, group_of);
 }
 

@@ -81,11 +81,12 @@ struct OffloadConfig {
   // piece; the default holds each bucket whole.
   size_t piece_bytes = OffloadedOptions{}.piece_bytes;
   DType moments = DType::f32;  // u8: 8-bit moments, whose blocks the cuts must keep whole
+  int32_t moment_bits = 8;     // with u8 moments: 4 for Adam's 4-bit ones
 };
 
 inline std::string config_name(const OffloadConfig& c) {
   return std::string(dtype_name(c.weight)) + "_" + std::string(dtype_name(c.grad)) + (c.check ? "_checked" : "") +
-         (c.piece_bytes != OffloadedOptions{}.piece_bytes ? "_pieces" : "") + (c.moments == DType::u8 ? "_8bit" : "");
+         (c.piece_bytes != OffloadedOptions{}.piece_bytes ? "_pieces" : "") + (c.moments == DType::u8 ? (c.moment_bits == 4 ? "_4bit" : "_8bit") : "");
 }
 
 // The GPU tests over the configurations: skipped where no CUDA device is visible.
@@ -114,6 +115,14 @@ inline const OffloadConfig kOffloadConfigs[] = {
     {DType::f32, DType::bf16, false, 3000, DType::u8},
 };
 
+// Adam's alone: 4-bit moments, the tensors cut into pieces (at multiples of
+// 256 elements: whole 128-element blocks, whole bytes of codes).
+inline const OffloadConfig kOffloadAdam4BitConfigs[] = {
+    {DType::bf16, DType::f32, true, 4000, DType::u8, 4},
+    {DType::f32, DType::bf16, false, 3000, DType::u8, 4},
+    {DType::f32, DType::f32, false, OffloadedOptions{}.piece_bytes, DType::u8, 4},
+};
+
 inline const int64_t kOffloadSizes[] = {1000, 65536 * 2 + 1, 3, 4097, 7};
 
 inline OffloadedOptions offload_options(const OffloadConfig& c) {
@@ -121,6 +130,7 @@ inline OffloadedOptions offload_options(const OffloadConfig& c) {
   o.buckets = {2, 1, 1, 0, 0};  // backward's order: the last tensors first
   o.piece_bytes = c.piece_bytes;
   o.adam.moment_dtype = o.lamb.moment_dtype = c.moments;
+  o.adam.moment_bits = c.moment_bits;
   if (c.check) {
     LossScalerOptions s;
     s.initial_scale = 1024.0f;

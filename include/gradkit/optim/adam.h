@@ -66,6 +66,8 @@ class Adam {
   // 4-bit moments' codes are flat: quant4_bytes(numel) bytes per tensor.
   const std::vector<TensorView>& exp_avg_absmax() const { return exp_avg_absmax_; }
   const std::vector<TensorView>& exp_avg_sq_absmax() const { return exp_avg_sq_absmax_; }
+  // 8 or 4 with u8 moments (options.moment_bits), else 0.
+  int32_t moment_bits() const { return plan_.moment_bits(); }
   // Bytes of optimizer-owned state (moments, absmax, counter, lrs).
   size_t state_bytes() const { return state_.bytes() + absmax_.bytes() + counter_.bytes() + lrs_.bytes(); }
 

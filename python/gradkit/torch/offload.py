@@ -40,10 +40,10 @@ computed by gradkit (docs/offload.md):
   hook during backward, or in step()): an lr scheduler stepped after
   step(), as torch documents, applies to the next step exactly; a change
   made between backward and step() applies from the step after.
-- moments="float32" (default), "bfloat16" or "int8" sets the host moments'
-  form, as gradkit.torch.AdamW's `moments` does (8-bit here for every
-  tensor: the host has no launch to save). Fewer bytes per parameter are
-  fewer for the CPU step to move.
+- moments="float32" (default), "bfloat16", "int8" or (OffloadedAdam/AdamW)
+  "int4" sets the host moments' form, as gradkit.torch.AdamW's `moments`
+  does (8- or 4-bit here for every tensor: the host has no launch to save).
+  Fewer bytes per parameter are fewer for the CPU step to move.
 - state_dict() is torch.optim.AdamW's layout ("step", "exp_avg",
   "exp_avg_sq" per parameter, on the CPU; "master_param" for float16/bfloat16
   parameters, as gradkit.torch.AdamW's) with the moments in this optimizer's
@@ -65,10 +65,11 @@ import torch
 import gradkit
 from gradkit.torch import _compile
 from gradkit.torch._device import common_device, stream_handle
-from gradkit.torch._state_forms import StateForm, absmax_name
+from gradkit.torch._state_forms import StateForm, absmax4_name, absmax_name
 from gradkit.torch._param_groups import adam_hyperparameters, closure_loss, lamb_hyperparameters
 
-_MOMENT_DTYPES = {"float32": gradkit.DType.f32, "bfloat16": gradkit.DType.bf16, "int8": gradkit.DType.u8}
+_MOMENT_DTYPES = {"float32": gradkit.DType.f32, "bfloat16": gradkit.DType.bf16, "int8": gradkit.DType.u8,
+                  "int4": gradkit.DType.u8}
 
 _HAS_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 
@@ -84,12 +85,15 @@ class _OffloadedBase(torch.optim.Optimizer):
     """What the offloaded optimizers share; a subclass gives _hyperparameters(group),
     _make_native(groups, **options) and _apply_lrs()."""
 
+    _four_bit = False  # whether the subclass takes moments="int4"
+
     def __init__(self, params, defaults, *, moments="float32", bucket_mb=32.0, piece_mb=32.0, buckets=None,
                  loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0, release=False):
-        self._form = StateForm(moments=moments, min_8bit_size=0)  # raises on an unknown form, naming it
-        if moments not in _MOMENT_DTYPES:
-            raise ValueError(f"moments is {moments!r}, expected one of {', '.join(map(repr, _MOMENT_DTYPES))} (the "
-                             "offloaded optimizers have no 4-bit host moments yet)")
+        # Every tensor's moments in the form, whatever its size; raises on an unknown form, naming it.
+        self._form = StateForm(moments=moments, min_8bit_size=0, min_4bit_size=0)
+        if moments == "int4" and not self._four_bit:
+            raise ValueError(f"moments is 'int4', expected one of 'float32', 'bfloat16', 'int8' ({type(self).__name__} "
+                             "has no 4-bit moments: LAMB has none; OffloadedAdam and OffloadedAdamW take them)")
         if release and not (overlap and _HAS_HOOK):
             raise ValueError("release=True frees each bucket's gradients as backward's hooks hand them, so it needs "
                              "overlap=True and torch >= 2.1 (register_post_accumulate_grad_hook)")
@@ -115,7 +119,8 @@ class _OffloadedBase(torch.optim.Optimizer):
         # bucket_ready below passes the gradients of the moment.
         groups = [{"params": [p.detach() for p in g["params"]], "grads": [p.detach() for p in g["params"]],
                    "hyperparameters": self._hyperparameters(g)} for g in self.param_groups]
-        self._native = self._make_native(groups, moment_dtype=_MOMENT_DTYPES[moments], buckets=buckets,
+        bits = {"moment_bits": 4} if moments == "int4" else {}  # OffloadedLamb's native takes no moment_bits
+        self._native = self._make_native(groups, moment_dtype=_MOMENT_DTYPES[moments], buckets=buckets, **bits,
                                          bucket_bytes=int(bucket_mb * 2 ** 20),
                                          piece_bytes=max(1, int(piece_mb * 2 ** 20)),
                                          scaler=loss_scaler, max_norm=float(max_norm),
@@ -280,9 +285,10 @@ class _OffloadedBase(torch.optim.Optimizer):
     def _host_arrays(self):
         """The native optimizer's host arrays by state key (masters as "master_param")."""
         arrays = {name: getattr(self._native, name) for name in self._moment_names()}
-        if self._form.moments == "int8":
+        if self._form.moments in ("int8", "int4"):
+            key = absmax_name if self._form.moments == "int8" else absmax4_name
             for name in ("exp_avg", "exp_avg_sq"):
-                arrays[absmax_name(name)] = getattr(self._native, absmax_name(name))
+                arrays[key(name)] = getattr(self._native, absmax_name(name))
         if self._params[0].dtype in (torch.float16, torch.bfloat16):
             arrays["master_param"] = self._native.masters
         return arrays
@@ -297,7 +303,8 @@ class _OffloadedBase(torch.optim.Optimizer):
             s = {"step": step.clone()}
             for name, values in arrays.items():
                 t = torch.from_dlpack(values[i])
-                s[name] = (t if name.endswith("_absmax") else t.view(p.shape)).clone()
+                shaped = t.numel() == p.numel() and "_absmax" not in name  # not an absmax, nor 4-bit codes
+                s[name] = (t.view(p.shape) if shaped else t).clone()
             self.state[p] = s
         out = super().state_dict()
         self.state.clear()  # the state lives in gradkit's host memory
@@ -318,7 +325,7 @@ class _OffloadedBase(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Loads torch.optim.AdamW's layout (from this class, gradkit.torch.AdamW or torch.optim.AdamW),
-        the moments in any form (float32, bfloat16, 8-bit), converted into this optimizer's by
+        the moments in any form (float32, bfloat16, 8-bit, 4-bit), converted into this optimizer's by
         gradkit's encoders. Everything is checked and converted before anything is written. The
         masters of float32 weights are the weights: they are taken from the model at the next step
         (load the model's weights first or after, either works); float16/bfloat16 masters come from
@@ -340,17 +347,20 @@ class _OffloadedBase(torch.optim.Optimizer):
             if s is None:
                 raise ValueError(f"state_dict has no state for params[{i}]; expected the state of a stepped optimizer")
             for name in names + (["master_param"] if low and "master_param" in s else []):
-                if name not in s or s[name].numel() != p.numel():
-                    raise ValueError(f"state_dict's state of params[{i}] has no '{name}' of {p.numel()} elements")
+                # 4-bit codes (with their absmax4) are flat, two a byte.
+                n = gradkit.quant4_bytes(p.numel()) if absmax4_name(name) in s else p.numel()
+                if name not in s or s[name].numel() != n:
+                    raise ValueError(f"state_dict's state of params[{i}] has no '{name}' of {n} elements")
             masters.append(s.get("master_param"))
             steps.add(int(s["step"]))
-            moments = {k: v for k, v in s.items() if k in names or k.endswith("_absmax")}
+            moments = {k: v for k, v in s.items() if k in names or k.endswith(("_absmax", "_absmax4"))}
             self._form.convert_moments(_host_proxy(p), names, moments)  # into this form, on the host
             for name in names:
-                blocks = moments.get(absmax_name(name))
-                if blocks is not None and blocks.numel() != gradkit.quant_blocks(p.numel()):
-                    raise ValueError(f"state_dict's state of params[{i}] has a '{absmax_name(name)}' of "
-                                     f"{blocks.numel()} elements, expected {gradkit.quant_blocks(p.numel())}")
+                for key, blocks in ((absmax_name(name), gradkit.quant_blocks(p.numel())),
+                                    (absmax4_name(name), gradkit.quant4_blocks(p.numel()))):
+                    if key in moments and moments[key].numel() != blocks:
+                        raise ValueError(f"state_dict's state of params[{i}] has a '{key}' of "
+                                         f"{moments[key].numel()} elements, expected {blocks}")
             converted.append(moments)
         if len(steps) != 1:
             raise ValueError(f"state_dict's params have step counts {sorted(steps)}; the offloaded optimizer "
@@ -387,6 +397,7 @@ def _host_proxy(p):
 
 class _OffloadedAdamBase(_OffloadedBase):
     _decay = None  # gradkit.WeightDecay, set by the subclass
+    _four_bit = True  # takes moments="int4"
 
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize, **offload):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
@@ -407,8 +418,8 @@ class _OffloadedAdamBase(_OffloadedBase):
 
 class OffloadedAdamW(_OffloadedAdamBase):
     """torch.optim.AdamW's update (decoupled weight decay) with the state on the host and the
-    step on the CPU. Keyword-only: moments ("float32", "bfloat16" or "int8": the host moments'
-    form), bucket_mb (gradient bytes per bucket, buckets cut from the
+    step on the CPU. Keyword-only: moments ("float32", "bfloat16", "int8" or "int4": the host
+    moments' form), bucket_mb (gradient bytes per bucket, buckets cut from the
     last parameter to the first), piece_mb (within a bucket, the copies and the CPU step go in
     pieces of this many gradient bytes, so that they overlap each other), buckets (each
     parameter's bucket instead), loss_scaler

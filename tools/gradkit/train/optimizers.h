@@ -67,7 +67,7 @@ inline DType moment_dtype(const TrainOptions& o) {
 }
 
 // Adam's options for --moments (int4: u8 moments of 4 bits; check_train_options
-// keeps int4 to Adam, sharded or not, not offloaded).
+// keeps int4 to Adam).
 inline AdamOptions adam_options(const TrainOptions& o) {
   return AdamOptions{.moment_dtype = moment_dtype(o), .moment_bits = o.moments == "int4" ? 4 : 8};
 }

@@ -178,9 +178,9 @@ void check_train_options(const TrainOptions& o, bool writes) {
   if (o.moments != "f32" && o.moments != "bf16" && o.moments != "int8" && o.moments != "int4") {
     throw Error(ErrorCode::invalid_argument, "--moments: expected f32, bf16, int8 or int4, not '" + o.moments + "'");
   }
-  if (o.moments == "int4" && (o.optimizer != "adam" || o.offload)) {
-    throw Error(ErrorCode::invalid_argument, "--moments int4: needs --optimizer adam, without --offload "
-                                             "(4-bit moments are Adam's and ShardedAdam's alone so far: docs/ops.md)");
+  if (o.moments == "int4" && o.optimizer != "adam") {
+    throw Error(ErrorCode::invalid_argument, "--moments int4: needs --optimizer adam "
+                                             "(4-bit moments are Adam's alone so far: docs/ops.md)");
   }
   if (o.master != "f32" && o.master != "remainder") {
     throw Error(ErrorCode::invalid_argument, "--master: expected f32 or remainder, not '" + o.master + "'");
