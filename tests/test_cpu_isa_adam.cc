@@ -289,6 +289,87 @@ TEST_P(CpuIsaAdam, EveryDtypeAndModeEqualsTheScalarReference) {
 
 GRADKIT_INSTANTIATE_EACH_CPU_ISA(CpuIsaAdam);
 
+// 4-bit moments: each copy's step (the AVX-512 one decodes nibbles with a
+// permute) equals the baseline copy's bit for bit, weights, codes and
+// absmax, over f32 and bf16-with-remainder weights, scaled and unscaled
+// gradients with an Inf and a NaN; the baseline copy is the one the
+// float64-reference tests (test_adam_4bit.cc) hold to the definition.
+class CpuIsaAdam4bit : public EachCpuIsa {};
+
+struct FourBitRun {
+  std::vector<TestTensor> w, r, g, m, v, am, av;
+  std::vector<std::vector<uint8_t>> bytes() const {
+    std::vector<std::vector<uint8_t>> out;
+    for (const auto* list : {&w, &r, &m, &v, &am, &av}) {
+      for (const TestTensor& t : *list) out.push_back(t.bytes());
+    }
+    return out;
+  }
+};
+
+FourBitRun four_bit_step(bool remainder, float scale) {
+  std::mt19937_64 rng(43);
+  const Device cpu = Device::cpu();
+  FourBitRun run;
+  for (int64_t n : kSizes) {
+    const std::vector<double> master = round_to(DType::f32, random_values(rng, n));
+    if (remainder) {
+      const TestTensor f32(cpu, DType::f32, master);
+      run.w.emplace_back(cpu, DType::bf16, std::vector<double>(n, 0.0));
+      run.r.emplace_back(cpu, DType::i16, std::vector<double>(n, 0.0));
+      split_masters(f32.view(), run.w.back().view(), run.r.back().view());
+    } else {
+      run.w.emplace_back(cpu, DType::f32, master);
+    }
+    std::vector<double> g = random_values(rng, n, 4.0);
+    if (n == 4097) {
+      g[5] = std::numeric_limits<double>::infinity();
+      g[3000] = std::numeric_limits<double>::quiet_NaN();
+    }
+    run.g.emplace_back(cpu, DType::f32, g);
+    std::vector<double> m = random_values(rng, n, 0.1), v = random_values(rng, n, 0.01);
+    for (double& x : v) x = x * x;
+    run.m.emplace_back(cpu, DType::u8, std::vector<double>(quant4_bytes(n), 0.0));
+    run.v.emplace_back(cpu, DType::u8, std::vector<double>(quant4_bytes(n), 0.0));
+    run.am.emplace_back(cpu, DType::f32, std::vector<double>(quant4_blocks(n), 0.0));
+    run.av.emplace_back(cpu, DType::f32, std::vector<double>(quant4_blocks(n), 0.0));
+    const TestTensor m0(cpu, DType::f32, m), v0(cpu, DType::f32, v);
+    quantize_blockwise4(QuantCode::signed_dynamic, m0.view(), run.m.back().view(), run.am.back().view());
+    quantize_blockwise4(QuantCode::unsigned_dynamic, v0.view(), run.v.back().view(), run.av.back().view());
+  }
+  auto views = [](std::vector<TestTensor>& list) {
+    std::vector<TensorView> out;
+    for (TestTensor& t : list) out.push_back(t.view());
+    return out;
+  };
+  const auto w = views(run.w), g = views(run.g), m = views(run.m), v = views(run.v), am = views(run.am),
+             av = views(run.av), r = views(run.r);  // AdamTensors holds spans of these
+  AdamTensors tensors{w, g, m, v, {}, {}, am, av, {}};
+  if (remainder) tensors.weight_remainder = r;
+  tensors.moment_bits = 4;
+  AdamHyperparameters h;
+  h.lr = 1e-2f;
+  h.weight_decay = 0.01f;
+  h.decay = WeightDecay::decoupled;
+  AdamPlan(tensors, std::span(&h, 1)).step({.step = 3, .grad_scale = scale});
+  return run;
+}
+
+TEST_P(CpuIsaAdam4bit, EqualsTheBaselineCopy) {
+  for (bool remainder : {false, true}) {
+    for (float scale : {1.0f, 512.0f}) {
+      const FourBitRun mine = four_bit_step(remainder, scale);
+      cpu::set_isa("baseline");
+      const FourBitRun baseline = four_bit_step(remainder, scale);
+      cpu::set_isa(GetParam());
+      EXPECT_EQ(mine.bytes(), baseline.bytes()) << GetParam() << (remainder ? " bf16+remainder" : " f32") << " scale "
+                                                << scale;
+    }
+  }
+}
+
+GRADKIT_INSTANTIATE_EACH_CPU_ISA(CpuIsaAdam4bit);
+
 // Naming a copy that does not exist, or one this CPU cannot run, is an
 // error that says what there is; the default stays.
 TEST(CpuIsa, UnknownOrUnavailableIsRefused) {

@@ -51,8 +51,12 @@ struct Codec8 {
 struct Codec4 {
   static constexpr int kBlock = kQuant4Block;
   const QuantTables4* tables;
+  bool avx512;
   void decode(int moment, const uint8_t* codes, int64_t base, float absmax, int n, float* out) const {
     const QuantTable4& t = tables->table[moment];
+#if GRADKIT_CPU_MULTI_ISA
+    if (avx512) return cpu::decode4_avx512(t, codes + base / 2, absmax, n, out);
+#endif
     for (int k = 0; k < n; ++k) out[k] = dequantize4(t, nibble(codes[(base + k) / 2], k), absmax);
   }
   void encode(int moment, const float* values, int n, uint8_t* codes, int64_t base, float* absmax) const {
@@ -152,7 +156,7 @@ void adam_8bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::I
 }
 
 void adam_4bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
-  cpu_adam::run_codec(plan, launch, isa, cpu_adam::Codec4{launch.tables4});
+  cpu_adam::run_codec(plan, launch, isa, cpu_adam::Codec4{launch.tables4, isa == cpu::Isa::avx512});
 }
 
 }  // namespace gradkit::backend

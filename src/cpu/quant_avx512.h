@@ -1,5 +1,5 @@
-// The 8-bit moments' table lookups in AVX-512, for the AVX-512 copy of the
-// CPU Adam kernel (adam_8bit.cc). GCC 12 vectorizes these loops but, under
+// The 8- and 4-bit moments' table lookups in AVX-512, for the AVX-512 copy
+// of the CPU Adam kernel (adam_8bit.cc). GCC 12 vectorizes these loops but, under
 // its generic tuning, emulates each gather with 16 scalar loads; the
 // permutes (the 256-entry tables) and the gather (the buckets' starts) here
 // compute the same codes and values as
@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "backend/blockwise4_math.h"
 #include "backend/blockwise_math.h"
 
 namespace gradkit::cpu {
@@ -64,6 +65,26 @@ GRADKIT_AVX512 inline void decode_avx512(const backend::QuantTable& t, const uin
     _mm512_storeu_ps(out + i, _mm512_mul_ps(lookup256(codes, index), scale));
   }
   for (; i < n; ++i) out[i] = backend::dequantize(t, q[i], absmax);
+}
+
+// out[k] = codes[nibble k] * absmax for the n elements of a 4-bit block
+// whose bytes start at q (element 0 in the low nibble of q[0]): 16 elements
+// from 8 bytes, their nibbles interleaved low, high, low, ... into element
+// order, then one permute for the 16-entry table (dequantize4's values).
+GRADKIT_AVX512 inline void decode4_avx512(const backend::QuantTable4& t, const uint8_t* q, float absmax, int n,
+                                          float* out) {
+  const __m512 scale = _mm512_set1_ps(absmax);
+  const __m512 codes = _mm512_loadu_ps(t.codes);
+  const __m128i low_nibble = _mm_set1_epi8(0x0f);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i / 2));
+    const __m128i low = _mm_and_si128(bytes, low_nibble);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble);
+    const __m512i index = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_permutexvar_ps(index, codes), scale));
+  }
+  for (; i < n; ++i) out[i] = backend::dequantize4(t, backend::nibble(q[i / 2], i), absmax);
 }
 
 // encode_block (backend/quant_tables.h) with the search's table reads
