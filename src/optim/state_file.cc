@@ -66,6 +66,12 @@ bool StateFile::has(std::string_view name) const {
   return false;
 }
 
+std::vector<std::string> StateFile::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, b] : sections_) out.push_back(n);
+  return out;
+}
+
 const std::vector<uint8_t>& StateFile::get(std::string_view name) const {
   for (const auto& [n, b] : sections_) {
     if (n == name) return b;

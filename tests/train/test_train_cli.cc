@@ -283,6 +283,10 @@ TEST(StateOptions, AreCheckedFirstAndTrain) {
   EXPECT_EQ(r.out, "");
   EXPECT_NE(r.err.find("--moments int4: needs --optimizer adam"), std::string::npos)
       << r.err;
+  r = run({"train", "--ranks", "1", "--optimizer", "muon", "--moments", "int8"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("--optimizer muon: cannot be used with --moments int8 or int4"), std::string::npos) << r.err;
   r = run({"train", "--ranks", "2", "--master", "remainder", "--device", "cuda"});
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "");

@@ -31,8 +31,8 @@ struct AdamOptions {
   // (docs/ops.md, "8-bit moments": 2 bytes per parameter plus 8 per 256).
   DType moment_dtype = DType::f32;
   // With u8 moments: 8, or 4 for 4-bit blockwise moments (docs/ops.md, "4-bit
-  // moments": 1 byte per parameter plus 8 per 128). Adam and
-  // MixedPrecision<Adam> take 4; the sharded and offloaded optimizers refuse it.
+  // moments": 1 byte per parameter plus 8 per 128). Adam, MixedPrecision<Adam>,
+  // Sharded<Adam> and Offloaded<Adam> take 4.
   int32_t moment_bits = 8;
 };
 

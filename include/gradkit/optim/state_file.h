@@ -24,6 +24,8 @@ class StateFile {
   // The section's bytes; throws Error(io_error) naming the file and section if absent.
   const std::vector<uint8_t>& get(std::string_view name) const;
   bool has(std::string_view name) const;
+  // The sections' names, in the order they were added (or read).
+  std::vector<std::string> names() const;
 
   // Writes atomically: to a temporary file beside `path`, flushed to disk,
   // then renamed over `path`, so a crash mid-write leaves the old file whole.

@@ -130,9 +130,14 @@ inline std::unique_ptr<Optimizer> make_mixed_optimizer(const TrainOptions& o, st
       LambOptions{.eta = o.lr, .moment_dtype = moment_dtype(o)}));
 }
 
+// Muon's composite (train/muon_adam.h); defined in muon_adam.cc.
+std::unique_ptr<Optimizer> make_muon_optimizer(const TrainOptions& o, std::span<const TensorView> params,
+                                               std::span<const TensorView> grads);
+
 inline std::unique_ptr<Optimizer> make_plain_optimizer(const TrainOptions& o, std::span<const TensorView> params,
                                                        std::span<const TensorView> grads, const ShardContext* shard) {
   if (shard != nullptr) return make_sharded_optimizer(o, params, grads, *shard, {.mode = LossScaling::none});
+  if (o.optimizer == "muon") return make_muon_optimizer(o, params, grads);
   if (o.optimizer == "adam") {
     return std::make_unique<OptimizerOf<Adam>>(std::vector<AdamGroup>{one_group<AdamGroup>(o, params, grads)},
                                                adam_options(o));

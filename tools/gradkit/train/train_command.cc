@@ -102,7 +102,10 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
       ->check(tool::integer(0, 100000));
   app.add_option("--batch", o.batch, "images per micro-batch per rank")->check(tool::integer(1, 1 << 16));
   app.add_option("--accumulate", o.accumulate, "micro-batches accumulated per step")->check(tool::integer(1, 1 << 16));
-  app.add_option("--optimizer", o.optimizer, "adam or lamb")->check(tool::one_of({"adam", "lamb"}));
+  app.add_option("--optimizer", o.optimizer,
+                 "adam, lamb, or muon (Muon for the weight matrices but the output layer's, Adam for the rest; "
+                 "cpu, unsharded)")
+      ->check(tool::one_of({"adam", "lamb", "muon"}));
   app.add_option("--moments", o.moments,
                  "optimizer moments: f32; bf16; int8 (8-bit blockwise, about 2 bytes per parameter); int4 "
                  "(4-bit blockwise, about 1 byte; adam only)")

@@ -178,6 +178,20 @@ void check_train_options(const TrainOptions& o, bool writes) {
   if (o.moments != "f32" && o.moments != "bf16" && o.moments != "int8" && o.moments != "int4") {
     throw Error(ErrorCode::invalid_argument, "--moments: expected f32, bf16, int8 or int4, not '" + o.moments + "'");
   }
+  if (o.optimizer != "adam" && o.optimizer != "lamb" && o.optimizer != "muon") {
+    throw Error(ErrorCode::invalid_argument, "--optimizer: expected adam, lamb or muon, not '" + o.optimizer + "'");
+  }
+  if (o.optimizer == "muon") {
+    // Muon's step (gradkit::Muon) over the f32 weights of one unsharded CPU
+    // model; its momentum is f32 or bf16, and a hidden matrix must exist.
+    const char* why = o.device != "cpu"        ? "--device cuda (its f16 weights have f32 masters, which Muon does not keep)"
+                      : o.shard > 0            ? "--shard (Muon's sharded step is not in the train command)"
+                      : o.master != "f32"      ? "--master remainder (Muon steps f32 or bf16 weights, without masters)"
+                      : o.moments != "f32" && o.moments != "bf16" ? "--moments int8 or int4 (Muon's momentum is f32 or bf16)"
+                      : o.widths.size() < 3    ? "a model without a weight matrix before its output layer"
+                                               : nullptr;
+    if (why != nullptr) throw Error(ErrorCode::invalid_argument, std::string("--optimizer muon: cannot be used with ") + why);
+  }
   if (o.moments == "int4" && o.optimizer != "adam") {
     throw Error(ErrorCode::invalid_argument, "--moments int4: needs --optimizer adam "
                                              "(4-bit moments are Adam's alone so far: docs/ops.md)");

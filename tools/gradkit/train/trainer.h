@@ -18,8 +18,10 @@ struct TrainOptions {
   int stop_after = 0;      // stop after this epoch (0: run all); the schedule still spans `epochs`
   int batch = 64;          // images per micro-batch per rank
   int accumulate = 1;      // micro-batches per step
-  std::string optimizer = "adam";   // adam | lamb
-  std::string moments = "f32";      // f32 | bf16 | int8 (8-bit blockwise moments)
+  // adam | lamb | muon (Muon for the weight matrices but the output layer's,
+  // Adam for the rest: train/muon_adam.h; cpu only, unsharded, f32 weights)
+  std::string optimizer = "adam";
+  std::string moments = "f32";      // f32 | bf16 | int8 | int4 (8- or 4-bit blockwise moments)
   // f32 | remainder: bf16 weights whose f32 master is the weight plus an
   // i16 remainder (the CPU backend then trains bf16 weights through
   // MixedPrecision<Adam or Lamb>); unsharded, LAMB with f32/bf16 moments
