@@ -54,6 +54,32 @@ def test_steps_equal_torch_muons(device, options):
             y.data.copy_(x.data)  # the next step from the same weights
 
 
+def test_bfloat16_parameters_step_their_float32_masters(device):
+    """bfloat16 parameters keep float32 masters: Muon (and AdamW, in its group) steps the
+    masters, and each parameter is its master's rounding. Given the same gradients (the
+    bfloat16 ones, as float32 for the float32 model), the masters equal a float32 model's
+    weights bit for bit, step after step, and state_dict() holds them as "master_param"."""
+    torch.manual_seed(2)
+    bf16 = [torch.nn.Parameter(torch.randn(s, device=device).bfloat16()) for s in SHAPES + [(9,)]]
+    f32 = [torch.nn.Parameter(p.detach().float()) for p in bf16]
+    groups = lambda ps: [{"params": ps[:-1]}, {"params": ps[-1:], "use_muon": False}]  # noqa: E731
+    ours16 = gt.Muon(groups(bf16), lr=0.02, weight_decay=0.01)
+    ours32 = gt.Muon(groups(f32), lr=0.02, weight_decay=0.01)
+    for step in range(4):
+        for a, b in zip(f32, bf16):
+            g = torch.randn(a.shape, device=device).bfloat16()
+            a.grad, b.grad = g.float(), g
+        ours16.step()
+        ours32.step()
+        for i, (a, b) in enumerate(zip(f32, bf16)):
+            master = ours16.state[b]["master_param"]
+            assert master.dtype == torch.float32 and torch.equal(master, a.detach()), (step, i)
+            assert torch.equal(b.detach(), master.bfloat16()), (step, i)
+    assert not torch.equal(bf16[0].detach().float(), f32[0].detach())  # the masters carry what bfloat16 drops
+    saved = ours16.state_dict()["state"]
+    assert saved[0]["master_param"].dtype == torch.float32 and saved[0]["momentum_buffer"].dtype == torch.float32
+
+
 @torch_muon
 def test_expert_stack_is_orthogonalised_per_matrix(device):
     """A 3-D (experts, rows, cols) parameter steps as its matrices would one by one."""
@@ -212,8 +238,8 @@ def test_refuses_what_muon_cannot_take():
     if hasattr(torch.optim.Optimizer, "_process_value_according_to_param_policy"):  # named parameters (torch 2.7+)
         with pytest.raises(ValueError, match="'bias'"):
             gt.Muon(model.named_parameters())
-    with pytest.raises(TypeError, match="float32"):
-        gt.Muon([torch.nn.Parameter(torch.randn(8, 8, dtype=torch.bfloat16))])
+    with pytest.raises(TypeError, match="float16; gradkit.torch.Muon takes float32 and bfloat16 parameters"):
+        gt.Muon([torch.nn.Parameter(torch.randn(8, 8, dtype=torch.float16))])
     with pytest.raises(ValueError, match="moments"):
         gt.Muon([w], moments="int8")
     with pytest.raises(ValueError, match="adjust_lr_fn"):

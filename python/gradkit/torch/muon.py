@@ -17,6 +17,11 @@ momentum pass on each rank's rows, one all-to-all of the updates' bf16 rows to
 the owners over the shards' process group, the owners' Newton-Schulz on whole
 matrices, one all-to-all back, and the weight update on the rows: the
 unsharded step's numbers. The momentum stays sharded like the parameters.
+
+bfloat16 parameters keep float32 masters ("master_param"), as gradkit.torch.AdamW's
+do: Muon steps the masters and each parameter becomes its master's rounding (one
+gradkit.AccumulatePlan launch per cohort), so a bfloat16 model follows the float32
+model's trajectory as its gradients allow; the AdamW groups' masters are AdamW's.
 """
 import torch
 
@@ -52,10 +57,11 @@ def _check_group(group, index):
     if not group["weight_decay"] >= 0.0:
         raise ValueError(f"{where}['weight_decay'] is {group['weight_decay']}, expected a value >= 0")
     for j, p in enumerate(group["params"]):
-        if p.dtype != torch.float32:
+        if p.dtype not in (torch.float32, torch.bfloat16):
             name = _param_name(group, j)
             raise TypeError(f"{where}['params'][{j}]" + (f" ({name})" if name else "") +
-                            f" has dtype {p.dtype}; gradkit.torch.Muon takes float32 parameters")
+                            f" has dtype {p.dtype}; gradkit.torch.Muon takes float32 and bfloat16 parameters "
+                            "(bfloat16 ones with float32 masters)")
     if not group["use_muon"]:
         betas = group["betas"]
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
@@ -98,7 +104,9 @@ class Muon(AdamW):
 
     The state is torch.optim.Muon's ("momentum_buffer", plus a "step" count) and
     torch.optim.AdamW's; state_dict() loads into either, and their state dicts load
-    here. Every parameter is float32."""
+    here. Parameters are float32 or bfloat16; bfloat16 ones keep float32 masters
+    ("master_param"), which the step updates, each parameter then its master's
+    rounding."""
 
     _decay = gradkit.WeightDecay.decoupled
 
@@ -135,7 +143,8 @@ class Muon(AdamW):
         return self.param_groups[self._layout.group_of[index]]["use_muon"]
 
     def _cohort_key(self, index):
-        return "muon" if self._is_muon(index) else "adamw"
+        # A Muon cohort's parameters are all float32 or all bfloat16 (its masters).
+        return ("muon", self._layout.params[index].dtype) if self._is_muon(index) else "adamw"
 
     def _muon_hyperparameters(self, g):
         a, b, c = g["ns_coefficients"]
@@ -152,14 +161,18 @@ class Muon(AdamW):
         if not self._is_muon(indices[0]):
             return super()._make_plan(indices, grads)
         params = self._layout.params
-        lists = ([local(params[i].detach()) for i in indices], self._grad_arrays(grads, indices),
+        weights = [local(params[i].detach()) for i in indices]
+        masters = self._state_list(indices, "master_param") if params[indices[0]].dtype == torch.bfloat16 else None
+        lists = (weights if masters is None else masters, self._grad_arrays(grads, indices),
                  self._state_list(indices, "momentum_buffer"), [_matrix_shape(params[i]) for i in indices])
         hyper = [self._muon_hyperparameters(g) for g in self.param_groups]
         groups = [self._layout.group_of[i] for i in indices]
         shards = self._layout.shard_group()
         if shards is None:
-            return gradkit.MuonPlan(*lists, hyper, groups, hold_grads=False)
-        return _ShardedMuon(shards, [params[i] for i in indices], lists, hyper, groups)
+            plan = gradkit.MuonPlan(*lists, hyper, groups, hold_grads=False)
+        else:
+            plan = _ShardedMuon(shards, [params[i] for i in indices], lists, hyper, groups)
+        return plan if masters is None else _MasterMuon(plan, weights, masters)
 
     def _current_hyper_key(self):
         """AdamW's key (its plans read lr from the device), and the Muon groups' learning
@@ -179,19 +192,18 @@ class Muon(AdamW):
         muon = [self._muon_hyperparameters(g) for g in self.param_groups]
         adam = [self._hyperparameters(g) for g in self.param_groups] if adam_changed else None
         for c in self._cohorts:
-            if isinstance(c.plan, (gradkit.MuonPlan, _ShardedMuon)):
+            if isinstance(c.plan, _MUON_PLANS):
                 c.plan.set_hyperparameters(muon, stream=stream)
             elif adam_changed:
                 c.plan.set_hyperparameters(adam)
         self._hyper_key = key
 
     def _launch_all(self, cohorts, stream, found_inf, grad_divisor):
-        muon = (gradkit.MuonPlan, _ShardedMuon)
-        adamw = [c for c in cohorts if not isinstance(c.plan, muon)]
+        adamw = [c for c in cohorts if not isinstance(c.plan, _MUON_PLANS)]
         if adamw:
             super()._launch_all(adamw, stream, found_inf, grad_divisor)
         for c in cohorts:
-            if isinstance(c.plan, muon):
+            if isinstance(c.plan, _MUON_PLANS):
                 gradkit.advance_step(c.counter_scalar, skip=found_inf, stream=stream)
                 c.plan.step(found_inf=found_inf, grad_scale_device=grad_divisor, stream=stream)
 
@@ -291,3 +303,27 @@ def muon_param_groups(model, *, exclude=(), **adamw_group):
     if adamw:
         groups.append({"params": adamw, "use_muon": False, **adamw_group})
     return groups
+
+
+class _MasterMuon:
+    """A Muon cohort of bfloat16 parameters: its plan (MuonPlan or _ShardedMuon) steps
+    their float32 masters, then the parameters become the masters' rounding (to nearest
+    even), one gradkit.AccumulatePlan launch. A skipped step (found_inf) leaves the
+    masters, so the copy writes the parameters they already are."""
+
+    def __init__(self, plan, params, masters):
+        self.plan = plan
+        self._copy = gradkit.AccumulatePlan(params, masters)
+
+    def set_grads(self, grads, hold_grads=False, stream=0):
+        self.plan.set_grads(grads, hold_grads=hold_grads, stream=stream)
+
+    def set_hyperparameters(self, hyperparameters, stream=None):
+        self.plan.set_hyperparameters(hyperparameters, stream=stream)
+
+    def step(self, found_inf=None, grad_scale_device=None, stream=0):
+        self.plan.step(found_inf=found_inf, grad_scale_device=grad_scale_device, stream=stream)
+        self._copy.accumulate_v2(overwrite=True, stream=stream)
+
+
+_MUON_PLANS = (gradkit.MuonPlan, _ShardedMuon, _MasterMuon)
