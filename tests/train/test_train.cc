@@ -308,6 +308,26 @@ TEST(Training, EightBitMomentsAndRemainderMastersEndNearTheF32Loss) {
   }
 }
 
+// Runs `o` straight through, and again stopped after epoch 1 (checkpoint
+// <name>_first.ckpt) then resumed from it: both final checkpoints must be
+// the same bytes (`what` labels a failure). Returns the straight run's.
+std::string expect_resumed_run_equals_straight(TrainOptions o, const std::string& name, const std::string& what) {
+  TrainOptions straight = o, first = o, second = o;
+  straight.save = temp(name + "_straight.ckpt");
+  first.save = temp(name + "_first.ckpt");
+  second.save = temp(name + "_second.ckpt");
+  first.stop_after = 1;
+  second.resume = first.save;
+  run_training(straight);
+  run_training(first);
+  run_training(second);
+  std::ifstream a(straight.save, std::ios::binary), b(second.save, std::ios::binary);
+  const std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_FALSE(sa.empty()) << what;
+  EXPECT_TRUE(sa == sb) << what;
+  return straight.save;
+}
+
 // Resumed runs with 8- and 4-bit moments, remainder masters and sharded
 // 8- and 4-bit runs: the checkpoint of the straight run, byte for byte.
 TEST(Training, ResumesWithEightBitMomentsAndRemainderMasters) {
@@ -323,28 +343,14 @@ TEST(Training, ResumesWithEightBitMomentsAndRemainderMasters) {
                            Variant{"lamb", "int8", "f32", 0}, Variant{"adam", "int8", "f32", 1},
                            Variant{"adam", "int4", "f32", 1},
                            Variant{"lamb", "int8", "f32", 2}}) {
-    auto setup = [&](const std::string& name) {
-      TrainOptions o = small_run();
-      o.optimizer = v.optimizer;
-      o.moments = v.moments;
-      o.master = v.master;
-      o.shard = v.shard;
-      o.save = temp(name + ".ckpt");
-      return o;
-    };
+    TrainOptions o = small_run();
+    o.optimizer = v.optimizer;
+    o.moments = v.moments;
+    o.master = v.master;
+    o.shard = v.shard;
     const std::string what = std::string(v.optimizer) + " " + v.moments + " " + v.master + " shard " + std::to_string(v.shard);
-    TrainOptions straight = setup("v_straight"), first = setup("v_first"), second = setup("v_second");
-    first.stop_after = 1;
-    second.resume = first.save;
-    run_training(straight);
-    run_training(first);
-    run_training(second);
-    std::ifstream a(straight.save, std::ios::binary), b(second.save, std::ios::binary);
-    const std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
-    EXPECT_FALSE(sa.empty()) << what;
-    EXPECT_TRUE(sa == sb) << what;
     // The checkpoint holds the 8- or 4-bit state: u8 codes and their absmax.
-    const StateFile file = StateFile::read(straight.save);
+    const StateFile file = StateFile::read(expect_resumed_run_equals_straight(o, "v", what));
     EXPECT_FALSE(file.get("exp_avg_absmax").empty()) << what;
     if (std::string(v.master) == "remainder") EXPECT_FALSE(file.get("masters").empty()) << what;
   }
@@ -379,36 +385,19 @@ TEST(Training, MuonTrainsAndResumes) {
                                                         << " against Adam " << adam_loss;
   EXPECT_GT(muon_results.back().test_accuracy, 0.6);
   for (const char* moments : {"f32", "bf16"}) {
-    auto setup = [&](const std::string& name) {
-      TrainOptions o = small_run();
-      o.optimizer = "muon";
-      o.moments = moments;
-      o.save = temp(name + ".ckpt");
-      return o;
-    };
-    TrainOptions straight = setup("muon_straight"), first = setup("muon_first"), second = setup("muon_second");
-    first.stop_after = 1;
-    second.resume = first.save;
-    run_training(straight);
-    run_training(first);
-    run_training(second);
-    std::ifstream a(straight.save, std::ios::binary), b(second.save, std::ios::binary);
-    const std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
-    EXPECT_FALSE(sa.empty()) << moments;
-    EXPECT_TRUE(sa == sb) << moments;
-    const StateFile file = StateFile::read(straight.save);
+    TrainOptions o = small_run();
+    o.optimizer = "muon";
+    o.moments = moments;
+    const StateFile file = StateFile::read(expect_resumed_run_equals_straight(o, "muon", moments));
     // W1 (256 x 784) and W2 (128 x 256) in Muon's momentum; Adam's moments
     // over W3 (10 x 128) and the three biases.
     const size_t width = std::string(moments) == "f32" ? 4 : 2;
     EXPECT_EQ(file.get("muon.momentum_buffer").size(), (256 * 784 + 128 * 256) * width) << moments;
     EXPECT_EQ(file.get("adam.exp_avg").size(), (10 * 128 + 256 + 128 + 10) * width) << moments;
   }
-  // An Adam checkpoint does not resume a Muon run.
-  TrainOptions resumed = small_run();
-  resumed.optimizer = "muon";
-  resumed.resume = temp("muon_first.ckpt");
+  // A Muon checkpoint does not resume an Adam run.
   TrainOptions plain = small_run();
-  plain.resume = resumed.resume;
+  plain.resume = temp("muon_first.ckpt");  // the bf16 Muon run's, stopped after epoch 1
   expect_error([&] { run_training(plain); }, ErrorCode::io_error, {"another optimizer"});
 }
 

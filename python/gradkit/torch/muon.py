@@ -234,7 +234,18 @@ def _row_splits(p, ranks):
     return [min(r * each, slices) * rows_per_slice for r in range(ranks + 1)]
 
 
-class _ShardedMuon:
+class _Wrapping:
+    """A cohort's plan behind another step: the gradients and hyperparameters go to
+    the gradkit plan it wraps (self.plan)."""
+
+    def set_grads(self, grads, hold_grads=False, stream=0):
+        self.plan.set_grads(grads, hold_grads=hold_grads, stream=stream)
+
+    def set_hyperparameters(self, hyperparameters, stream=None):
+        self.plan.set_hyperparameters(hyperparameters, stream=stream)
+
+
+class _ShardedMuon(_Wrapping):
     """A Muon cohort of row-sharded DTensors: MuonShardedPlan's three parts with the two
     all-to-alls between them on the shards' process group (enqueued in stream order:
     torch's NCCL collectives wait for the current stream and make it wait for them).
@@ -259,12 +270,6 @@ class _ShardedMuon:
         self.owner = torch.from_dlpack(self.plan.owner_buffer).view(torch.uint8)
         self.shard_counts = [2 * n for n in self.plan.shard_counts]
         self.owner_counts = [2 * n for n in self.plan.owner_counts]
-
-    def set_grads(self, grads, hold_grads=False, stream=0):
-        self.plan.set_grads(grads, hold_grads=hold_grads, stream=stream)
-
-    def set_hyperparameters(self, hyperparameters, stream=None):
-        self.plan.set_hyperparameters(hyperparameters, stream=stream)
 
     def step(self, found_inf=None, grad_scale_device=None, stream=0):
         self.plan.momentum(found_inf=found_inf, grad_scale_device=grad_scale_device, stream=stream)
@@ -305,7 +310,7 @@ def muon_param_groups(model, *, exclude=(), **adamw_group):
     return groups
 
 
-class _MasterMuon:
+class _MasterMuon(_Wrapping):
     """A Muon cohort of bfloat16 parameters: its plan (MuonPlan or _ShardedMuon) steps
     their float32 masters, then the parameters become the masters' rounding (to nearest
     even), one gradkit.AccumulatePlan launch. A skipped step (found_inf) leaves the
@@ -314,12 +319,6 @@ class _MasterMuon:
     def __init__(self, plan, params, masters):
         self.plan = plan
         self._copy = gradkit.AccumulatePlan(params, masters)
-
-    def set_grads(self, grads, hold_grads=False, stream=0):
-        self.plan.set_grads(grads, hold_grads=hold_grads, stream=stream)
-
-    def set_hyperparameters(self, hyperparameters, stream=None):
-        self.plan.set_hyperparameters(hyperparameters, stream=stream)
 
     def step(self, found_inf=None, grad_scale_device=None, stream=0):
         self.plan.step(found_inf=found_inf, grad_scale_device=grad_scale_device, stream=stream)
