@@ -399,6 +399,20 @@ TEST(Training, MuonTrainsAndResumes) {
   TrainOptions plain = small_run();
   plain.resume = temp("muon_first.ckpt");  // the bf16 Muon run's, stopped after epoch 1
   expect_error([&] { run_training(plain); }, ErrorCode::io_error, {"another optimizer"});
+  // One without one of Muon's sections is refused naming the file, the prefix and the section.
+  const StateFile whole = StateFile::read(plain.resume);
+  StateFile cut;
+  for (const std::string& name : whole.names()) {
+    if (name != "muon.meta") cut.add(name, whole.get(name));
+  }
+  const std::string cut_path = temp("muon_cut.ckpt");
+  cut.write(cut_path);
+  TrainOptions resume_cut = small_run();
+  resume_cut.optimizer = "muon";
+  resume_cut.moments = "bf16";
+  resume_cut.resume = cut_path;
+  expect_error([&] { run_training(resume_cut); }, ErrorCode::io_error,
+               {"checkpoint '" + cut_path + "'", "its 'muon.' sections", "'meta'"});
 }
 
 TEST(Training, RefusesACheckpointOfAnotherRun) {

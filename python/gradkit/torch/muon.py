@@ -143,8 +143,7 @@ class Muon(AdamW):
         return self.param_groups[self._layout.group_of[index]]["use_muon"]
 
     def _cohort_key(self, index):
-        # A Muon cohort's parameters are all float32 or all bfloat16 (its masters).
-        return ("muon", self._layout.params[index].dtype) if self._is_muon(index) else "adamw"
+        return "muon" if self._is_muon(index) else "adamw"
 
     def _muon_hyperparameters(self, g):
         a, b, c = g["ns_coefficients"]

@@ -303,8 +303,9 @@ class _OffloadedBase(torch.optim.Optimizer):
             s = {"step": step.clone()}
             for name, values in arrays.items():
                 t = torch.from_dlpack(values[i])
-                shaped = t.numel() == p.numel() and "_absmax" not in name  # not an absmax, nor 4-bit codes
-                s[name] = (t.view(p.shape) if shaped else t).clone()
+                # An absmax, and 4-bit codes (two a byte), stay flat; the rest is shaped like p.
+                flat = "_absmax" in name or (self._form.moments == "int4" and name in ("exp_avg", "exp_avg_sq"))
+                s[name] = (t if flat else t.view(p.shape)).clone()
             self.state[p] = s
         out = super().state_dict()
         self.state.clear()  # the state lives in gradkit's host memory

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "gradkit/core/error.h"
 #include "gradkit/optim/state_file.h"
 #include "train/mlp.h"
 #include "train/optimizers.h"
@@ -92,8 +93,16 @@ void MuonWithAdam::save_to(StateFile& file) {
 }
 
 void MuonWithAdam::check_state(const std::string& path, const StateFile& file) const {
-  muon_.check_state(path, unprefixed(file, kMuonPrefix));
-  adam_.check_state(path, unprefixed(file, kAdamPrefix));
+  // The sub-files have no path of their own: a refusal names the checkpoint and the prefix.
+  auto check = [&](const auto& optimizer, std::string_view prefix) {
+    try {
+      optimizer.check_state(path, unprefixed(file, prefix));
+    } catch (const Error& e) {
+      throw Error(e.code(), "checkpoint '" + path + "', its '" + std::string(prefix) + "' sections: " + e.what());
+    }
+  };
+  check(muon_, kMuonPrefix);
+  check(adam_, kAdamPrefix);
 }
 
 void MuonWithAdam::apply_state(const StateFile& file) {
