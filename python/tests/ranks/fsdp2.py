@@ -66,6 +66,24 @@ def full_state(optim_state):
     return {f"{k}.{s}": full(v).cpu() for k, d in optim_state.items() for s, v in d.items()}
 
 
+def save_checkpoint(model, opt, path):
+    """The model's and optimizer's states saved through DCP at `path`; returns the
+    optimizer's as whole tensors (full_state)."""
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.save(state, checkpoint_id=str(path))
+    return full_state(state["optim"]["state"])
+
+
+def load_checkpoint(model, opt, path):
+    """The model's and optimizer's states loaded through DCP from `path` (resharded as
+    they are now); returns the optimizer's as whole tensors (full_state)."""
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, opt, state["optim"])
+    return full_state(get_optimizer_state_dict(model, opt)["state"])
+
+
 def train(model, opt, device, steps, seed):
     losses = []
     for x, y in text_batches(device, steps, batch=8, block=32, seed=seed):
@@ -206,9 +224,7 @@ def save(directory, device, rank):
         m = sharded_model(device, seed=4).to(dtype)
         opt = make(m.parameters(), lr=3e-3)
         train(m, opt, device, 5, seed=30 + rank)
-        state = {"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt)}
-        dcp.save(state, checkpoint_id=str(directory / name))
-        states[name] = full_state(state["optim"]["state"])
+        states[name] = save_checkpoint(m, opt, directory / name)
     if rank == 0:
         torch.save(states, directory / "full.pt")
 
@@ -219,11 +235,7 @@ def load(directory, device):
     for name, (make, dtype) in CHECKPOINTED.items():
         model = sharded_model(device, seed=5).to(dtype)
         opt = make(model.parameters(), lr=3e-3) if name in RESHARD else gt.AdamW(model.parameters(), lr=3e-3)
-        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
-        dcp.load(state, checkpoint_id=str(directory / name))
-        set_model_state_dict(model, state["model"])
-        set_optimizer_state_dict(model, opt, state["optim"])
-        got = full_state(get_optimizer_state_dict(model, opt)["state"])
+        got = load_checkpoint(model, opt, directory / name)
         assert got.keys() == saved[name].keys(), (sorted(got)[:4], sorted(saved[name])[:4])
         for key, value in saved[name].items():
             if name in RESHARD and resharded and key.rsplit(".", 1)[1] in ("exp_avg", "exp_avg_sq"):

@@ -28,9 +28,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
 
@@ -40,7 +37,7 @@ from models import TinyGPT, text_batches  # noqa: E402
 from tolerances import MUON_TORCH  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from fsdp2 import finish, full, full_state, setup  # noqa: E402  (the FSDP2 ranks' set-up, as ranks/fsdp2.py's)
+from fsdp2 import finish, full, load_checkpoint, save_checkpoint, setup  # noqa: E402  (the FSDP2 ranks' set-up, as ranks/fsdp2.py's)
 
 
 class OddShapes(torch.nn.Module):
@@ -150,9 +147,7 @@ def check_refusals(device):
 
 def save(directory, device, rank):
     model, opt = check_against_unsharded("gpt", device)
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
-    dcp.save(state, checkpoint_id=str(directory / "muon"))
-    saved = full_state(state["optim"]["state"])
+    saved = save_checkpoint(model, opt, directory / "muon")
     assert any(k.endswith("momentum_buffer") for k in saved)
     if rank == 0:
         torch.save({"world": dist.get_world_size(), "state": saved}, directory / "muon_full.pt")
@@ -162,11 +157,7 @@ def load(directory, device):
     saved = torch.load(directory / "muon_full.pt")["state"]
     model, _ = models("gpt", device, seed=15)
     opt = gt.Muon(gt.muon_param_groups(model), lr=0.02)
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
-    dcp.load(state, checkpoint_id=str(directory / "muon"))
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, opt, state["optim"])
-    got = full_state(get_optimizer_state_dict(model, opt)["state"])
+    got = load_checkpoint(model, opt, directory / "muon")
     assert got.keys() == saved.keys(), (sorted(got)[:4], sorted(saved)[:4])
     for key, value in saved.items():
         assert torch.equal(got[key].to(value.dtype), value), f"{key} changed through the checkpoint"
