@@ -74,7 +74,8 @@ AdamPlan::AdamPlan(const AdamTensors& t, std::span<const AdamHyperparameters> hy
   // which storage dtype each may hold.
   // 4-bit moments hold two codes a byte: one element per 2 (PlanList::block).
   const bool four_bit = quantized && t.moment_bits == 4;
-  const int32_t codes_per_element = four_bit ? 2 : 1, absmax_block = four_bit ? kQuant4Block : kQuantBlock;
+  const int32_t bits = four_bit ? 4 : 8;
+  const int32_t codes_per_element = elements_per_code_byte(bits), absmax_block = quant_block_of(bits);
   std::vector<PlanList> lists = {{"weights", t.weights, true},
                                  {"grads", t.grads, false},
                                  {"exp_avg", t.exp_avg, true, codes_per_element, true},

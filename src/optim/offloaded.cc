@@ -169,14 +169,14 @@ std::vector<TensorView> pick(const std::vector<TensorView>& all, const std::vect
 AdamPlan piece_plan(const Adam& adam, const std::vector<OffloadSlice>& piece, const std::vector<TensorView>& masters,
                     const std::vector<TensorView>& grads, const std::vector<TensorView>& copies,
                     std::span<const AdamHyperparameters> hyper, const std::vector<int32_t>& group_of) {
-  const bool four = adam.moment_bits() == 4;
-  const int64_t code_unit = four ? 2 : 1, block = four ? kQuant4Block : kQuantBlock;
+  const int32_t bits = adam.moment_bits() == 4 ? 4 : 8;  // 0 without u8 moments: their lists are per element
+  const int64_t code_unit = elements_per_code_byte(bits), block = quant_block_of(bits);
   const auto w = pick(masters, piece), g = pick(grads, piece), c = pick(copies, piece),
              m = pick(adam.exp_avg(), piece, code_unit), v = pick(adam.exp_avg_sq(), piece, code_unit),
              vmax = pick(adam.max_exp_avg_sq(), piece), m_absmax = pick(adam.exp_avg_absmax(), piece, block),
              v_absmax = pick(adam.exp_avg_sq_absmax(), piece, block);
   AdamTensors tensors{w, g, m, v, vmax, c, m_absmax, v_absmax, {}};
-  if (four) tensors.moment_bits = 4;
+  tensors.moment_bits = bits;
   return AdamPlan(tensors, hyper, group_of);
 }
 

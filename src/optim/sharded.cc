@@ -105,7 +105,7 @@ struct Traits<Adam> {
   static constexpr std::string_view mixed_kind = "mixed_precision_adam";
   static constexpr std::string_view sections[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   static const AdamOptions& options(const ShardedOptions& o) { return o.adam; }
-  static int32_t moment_bits(const ShardedOptions& o) { return o.adam.moment_bits; }
+  static int32_t moment_bits(const Adam& adam) { return adam.moment_bits() == 4 ? 4 : 8; }
   // amsgrad's maxima: kept by every rank or by none (the groups decide).
   static bool keeps(const Adam& adam, std::string_view section) {
     return section != "max_exp_avg_sq" || !adam.max_exp_avg_sq().empty();
@@ -118,7 +118,7 @@ struct Traits<Lamb> {
   static constexpr std::string_view mixed_kind = "mixed_precision_lamb";
   static constexpr std::string_view sections[] = {"exp_avg", "exp_avg_sq"};
   static const LambOptions& options(const ShardedOptions& o) { return o.lamb; }
-  static int32_t moment_bits(const ShardedOptions&) { return 8; }
+  static int32_t moment_bits(const Lamb&) { return 8; }
   static bool keeps(const Lamb&, std::string_view) { return true; }
 };
 
@@ -134,15 +134,16 @@ struct SplitSection {
 
 // The optimizer's split sections, in the order the unsharded one writes them.
 template <class Optimizer>
-std::vector<SplitSection> split_sections(const Optimizer& o, int32_t moment_bits) {
-  const bool four = !o.exp_avg_absmax().empty() && moment_bits == 4;
+std::vector<SplitSection> split_sections(const Optimizer& o) {
+  const bool quantized = !o.exp_avg_absmax().empty();
+  const int32_t bits = Traits<Optimizer>::moment_bits(o);
   std::vector<SplitSection> out;
   for (std::string_view name : Traits<Optimizer>::sections) {
-    out.push_back({name, dtype_size(o.exp_avg()[0].dtype), four ? 2 : 1});
+    out.push_back({name, dtype_size(o.exp_avg()[0].dtype), quantized ? elements_per_code_byte(bits) : 1});
   }
-  if (!o.exp_avg_absmax().empty()) {
-    out.push_back({"exp_avg_absmax", sizeof(float), four ? kQuant4Block : kQuantBlock});
-    out.push_back({"exp_avg_sq_absmax", sizeof(float), four ? kQuant4Block : kQuantBlock});
+  if (quantized) {
+    out.push_back({"exp_avg_absmax", sizeof(float), quant_block_of(bits)});
+    out.push_back({"exp_avg_sq_absmax", sizeof(float), quant_block_of(bits)});
   }
   return out;
 }
@@ -169,10 +170,7 @@ void check_blocks_line_up(const ShardedLayout& layout, std::string_view option) 
 template <class Optimizer>
 Sharded<Optimizer>::Sharded(Communicator& comm, const ShardedLayout& layout, std::vector<Group> groups,
                             ShardedOptions options)
-    : comm_(comm),
-      layout_(layout),
-      communication_stream_(options.communication_stream),
-      moment_bits_(Traits<Optimizer>::moment_bits(options)) {
+    : comm_(comm), layout_(layout), communication_stream_(options.communication_stream) {
   if (groups.empty()) throw_argument_error(ErrorCode::invalid_argument, kOp, "groups", "is empty; expected at least one group");
   layout_.validate(kOp);
   if (Traits<Optimizer>::options(options).moment_dtype == DType::u8) {
@@ -468,7 +466,7 @@ void Sharded<Optimizer>::save_to(StateFile& file) {
   // (their sections concatenated in bucket order, the pieces' order).
   std::vector<StateFile> parts(parts_.size());
   for (size_t k = 0; k < parts_.size(); ++k) parts_[k].optimizer->save_to(parts[k]);
-  const std::vector<SplitSection> sections = split_sections(*parts_[0].optimizer, moment_bits_);
+  const std::vector<SplitSection> sections = split_sections(*parts_[0].optimizer);
   StateFile mine;
   for (const SplitSection& section : sections) {
     std::vector<uint8_t> bytes;
@@ -591,7 +589,7 @@ typename Sharded<Optimizer>::ShardState Sharded<Optimizer>::shard_state(const st
     }
     return part;
   };
-  const std::vector<SplitSection> sections = split_sections(*parts_[0].optimizer, moment_bits_);
+  const std::vector<SplitSection> sections = split_sections(*parts_[0].optimizer);
   for (size_t k = 0; k < parts_.size(); ++k) {
     StateFile state;
     for (const SplitSection& section : sections) {

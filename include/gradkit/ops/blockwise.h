@@ -47,6 +47,11 @@ constexpr int64_t quant4_blocks(int64_t numel) { return (numel + kQuant4Block - 
 // Bytes of a 4-bit tensor of `numel` codes.
 constexpr int64_t quant4_bytes(int64_t numel) { return (numel + 1) / 2; }
 
+// The elements one stored value stands for in a list of `bits`-bit moments
+// (8 or 4): a byte of codes (1, or 2 for two 4-bit codes), an absmax (its block).
+constexpr int32_t elements_per_code_byte(int32_t bits) { return bits == 4 ? 2 : 1; }
+constexpr int32_t quant_block_of(int32_t bits) { return bits == 4 ? kQuant4Block : kQuantBlock; }
+
 // The two 4-bit tables: signed_dynamic is the dynamic map with 3 decimal
 // exponents (first moments); unsigned_dynamic here names the linear map
 // without zero, (i + 1) / 16 (second moments: the code 0 is the value 1/16,

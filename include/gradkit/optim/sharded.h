@@ -183,7 +183,6 @@ class Sharded {
   TensorView grads_base_;
   Stream communication_stream_;
   bool mixed_ = false;             // f16/bf16 weights with f32 masters
-  int32_t moment_bits_ = 8;        // of u8 moments: 8 or 4 (Adam's options.adam.moment_bits)
   bool marked_ = false;            // a bucket was started by mark_ready in this step
   std::vector<TensorView> weight_pieces_, grad_pieces_;
   MasterStore masters_;            // f16/bf16 models: the masters of weight_pieces_
