@@ -27,6 +27,7 @@
 #include "support/device_param.h"
 #include "support/eight_bit.h"
 #include "support/expect_error.h"
+#include "support/state_file_bytes.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"
 
@@ -52,9 +53,11 @@ TEST(Blockwise4, TablesAreTheirClosedForm) {
   for (bool first : {true, false}) {
     const std::vector<double> want = round_to(DType::f32, reference_code4(first));
     const std::array<float, 16>& got = quant_code4(moment_code(first));
-    for (int i = 0; i < 16; ++i) EXPECT_EQ(got[i], want[i]) << (first ? "signed" : "linear") << " code " << i;
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(got[i], want[i]) << (first ? "signed" : "unsigned") << " code " << i;
   }
-  EXPECT_EQ(quant_code4(QuantCode::unsigned_dynamic)[0], 1.0f / 16) << "no zero in the second moment's map";
+  EXPECT_EQ(quant_code4(QuantCode::unsigned_dynamic)[0], 0.00325f) << "no zero in the second moment's map";
+  EXPECT_EQ(quant_code4(QuantCode::unsigned_dynamic)[1], 0.00325f) << "codes 0 and 1: the smallest value";
+  EXPECT_EQ(quant_code4(QuantCode::unsigned_dynamic)[15], 1.0f);
 }
 
 // Everything one 4-bit step reads and writes, on one device.
@@ -186,6 +189,31 @@ TEST_P(Adam4bitOptimizer, EightAndFourBitFilesLoadOnlyIntoTheirOwnForm) {
   EXPECT_EQ(moment_state(eight), eight_state);
   std::remove(path.c_str());
   std::remove((path + "_8bit").c_str());
+}
+
+// Format version 3 kept the second moment on the linear map (i + 1) / 16: its
+// codes stand for other values than today's, so its 4-bit file (moment code
+// 5) is refused, saying why, and nothing is loaded.
+TEST_P(Adam4bitOptimizer, AFormat3FourBitFileIsRefused) {
+  AdamGroup group;
+  OwningModel model(device(), 7);
+  Adam four(model.groups(group), AdamOptions{.moment_dtype = DType::u8, .moment_bits = 4});
+  std::mt19937_64 rng(8);
+  model.new_gradients(rng);
+  four.step();
+  const std::string path = ::testing::TempDir() + "gradkit_4bit_v3_" + std::to_string(::getpid());
+  four.save(path);
+  std::vector<RawSection> sections = read_raw_sections(path);
+  put_at(find_section(sections, "meta").bytes, 8, uint32_t{5});  // the moment code, after the i64 step
+  write_raw_state_file(path, sections, 3);
+  model.new_gradients(rng);
+  four.step();
+  const auto state = moment_state(four);
+  expect_error([&] { four.load(path); }, ErrorCode::io_error,
+               {path, "linear map", "format version 3", "expected u4 (4-bit moments)"});
+  EXPECT_EQ(moment_state(four), state);
+  EXPECT_EQ(four.step_count(), 2);
+  std::remove(path.c_str());
 }
 
 TEST_P(Adam4bitOptimizer, RejectsWhatCannotWork) {

@@ -9,9 +9,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -30,6 +27,7 @@
 #include "support/device_param.h"
 #include "support/eight_bit.h"
 #include "support/expect_error.h"
+#include "support/state_file_bytes.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"
 
@@ -108,16 +106,6 @@ TEST_P(Adam8bitOptimizer, ResumeFromACheckpointEqualsTheStraightRun) {
   expect_resumed_run_equals_straight_run<Adam>(device(), owning_group(), {.moment_dtype = DType::u8});
 }
 
-// FNV-1a (64-bit), as docs/state-format.md closes a file with.
-uint64_t fnv1a(const std::vector<char>& bytes, size_t end) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < end; ++i) {
-    h ^= static_cast<uint8_t>(bytes[i]);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 // A file written before 8-bit moments (format version 1) still loads.
 TEST_P(Adam8bitOptimizer, AVersion1FileStillLoads) {
   OwningModel model(device(), 8);
@@ -127,19 +115,7 @@ TEST_P(Adam8bitOptimizer, AVersion1FileStillLoads) {
   adam.step();
   const std::string path = ::testing::TempDir() + "gradkit_adam_v1_" + std::to_string(::getpid());
   adam.save(path);
-  std::vector<char> bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  const uint32_t one = 1;
-  std::memcpy(bytes.data() + 8, &one, 4);
-  const uint64_t sum = fnv1a(bytes, bytes.size() - 8);
-  std::memcpy(bytes.data() + bytes.size() - 8, &sum, 8);
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  }
+  write_raw_state_file(path, read_raw_sections(path), 1);
   Adam second(model.groups(owning_group()));
   second.load(path);
   EXPECT_EQ(second.step_count(), 1);

@@ -54,8 +54,9 @@ void bind_state(nb::module_& m) {
         return std::vector<float>(table.begin(), table.end());
       },
       nb::arg("code"),
-      "The 4-bit table's 16 values, ascending: signed_dynamic (first moments), unsigned_dynamic names the linear "
-      "map without zero (second moments; docs/ops.md, 4-bit moments).");
+      "The 4-bit table's 16 values, ascending: signed_dynamic (first moments), unsigned_dynamic the unsigned "
+      "dynamic map without zero, DE-0 (second moments; codes 0 and 1 both stand for its smallest value; "
+      "docs/ops.md, 4-bit moments).");
   m.def(
       "quantize_blockwise4",
       [](QuantCode code, const Array& values, const Array& codes, const Array& absmax) {

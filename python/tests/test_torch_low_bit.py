@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 import gradkit  # noqa: E402
 import gradkit.torch as gt  # noqa: E402
 import models  # noqa: E402
-from tolerances import (INT4_FINAL_LOSS, INT8_CODE_DISTANCE, INT8_STEP_WEIGHTS, LOW_BIT_ACCURACY,  # noqa: E402
-                        LOW_BIT_FINAL_LOSS, TRAINING_WINDOW)
+from tolerances import (INT4_EARLY_FINAL_LOSS, INT4_FINAL_LOSS, INT8_CODE_DISTANCE, INT8_STEP_WEIGHTS,  # noqa: E402
+                        LOW_BIT_ACCURACY, LOW_BIT_FINAL_LOSS, TRAINING_WINDOW)
 
 SHAPES = [(300,), (17, 5), (1000,), (1,), (256,)]
 LR, BETAS, EPS, WD = 1e-2, (0.9, 0.999), 1e-8, 0.05
@@ -147,6 +147,31 @@ def test_resume_from_state_dict_equals_the_straight_run(device, optimizer, form)
     for p, q in zip(straight, resumed):
         assert torch.equal(p.detach(), q.detach())
     assert second.state_dict()["state"][0]["step"] == 20
+
+
+def test_a_4bit_state_dict_of_the_linear_map_is_refused(device):
+    """Before state format 4 the 4-bit second moment was on the linear map, whose codes mean
+    other values: a state dict whose groups lack the DE-0 mark is refused, naming the group
+    and the key, before anything is loaded. The mark is the state dict's, not the groups'."""
+    params = make_params(device)
+    opt = gt.AdamW(params, lr=LR, weight_decay=WD, moments="int4", min_4bit_size=0)
+    run(params, opt, 3, device)
+    saved = copy.deepcopy(opt.state_dict())
+    assert [g["int4_second_moment_map"] for g in saved["param_groups"]] == ["DE-0"] * len(opt.param_groups)
+    old = copy.deepcopy(saved)
+    del old["param_groups"][-1]["int4_second_moment_map"]
+    with pytest.raises(ValueError, match=rf"param_groups\[{len(old['param_groups']) - 1}\] has "
+                                         "'int4_second_moment_map' None, expected 'DE-0'.*linear map"):
+        opt.load_state_dict(old)
+    for i, p in enumerate(params):
+        for name, t in opt.state[p].items():
+            assert torch.equal(t.cpu(), saved["state"][i][name].cpu()), name
+    opt.load_state_dict(saved)
+    assert all("int4_second_moment_map" not in g for g in opt.param_groups)
+    # Without 4-bit codes the mark is not needed: torch.optim's state, or a float32 export.
+    torch_opt = torch.optim.AdamW(params, lr=LR)
+    torch_opt.load_state_dict(opt.float32_state_dict())
+    opt.load_state_dict(torch_opt.state_dict())
 
 
 def test_torch_optim_state_loads_quantized_and_exports_back(device):
@@ -413,22 +438,16 @@ def bfloat16_float32_master_run(kind, device):
 
 @pytest.mark.parametrize("kind", ["gpt", "cnn"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m[0])
-def test_training_ends_near_float32_adamw(request, device, kind, mode):
+def test_training_ends_near_float32_adamw(device, kind, mode):
     _, dtype, form = mode
-    if "int4" in mode[0] and kind == "cnn":
-        # Issue 38's 2% is not reached here: 4-bit moments end the CNN's 300 steps 4.6%
-        # above torch's float32 loss (+6.1% after 30; the held-out accuracy equals
-        # float32's), the GPT's within it. The second moment is normalised per block,
-        # not rank-1 (docs/ops.md, "4-bit moments"). The run and its figure stay visible.
-        request.applymarker(pytest.mark.xfail(reason="int4 moments on the CNN: 4.6% above float32 over 300 steps "
-                                                     "(target 2%; rank-1 second moments not built)", strict=False))
     ours = train(kind, device, dtype, gt.AdamW, **form)
     want, gradkit_float32 = float32_runs(kind, device)
     final = ours.final()
     print(f"{mode[0]} {kind} on {device}, {STEPS} steps: final loss {final:.4f}, "
           f"{100 * (final / want.final() - 1):+.2f}% from torch.optim.AdamW's {want.final():.4f} "
           f"(gradkit float32: {100 * (gradkit_float32.final() / want.final() - 1):+.2f}%)")
-    assert final <= want.final() * (1 + (INT4_FINAL_LOSS if "int4" in mode[0] else LOW_BIT_FINAL_LOSS))
+    int4 = INT4_FINAL_LOSS if STEPS >= 300 else INT4_EARLY_FINAL_LOSS
+    assert final <= want.final() * (1 + (int4 if "int4" in mode[0] else LOW_BIT_FINAL_LOSS))
     assert ours.losses[-5:].mean() < ours.losses[:5].mean()
     if kind == "cnn":
         # The accuracy is held against the same weights' dtype stepped with a float32

@@ -52,15 +52,20 @@ INT8_CODE_DISTANCE = 1
 # absmax; bounded here by this fraction of the tensor's largest magnitude.
 INT8_RESHARD = 0.01
 # the same for 4-bit moments: half the signed map's widest gap is 0.1125 (its
-# lowest code is -0.8875, so -1 moves that far), and the unsigned linear map
-# has no zero, so a second moment moves by at most its lowest value, 1/16.
+# lowest code is -0.8875, so -1 moves that far); the unsigned map's (DE-0) is
+# 0.05625, and it has no zero, so a second moment of 0 moves to its lowest
+# value, 0.00325.
 INT4_RESHARD = 0.12
 # ShardedAdamW with 4-bit moments against gradkit.torch.AdamW(moments="int4")
 # under DDP, the same blocks: the gradients averaged in another order move a
-# weight by float32 roundings (0 on 2 ranks, 6e-8 on 3 over MPI); a code that
-# flips on such a rounding moves it by about lr x 0.1 (1e-3 at lr 1e-2), which
-# this allows; shards cutting the blocks elsewhere would move every weight.
-SHARDED_INT4 = 1e-3
+# weight by float32 roundings (0 on 2 ranks over MPI); where that rounding
+# flips a second moment's code, the step of that element changes by up to 2x
+# (DE-0's widest ratio between neighbouring codes, 0.0325 / 0.00775), about lr
+# (1e-2) per step, and the model's other weights follow by roundings. On 3
+# ranks over MPI: 0.0019 at worst, 7.6% of the weights moved by more than 1e-6.
+# Shards cutting the blocks elsewhere would move nearly every weight.
+SHARDED_INT4 = 2e-2
+SHARDED_INT4_MOVED = 0.25
 # the same step's weights against the float64 reference fed the decoded
 # moments: float32 rounding only (the weight update reads the moments before
 # they are requantized).
@@ -73,8 +78,12 @@ INT8_STEP_WEIGHTS = (2e-6, 1e-7)
 # below; no low-bit run ended more than 0.14% above).
 LOW_BIT_FINAL_LOSS = 0.01
 # the same with 4-bit moments (moments="int4"): issue 38's 2%, the published
-# 4-bit optimizer's margin over its 8-bit and 32-bit runs.
+# 4-bit optimizer's margin over its 8-bit and 32-bit runs, after 300 steps
+# (GRADKIT_LONG_TESTS; on 2 CPU cores the CNN ended -1.6%, bf16 with the
+# remainder +0.8%). CI's 30 steps end before the moments settle: the CNN was
+# +3.2% and +3.9% there (the linear map that DE-0 replaced: +6.1%).
 INT4_FINAL_LOSS = 0.02
+INT4_EARLY_FINAL_LOSS = 0.05
 # the CNN trained 300 steps with 8-bit moments or remainder masters: its
 # accuracy on held-out images (models.held_out_accuracy) at most this far
 # below float32 torch.optim.AdamW's (absolute; issue 24's 0.5%). One-sided,

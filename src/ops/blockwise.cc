@@ -54,12 +54,13 @@ std::array<float, N> rounded(const std::vector<double>& values) {
 std::array<float, 256> build_code(bool is_signed) { return rounded<256>(dynamic_map(is_signed, 7, 1e-6)); }
 
 // The 4-bit tables (Li et al. 2023): the signed dynamic map with 3 decimal
-// exponents (first moments); the linear map without zero, (i + 1) / 16 for
-// i = 0 .. 15 (second moments).
+// exponents (first moments); the unsigned one without zero, "DE-0" (second
+// moments): 2 + 4 + 8 values over 3 decades, then 1, with code 0 taking the
+// smallest positive value in place of 0 (so codes 0 and 1 stand for the
+// same value), as the paper's code builds it.
 std::array<float, 16> build_code4(bool is_signed) {
-  if (is_signed) return rounded<16>(dynamic_map(true, 3, 1e-2));
-  std::vector<double> values;
-  for (int i = 0; i < 16; ++i) values.push_back((i + 1) / 16.0);
+  std::vector<double> values = dynamic_map(is_signed, 3, 1e-2);
+  if (!is_signed) values[0] = values[1];
   return rounded<16>(values);
 }
 

@@ -65,7 +65,7 @@ Adam::Adam(std::vector<AdamGroup> groups, AdamOptions options)
 std::vector<StateSection> Adam::sections() const {
   std::vector<StateSection> out = {
       {"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}, {"max_exp_avg_sq", &max_exp_avg_sq_}};
-  if (!exp_avg_absmax_.empty()) {  // 8-bit moments (format version 2), 4-bit ones (version 3)
+  if (!exp_avg_absmax_.empty()) {  // 8-bit moments (format version 2), 4-bit ones (version 4)
     out.push_back({"exp_avg_absmax", &exp_avg_absmax_});
     out.push_back({"exp_avg_sq_absmax", &exp_avg_sq_absmax_});
   }

@@ -7,6 +7,10 @@ namespace gradkit {
 std::string dtype_code_name(uint32_t code) {
   if (code == static_cast<uint32_t>(DType::u8)) return "u8 (8-bit moments)";
   if (code == kFourBitMomentCode) return "u4 (4-bit moments)";
+  if (code == kLinearFourBitMomentCode) {
+    return "u4 with the second moment on the linear map (format version 3's 4-bit moments, which this gradkit "
+           "cannot read: its second moment's codes stand for other values)";
+  }
   for (DType d : kAllDTypes) {
     if (code == static_cast<uint32_t>(d)) return std::string(dtype_name(d));
   }

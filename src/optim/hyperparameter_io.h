@@ -34,7 +34,10 @@ int64_t read_step_and_moment(SectionReader& meta, const std::string& path, DType
 int64_t read_step_and_moment(SectionReader& meta, const std::string& path, uint32_t moment);
 // The u32 a state file's meta gives the moments (docs/state-format.md): the
 // dtype's code, or kFourBitMomentCode for 4-bit moments (u8 with 4 bits).
-inline constexpr uint32_t kFourBitMomentCode = 5;
+// Format version 3's 4-bit moments (code 5) kept the second moment on the
+// linear map; their codes mean other values, so no reader takes them.
+inline constexpr uint32_t kLinearFourBitMomentCode = 5;
+inline constexpr uint32_t kFourBitMomentCode = 6;
 inline uint32_t moment_code(DType moment, int32_t bits) {
   return moment == DType::u8 && bits == 4 ? kFourBitMomentCode : static_cast<uint32_t>(moment);
 }

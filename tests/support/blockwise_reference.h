@@ -29,25 +29,23 @@ inline std::vector<double> reference_code(bool is_signed) {
   return code;
 }
 
-// The 4-bit maps (Li et al. 2023): the signed dynamic map with 3 decimal
-// exponents (10^-2 .. 10^0, 2^k steps for the k-th, both signs, then 0 and
-// 1), and the linear map without zero, (i + 1) / 16. Ascending.
+// The 4-bit maps (Li et al. 2023), ascending: the signed dynamic map with 3
+// decimal exponents (10^-2 .. 10^0, 2^k steps for the k-th, both signs,
+// then 0 and 1); and the unsigned one without zero, "DE-0" (2^(k+1) steps
+// for the k-th, then 1, and the smallest centre twice where 0 would be).
 inline std::vector<double> reference_code4(bool is_signed) {
-  std::vector<double> code;
-  if (!is_signed) {
-    for (int i = 1; i <= 16; ++i) code.push_back(i / 16.0);
-    return code;
-  }
-  code = {0.0, 1.0};
+  std::vector<double> code = {1.0};
+  if (is_signed) code.push_back(0.0);
   for (int k = 0; k <= 2; ++k) {
-    const int steps = 1 << k;
+    const int steps = is_signed ? 1 << k : 2 << k;
     for (int j = 0; j < steps; ++j) {
       const double centre = std::pow(10.0, k - 2) * (0.1 + 0.9 * (j + 0.5) / steps);
       code.push_back(centre);
-      code.push_back(-centre);
+      if (is_signed) code.push_back(-centre);
     }
   }
   std::sort(code.begin(), code.end());
+  if (!is_signed) code.insert(code.begin(), code.front());
   return code;
 }
 

@@ -56,9 +56,9 @@ std::vector<RawSection> read_raw_sections(const std::string& path) {
   return sections;
 }
 
-void write_raw_state_file(const std::string& path, const std::vector<RawSection>& sections) {
+void write_raw_state_file(const std::string& path, const std::vector<RawSection>& sections, uint32_t version) {
   std::vector<uint8_t> out(kMagic, kMagic + sizeof kMagic);
-  append<uint32_t>(out, 1);
+  append<uint32_t>(out, version);
   append<uint32_t>(out, static_cast<uint32_t>(sections.size()));
   for (const RawSection& s : sections) {
     append<uint32_t>(out, static_cast<uint32_t>(s.name.size()));

@@ -25,8 +25,8 @@ std::string temp_path(const std::string& name);
 // The sections of the (well-formed) state file at `path`, in file order.
 std::vector<RawSection> read_raw_sections(const std::string& path);
 // A state file of `sections` in that order (names need not be unique or
-// valid), version 1, closed by the right checksum.
-void write_raw_state_file(const std::string& path, const std::vector<RawSection>& sections);
+// valid), of format `version`, closed by the right checksum.
+void write_raw_state_file(const std::string& path, const std::vector<RawSection>& sections, uint32_t version = 1);
 // The first section named `name`; fails the test if there is none.
 RawSection& find_section(std::vector<RawSection>& sections, std::string_view name);
 

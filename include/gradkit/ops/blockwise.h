@@ -53,9 +53,10 @@ constexpr int32_t elements_per_code_byte(int32_t bits) { return bits == 4 ? 2 : 
 constexpr int32_t quant_block_of(int32_t bits) { return bits == 4 ? kQuant4Block : kQuantBlock; }
 
 // The two 4-bit tables: signed_dynamic is the dynamic map with 3 decimal
-// exponents (first moments); unsigned_dynamic here names the linear map
-// without zero, (i + 1) / 16 (second moments: the code 0 is the value 1/16,
-// so no positive v is stored as 0).
+// exponents (first moments); unsigned_dynamic the unsigned one over 3
+// decades without zero (second moments: the code 0 stands for the smallest
+// positive value, 0.00325, so no positive v is stored as 0). docs/ops.md
+// ("4-bit moments") gives the values and why this map.
 const std::array<float, 16>& quant_code4(QuantCode code);
 
 // quantize_blockwise / dequantize_blockwise for the 4-bit form: `codes` is

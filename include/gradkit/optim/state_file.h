@@ -16,7 +16,7 @@ class StateFile {
  public:
   // 2: 8-bit moments (u8 moment dtype, absmax sections); a version-1 file
   // has the same layout and reads as it is.
-  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kVersion = 4;
 
   // Section names are 1 to 64 printable ASCII characters, each used once;
   // throws Error(invalid_argument) otherwise.

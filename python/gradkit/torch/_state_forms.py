@@ -44,6 +44,46 @@ _CODES = {"exp_avg": gradkit.QuantCode.signed_dynamic, "exp_avg_sq": gradkit.Qua
           "max_exp_avg_sq": gradkit.QuantCode.unsigned_dynamic}
 
 
+# A state_dict holding 4-bit codes says in each param group which map its second
+# moments' codes are on. gradkit before state format 4 (docs/state-format.md) kept
+# them on the linear map (i + 1) / 16, whose codes stand for other values than
+# DE-0's: 4-bit codes without this mark are refused rather than misread. Other
+# state dicts go without it (torch.distributed.checkpoint loads only the keys that
+# the checkpoint has, and torch.optim's have none of gradkit's).
+INT4_MAP_KEY = "int4_second_moment_map"
+INT4_MAP = "DE-0"
+
+
+def _holds_4bit_codes(state_dict):
+    return any(torch.is_tensor(v) and k.endswith("_absmax4")
+               for s in state_dict.get("state", {}).values() for k, v in s.items())
+
+
+def mark_int4_map(state_dict):
+    """Marks every param group of a state_dict made by this gradkit with INT4_MAP, if it
+    holds 4-bit codes."""
+    if _holds_4bit_codes(state_dict):
+        for group in state_dict["param_groups"]:
+            group[INT4_MAP_KEY] = INT4_MAP
+    return state_dict
+
+
+def without_int4_map(state_dict):
+    """state_dict (a shallow copy) without the marks, which the groups do not keep; raises if it
+    holds 4-bit codes whose groups are not marked INT4_MAP, before anything is loaded."""
+    groups = state_dict.get("param_groups", [])
+    unmarked = [i for i, g in enumerate(groups) if g.get(INT4_MAP_KEY) != INT4_MAP]
+    if unmarked and _holds_4bit_codes(state_dict):
+        found = groups[unmarked[0]].get(INT4_MAP_KEY)
+        raise ValueError(f"state_dict holds 4-bit moments, but param_groups[{unmarked[0]}] has {INT4_MAP_KEY!r} "
+                         f"{found!r}, expected {INT4_MAP!r}: it was saved by a gradkit whose 4-bit second moment "
+                         "was on the linear map, whose codes stand for other values than this gradkit's. Load it "
+                         "with the gradkit that saved it and save float32_state_dict(), which loads here")
+    out = dict(state_dict)
+    out["param_groups"] = [{k: v for k, v in g.items() if k != INT4_MAP_KEY} for g in groups]
+    return out
+
+
 def absmax_name(name):
     return name + "_absmax"
 
