@@ -193,11 +193,6 @@ TEST_P(AdamLowBit, BitwiseDeterministic) {
   }
 }
 
-std::string low_bit_test_name(const ::testing::TestParamInfo<std::tuple<Device, int>>& info) {
-  return std::string(std::get<0>(info.param).is_cuda() ? "cuda" : "cpu") + "_" +
-         std::to_string(std::get<1>(info.param)) + "bit";
-}
-
 INSTANTIATE_TEST_SUITE_P(DevicesAndBits, AdamLowBit,
                          ::testing::Combine(::testing::Values(Device::cpu(), Device::cuda(0)), ::testing::Values(8, 4)),
                          low_bit_test_name);

@@ -254,7 +254,7 @@ TEST_P(RemainderLamb, RejectsCombinationsThatCannotWorkWithoutWriting) {
   expect_error([&] { step({W16, G, M, V, {}, U32, {}, {}, R}); }, ErrorCode::invalid_argument,
                {"update", "weight_remainder"});
   expect_error([&] { step({W16, G, QM, QV, {}, {}, AM, AV, R}); }, ErrorCode::invalid_argument,
-               {"weight_remainder", "8-bit moments", "f32 or bf16 moments"});
+               {"weight_remainder", "4-bit moments (exp_avg u8)", "f32 or bf16 moments"});
   expect_error([&] { step({W16, G, M, V, {}, {}, {}, {}, R32}); }, ErrorCode::dtype_unsupported,
                {"weight_remainder", "i16"});
   expect_error([&] { step({W16, G, M, V, {}, {}, {}, {}, R3}); }, ErrorCode::size_mismatch, {"weight_remainder"});

@@ -226,7 +226,7 @@ TEST_P(OffloadedAdamGpu, FiftyStepsEqualTheGpuStepBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadedAdamGpu, ::testing::ValuesIn(kOffloadConfigs),
                          [](const auto& info) { return config_name(info.param); });
-INSTANTIATE_TEST_SUITE_P(FourBit, OffloadedAdamGpu, ::testing::ValuesIn(kOffloadAdam4BitConfigs),
+INSTANTIATE_TEST_SUITE_P(FourBit, OffloadedAdamGpu, ::testing::ValuesIn(kOffload4BitConfigs),
                          [](const auto& info) { return config_name(info.param); });
 
 // Release: each bucket handed twice a step (micro-batches), the second hand

@@ -89,7 +89,7 @@ class OffloadedLambGpu : public OffloadGpuTest {};
 // CPU and f32 on the GPU (docs/ops.md).
 TEST_P(OffloadedLambGpu, FiftyStepsEqualTheHostStepBitForBitAndTheGpuStep) {
   const OffloadConfig c = GetParam();
-  const bool gpu_bitwise = c.moments == DType::u8;
+  const bool gpu_bitwise = c.moments == DType::u8;  // 8- or 4-bit
   OffloadModel a(c, 7), h(c, 7), b(c, 7);
   OffloadedLamb off(a.groups<LambGroup>(a.weights()), offload_options(c));
   HostStep<Lamb> host(h);
@@ -145,6 +145,8 @@ TEST_P(OffloadedLambGpu, ReleaseAddsALaterHandOnTheHost) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadedLambGpu, ::testing::ValuesIn(kOffloadConfigs),
+                         [](const auto& info) { return config_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(FourBit, OffloadedLambGpu, ::testing::ValuesIn(kOffload4BitConfigs),
                          [](const auto& info) { return config_name(info.param); });
 
 TEST_P(OffloadedLambGpu, AResumedRunEqualsTheStraightRun) {

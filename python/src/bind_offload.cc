@@ -17,12 +17,13 @@
 namespace gradkit::python {
 namespace {
 
-// The options both take; `moment_dtype` is the host moments' form.
+// The options both take; `moment_dtype` and `moment_bits` are the host moments' form.
 OffloadedOptions offload_options(DType moment_dtype, std::optional<std::vector<int32_t>> buckets, size_t bucket_bytes,
                                  size_t piece_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm,
-                                 NormType norm, int host_threads, bool release) {
+                                 NormType norm, int host_threads, bool release, int32_t moment_bits) {
   OffloadedOptions options;
   options.adam.moment_dtype = options.lamb.moment_dtype = moment_dtype;
+  options.adam.moment_bits = options.lamb.moment_bits = moment_bits;
   options.buckets = buckets.value_or(std::vector<int32_t>{});
   options.bucket_bytes = bucket_bytes;
   options.piece_bytes = piece_bytes;
@@ -171,8 +172,7 @@ void bind_offload(nb::module_& m) {
         // The gradients given here are only looked at for their shapes
         // when bucket_ready() is always given the bucket's gradients.
         OffloadedOptions options = offload_options(moment_dtype, std::move(buckets), bucket_bytes, piece_bytes, scaler,
-                                                   max_norm, norm, host_threads, release);
-        options.adam.moment_bits = moment_bits;
+                                                   max_norm, norm, host_threads, release, moment_bits);
         self->object = std::make_unique<OffloadedAdam>(std::move(g), std::move(options));
       },
       nb::arg("groups"), nb::arg("moment_dtype") = DType::f32, nb::arg("buckets") = nb::none(),
@@ -198,18 +198,18 @@ void bind_offload(nb::module_& m) {
       "__init__",
       [](PyLamb* self, const nb::list& groups, float eta, DType moment_dtype, std::optional<std::vector<int32_t>> buckets,
          size_t bucket_bytes, size_t piece_bytes, const std::optional<LossScalerOptions>& scaler, float max_norm,
-         NormType norm, int host_threads, bool release) {
+         NormType norm, int host_threads, bool release, int32_t moment_bits) {
         new (self) PyLamb();
         auto g = to_groups<LambGroup, LambHyperparameters>(groups, self->keep);
         OffloadedOptions options = offload_options(moment_dtype, std::move(buckets), bucket_bytes, piece_bytes, scaler,
-                                                   max_norm, norm, host_threads, release);
+                                                   max_norm, norm, host_threads, release, moment_bits);
         options.lamb.eta = eta;
         self->object = std::make_unique<OffloadedLamb>(std::move(g), std::move(options));
       },
       nb::arg("groups"), nb::arg("eta") = 1e-3f, nb::arg("moment_dtype") = DType::f32, nb::arg("buckets") = nb::none(),
       nb::arg("bucket_bytes") = OffloadedOptions{}.bucket_bytes, nb::arg("piece_bytes") = OffloadedOptions{}.piece_bytes,
       nb::arg("scaler") = nb::none(), nb::arg("max_norm") = 0.0f, nb::arg("norm") = NormType::l2,
-      nb::arg("host_threads") = 0, nb::arg("release") = false);
+      nb::arg("host_threads") = 0, nb::arg("release") = false, nb::arg("moment_bits") = 8);
   bind_offloaded_common(lamb);
   lamb.def_prop_rw("eta", [](PyLamb& o) { return o.object->eta(); }, [](PyLamb& o, float eta) { o.object->set_eta(eta); });
 }

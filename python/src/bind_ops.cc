@@ -74,7 +74,7 @@ struct PyLambPlan {
   PyLambPlan(const Arrays& w, const Arrays& g, const Arrays& m, const Arrays& v,
              const std::vector<LambHyperparameters>& hyper, const std::vector<int32_t>& groups, const Arrays& copy,
              const Arrays& upd, const Arrays& m_absmax, const Arrays& v_absmax, const Arrays& remainder,
-             bool hold_grads)
+             bool hold_grads, int32_t moment_bits)
       : weights(to_views(w, "weights")),
         grads(to_views(g, "grads")),
         exp_avg(to_views(m, "exp_avg")),
@@ -85,7 +85,7 @@ struct PyLambPlan {
         exp_avg_sq_absmax(to_views(v_absmax, "exp_avg_sq_absmax")),
         weight_remainder(to_views(remainder, "weight_remainder")),
         plan({weights.views, grads.views, exp_avg.views, exp_avg_sq.views, model_copy.views, update.views,
-              exp_avg_absmax.views, exp_avg_sq_absmax.views, weight_remainder.views},
+              exp_avg_absmax.views, exp_avg_sq_absmax.views, weight_remainder.views, moment_bits},
              hyper, groups) {
     if (!hold_grads) grads.arrays.clear();
   }
@@ -290,12 +290,13 @@ void bind_ops(nb::module_& m) {
   nb::class_<PyLambPlan>(m, "LambPlan", "LAMB (ONNX Runtime's semantics) over tensor lists planned once.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const Arrays&, const std::vector<LambHyperparameters>&,
                     const std::vector<int32_t>&, const Arrays&, const Arrays&, const Arrays&, const Arrays&,
-                    const Arrays&, bool>(),
+                    const Arrays&, bool, int32_t>(),
            nb::arg("weights"), nb::arg("grads"), nb::arg("exp_avg"), nb::arg("exp_avg_sq"),
            nb::arg("hyperparameters"), nb::arg("groups") = std::vector<int32_t>{}, nb::arg("model_copy") = Arrays{},
            nb::arg("update") = Arrays{}, nb::arg("exp_avg_absmax") = Arrays{}, nb::arg("exp_avg_sq_absmax") = Arrays{},
-           nb::arg("weight_remainder") = Arrays{}, nb::arg("hold_grads") = true,
-           "uint8 moments are 8-bit blockwise, each with its float32 absmax list (quant_blocks(numel) per tensor); "
+           nb::arg("weight_remainder") = Arrays{}, nb::arg("hold_grads") = true, nb::arg("moment_bits") = 8,
+           "uint8 moments are 8-bit blockwise, each with its float32 absmax list (quant_blocks(numel) per tensor), "
+           "or with moment_bits=4 4-bit blockwise (quant4_bytes(numel) bytes, quant4_blocks(numel) absmax); "
            "bfloat16 weights with weight_remainder (int16; float moments only) hold their float32 master exactly.")
       .def(
           "step",

@@ -141,12 +141,12 @@ void bind_lamb(nb::module_& m) {
   nb::class_<PyLamb> c(m, "Lamb", "Owning LAMB: moments, step counter and eta on the device.");
   c.def(
        "__init__",
-       [](PyLamb* self, const nb::list& groups, float eta, DType moment_dtype) {
+       [](PyLamb* self, const nb::list& groups, float eta, DType moment_dtype, int32_t moment_bits) {
          new (self) PyLamb();
          auto g = to_groups<LambGroup, LambHyperparameters>(groups, self->keep);
-         self->object = std::make_unique<Lamb>(std::move(g), LambOptions{eta, moment_dtype});
+         self->object = std::make_unique<Lamb>(std::move(g), LambOptions{eta, moment_dtype, moment_bits});
        },
-       nb::arg("groups"), nb::arg("eta") = 1e-3f, nb::arg("moment_dtype") = DType::f32)
+       nb::arg("groups"), nb::arg("eta") = 1e-3f, nb::arg("moment_dtype") = DType::f32, nb::arg("moment_bits") = 8)
       .def(
           "step",
           [](PyLamb& l, uintptr_t stream, float loss_scale, float gradient_norm, nb::handle found_inf) {
@@ -215,12 +215,6 @@ void bind_sharded(nb::module_& m, const char* name) {
        [](PySharded* self, Communicator& comm, const ShardedLayout& layout, const nb::list& groups,
           const std::optional<LossScalerOptions>& scaler, float max_norm, NormType norm, DType moment_dtype,
           uintptr_t communication_stream, float eta, int update_parts, MasterStorage master, int32_t moment_bits) {
-         if constexpr (!std::is_same_v<Optimizer, Adam>) {
-           if (moment_bits != 8) {
-             throw_argument_error(ErrorCode::invalid_argument, "ShardedLamb", "moment_bits",
-                                  "is " + std::to_string(moment_bits) + ", expected 8 (LAMB has no 4-bit moments)");
-           }
-         }
          new (self) PySharded();
          auto g = to_groups<typename Optimizer::Group, Hyperparameters>(groups, self->keep);
          ShardedOptions options;
@@ -230,6 +224,7 @@ void bind_sharded(nb::module_& m, const char* name) {
          options.adam.moment_dtype = moment_dtype;
          options.adam.moment_bits = moment_bits;
          options.lamb.moment_dtype = moment_dtype;
+         options.lamb.moment_bits = moment_bits;
          options.lamb.eta = eta;
          options.communication_stream = to_stream(communication_stream);
          options.update_parts = update_parts;

@@ -315,8 +315,8 @@ def test_bad_arguments_are_refused_naming_them():
         gt.AdamW(f32, amsgrad=True, moments="int4")
     with pytest.raises(ValueError, match="min_4bit_size is -1"):
         gt.AdamW(f32, moments="int4", min_4bit_size=-1)
-    with pytest.raises(ValueError, match="moments='int4' is not yet offered by Lamb"):
-        gt.Lamb(f32, moments="int4")
+    with pytest.raises(ValueError, match="min_4bit_size is -1"):
+        gt.Lamb(f32, moments="int4", min_4bit_size=-1)
     with pytest.raises(ValueError, match="master is 'half'"):
         gt.AdamW(f32, master="half")
     with pytest.raises(ValueError, match="amsgrad=True with moments='int8'"):
@@ -330,13 +330,15 @@ def test_bad_arguments_are_refused_naming_them():
     bf16 = make_params("cpu", torch.bfloat16)
     with pytest.raises(ValueError, match="moments='int8' with master='remainder'.*float moments"):
         gt.Lamb(bf16, moments="int8", master="remainder")
+    with pytest.raises(ValueError, match="moments='int4' with master='remainder'"):
+        gt.Lamb(bf16, moments="int4", master="remainder")
     with pytest.raises(TypeError, match="master='remainder'.*float32"):
         gt.Lamb(f32, master="remainder")
     with pytest.raises(TypeError, match="master='remainder'.*float16"):
         gt.Lamb(make_params("cpu", torch.float16), master="remainder")
     with pytest.raises(ValueError, match="master is 'half'"):
         gt.Lamb(bf16, master="half")
-    with pytest.raises(ValueError, match="weight_remainder.*8-bit moments"):
+    with pytest.raises(ValueError, match="weight_remainder.*8- or 4-bit moments"):
         gradkit.LambPlan([bf16[0].detach()], [torch.zeros_like(bf16[0])], [torch.zeros(300, dtype=torch.uint8)],
                          [torch.zeros(300, dtype=torch.uint8)], [gradkit.LambHyperparameters()],
                          exp_avg_absmax=[torch.zeros(2)], exp_avg_sq_absmax=[torch.zeros(2)],
@@ -506,18 +508,27 @@ def test_bitsandbytes_adamw8bit_beside_ours(kind):
     assert ours <= want * (1 + LOW_BIT_FINAL_LOSS)
 
 
-def test_lamb_with_int8_moments_follows_float32_lamb_and_resumes_bit_for_bit(device):
+@pytest.mark.parametrize("moments", ["int8", "int4"])
+def test_lamb_with_low_bit_moments_follows_float32_lamb_and_resumes_bit_for_bit(device, moments):
+    form = {"moments": moments, "min_8bit_size": 0, "min_4bit_size": 0}
     a, b = make_params(device), make_params(device)
-    opt_a = gt.Lamb(a, lr=LR, weight_decay=WD, moments="int8", min_8bit_size=0)
+    start = [p.detach().clone() for p in b]
+    opt_a = gt.Lamb(a, lr=LR, weight_decay=WD, **form)
     opt_b = gt.Lamb(b, lr=LR, weight_decay=WD)
     run(a, opt_a, 10, device)
     run(b, opt_b, 10, device)
     assert opt_a.state[a[0]]["exp_avg"].dtype == torch.uint8
-    for p, q in zip(a, b):  # 10 steps of lr 1e-2: the 8-bit moments move the weights by about as much
-        torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=LR)
+    if moments == "int4":
+        assert opt_a.state[a[0]]["exp_avg"].numel() == gradkit.quant4_bytes(a[0].numel())
+    # 10 steps of lr 1e-2 beside float32 LAMB's: the weights' movement differs by 2% with
+    # int8 moments, 26-27% with int4 ones (measured; the C++ tests' Adam: 2%, 26%).
+    for p, q, q0 in zip(a, b, start):
+        if p.numel() > 1:
+            rms = ((p - q).norm() / (q - q0).norm()).item()
+            assert rms < (0.35 if moments == "int4" else 0.05), rms
     saved = copy.deepcopy(opt_a.state_dict())
     resumed = [torch.nn.Parameter(p.detach().clone()) for p in a]
-    opt_r = gt.Lamb(resumed, lr=LR, weight_decay=WD, moments="int8", min_8bit_size=0)
+    opt_r = gt.Lamb(resumed, lr=LR, weight_decay=WD, **form)
     opt_r.load_state_dict(saved)
     run(a, opt_a, 5, device, start=10)
     run(resumed, opt_r, 5, device, start=10)

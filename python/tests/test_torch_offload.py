@@ -34,8 +34,8 @@ def test_an_unknown_moment_form_is_refused_by_name():
     params = [torch.nn.Parameter(torch.randn(4)) for _ in range(2)]
     with pytest.raises(ValueError, match="moments is 'int2'"):
         gt.OffloadedAdamW(params, moments="int2")
-    with pytest.raises(ValueError, match="moments is 'int4'.*OffloadedLamb has no 4-bit moments"):
-        gt.OffloadedLamb(params, moments="int4")
+    with pytest.raises(ValueError, match="moments is 'int2'"):
+        gt.OffloadedLamb(params, moments="int2")
 
 
 def test_the_native_optimizer_names_the_host_tensor():

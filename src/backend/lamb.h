@@ -12,9 +12,10 @@
 // pass 1 and writes each tensor's two sums out (first), or takes the ratios
 // from sums combined elsewhere and runs pass 2 (second).
 //
-// With 8-bit moments (absmax_list >= 0) the passes work block by block and
-// the mark is per block (backend/lamb_blockwise.h); the per-chunk partials
-// are each block's sums (in the order of a warp) added in block order.
+// With 8- or 4-bit moments (absmax_list >= 0) the passes work block by block
+// and the mark is per block (backend/lamb_blockwise.h); the per-chunk
+// partials are each block's sums (in the order of the lanes that own it: a
+// warp, or a half-warp for 4-bit blocks) added in block order.
 //
 // With a remainder list (bf16 weights, float moments), w is the f32 master
 // join_master(weight, remainder) wherever the passes read it, and pass 2
@@ -27,7 +28,8 @@
 
 namespace gradkit::backend {
 
-struct QuantTables;  // backend/blockwise_math.h
+struct QuantTables;   // backend/blockwise_math.h
+struct QuantTables4;  // backend/blockwise4_math.h
 
 struct LambLaunch {
   const LambHyperparameters* groups;  // on the plan's device (host memory for the CPU)
@@ -37,15 +39,17 @@ struct LambLaunch {
   float* ratios;                      // 1 per tensor
   int copy_list = -1;
   int update_list = -1;
-  int absmax_list = -1;                 // 8-bit moments: m's absmax list, v's at absmax_list + 1
-  const QuantTables* tables = nullptr;  // the code tables, on the plan's device
+  int absmax_list = -1;                   // 8- or 4-bit moments: m's absmax list, v's at absmax_list + 1
+  int moment_bits = 0;                    // 8 or 4 with u8 moments
+  const QuantTables* tables = nullptr;    // the 8-bit code tables, on the plan's device
+  const QuantTables4* tables4 = nullptr;  // the 4-bit ones
   int remainder_list = -1;              // bf16 weights: the remainder list (float moments only)
 };
 
 void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& launch);
 void lamb_cuda(const MultiTensorPlan& plan, const LambLaunch& launch, Stream stream);
-// 8-bit moments, called by lamb_cuda: pass 1 (moments and partials) and pass 2.
-void lamb_8bit_norms_cuda(const MultiTensorPlan& plan, const LambLaunch& launch, Stream stream);
-void lamb_8bit_update_cuda(const MultiTensorPlan& plan, const LambLaunch& launch, Stream stream);
+// 8- or 4-bit moments, called by lamb_cuda: pass 1 (moments and partials) and pass 2.
+void lamb_low_bit_norms_cuda(const MultiTensorPlan& plan, const LambLaunch& launch, Stream stream);
+void lamb_low_bit_update_cuda(const MultiTensorPlan& plan, const LambLaunch& launch, Stream stream);
 
 }  // namespace gradkit::backend

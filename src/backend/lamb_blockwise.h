@@ -1,6 +1,7 @@
-// LAMB with 8-bit blockwise moments: the pieces both backends share, so that
-// the CPU and CUDA steps are the same bit for bit. The moments are decoded,
-// updated and encoded with adam_step's code (backend/blockwise_math.h); the
+// LAMB with 8- or 4-bit blockwise moments: the pieces both backends share, so
+// that the CPU and CUDA steps are the same bit for bit. The moments are
+// decoded, updated and encoded with adam_step's code (backend/blockwise_math.h,
+// blockwise4_math.h; `Tables` is QuantTables or QuantTables4); the
 // direction d that the norms and pass 2 use is computed from the encoded
 // (stored) moments, as the f32 path computes it from the rounded ones.
 //
@@ -15,24 +16,26 @@
 
 #include <cstdint>
 
+#include "backend/blockwise4_math.h"
 #include "backend/blockwise_math.h"
 #include "backend/lamb_math.h"
 #include "backend/master_math.h"  // float_bits
 
 namespace gradkit::backend {
 
-// The CUDA kernels give each warp one quantization block at a time, lane k
-// elements [k * kLaneElements, (k + 1) * kLaneElements); the CPU walks a
-// block in the same pieces, so that the sums of squares are added in the
-// same order.
+// The CUDA kernels give each quantization block kLaneElements elements per
+// lane, lane k elements [k * kLaneElements, (k + 1) * kLaneElements): a warp
+// owns an 8-bit block, a half-warp a 4-bit one. The CPU walks a block in the
+// same pieces, so that the sums of squares are added in the same order.
 constexpr int kWarpLanes = 32;
 constexpr int kLaneElements = kQuantBlock / kWarpLanes;
-static_assert(kQuantBlock % kWarpLanes == 0);
+static_assert(kQuantBlock % kWarpLanes == 0 && kQuant4Block % kLaneElements == 0);
 
-// The value lane 0 holds after cuda::warp_reduce with + over the lanes'
-// values (shfl_down by 16, 8, 4, 2, 1): lane i adds lane i + offset.
-inline double warp_tree_sum(double (&lanes)[kWarpLanes]) {
-  for (int offset = kWarpLanes / 2; offset > 0; offset /= 2) {
+// The value lane 0 holds after a tree over `Lanes` lanes' values (shuffles by
+// Lanes / 2, ..., 2, 1, down or xor: lane 0 adds lane offset either way).
+template <int Lanes>
+inline double warp_tree_sum(double (&lanes)[Lanes]) {
+  for (int offset = Lanes / 2; offset > 0; offset /= 2) {
     for (int i = 0; i < offset; ++i) lanes[i] = lanes[i] + lanes[i + offset];
   }
   return lanes[0];
@@ -47,18 +50,24 @@ inline double lane_strided_sum(const double* values, int64_t count, int64_t stri
   return warp_tree_sum(lanes);
 }
 
+// A code's value in either form.
+GRADKIT_HD float decoded(const QuantTable& t, uint8_t q, float absmax) { return dequantize(t, q, absmax); }
+GRADKIT_HD float decoded(const QuantTable4& t, uint8_t q, float absmax) { return dequantize4(t, q, absmax); }
+
 // One element's moments after the step, from its codes (pass 1).
-GRADKIT_HD void lamb_8bit_moments(float g, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
-                                  const QuantTables& t, const LambCoefficients<float>& c, float& m, float& v) {
-  m = dequantize(t.table[0], qm, absmax_m);
-  v = dequantize(t.table[1], qv, absmax_v);
+template <class Tables>
+GRADKIT_HD void lamb_blockwise_moments(float g, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
+                                       const Tables& t, const LambCoefficients<float>& c, float& m, float& v) {
+  m = decoded(t.table[0], qm, absmax_m);
+  v = decoded(t.table[1], qv, absmax_v);
   lamb_moments(g, m, v, c);
 }
 
 // The direction from the stored codes and the weight.
-GRADKIT_HD float lamb_8bit_direction(float w, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
-                                     const QuantTables& t, const LambCoefficients<float>& c) {
-  return lamb_direction(w, dequantize(t.table[0], qm, absmax_m), dequantize(t.table[1], qv, absmax_v), c);
+template <class Tables>
+GRADKIT_HD float lamb_blockwise_direction(float w, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
+                                          const Tables& t, const LambCoefficients<float>& c) {
+  return lamb_direction(w, decoded(t.table[0], qm, absmax_m), decoded(t.table[1], qv, absmax_v), c);
 }
 
 // The block mark (see above): set by pass 1, cleared by pass 2; both flip.
@@ -67,9 +76,10 @@ GRADKIT_HD bool lamb_marked(float absmax) { return (float_bits(absmax) >> 31) !=
 
 // Pass 2 for an element of an unmarked block: the new weight, or the old
 // one where the new one would not be finite.
-GRADKIT_HD float lamb_8bit_update(float w, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
-                                  const QuantTables& t, float step, const LambCoefficients<float>& c) {
-  const float updated = lamb_apply(w, step, lamb_8bit_direction(w, qm, qv, absmax_m, absmax_v, t, c));
+template <class Tables>
+GRADKIT_HD float lamb_blockwise_update(float w, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
+                                       const Tables& t, float step, const LambCoefficients<float>& c) {
+  const float updated = lamb_apply(w, step, lamb_blockwise_direction(w, qm, qv, absmax_m, absmax_v, t, c));
   return finite(updated) ? updated : w;
 }
 

@@ -3,7 +3,7 @@
 // chunk sums added in the CUDA ratio kernel's order. The element loops of
 // float moments are templates on their dtypes and choices (the weights plain
 // or completed by their remainders: cpu/master_weights.h), run in the copy
-// for the active instruction set (isa.h); 8-bit moments: cpu/lamb_8bit.h.
+// for the active instruction set (isa.h); 8- or 4-bit moments: cpu/lamb_low_bit.h.
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -14,7 +14,7 @@
 #include "backend/lamb_math.h"
 #include "backend/master_math.h"  // bits_as
 #include "cpu/isa.h"
-#include "cpu/lamb_8bit.h"
+#include "cpu/lamb_low_bit.h"
 #include "cpu/master_weights.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
@@ -215,7 +215,8 @@ void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& l) {
     } else {
       dispatch_dtype(plan.dtype(1), [&]<class G>() {
         if constexpr (!std::is_same_v<G, double>) {
-          if (l.absmax_list >= 0) return run<BlockwiseMoments<G>>(plan, l, isa);
+          if (l.absmax_list >= 0 && l.moment_bits == 4) return run<BlockwiseMoments<G, LambCodec4>>(plan, l, isa);
+          if (l.absmax_list >= 0) return run<BlockwiseMoments<G, LambCodec8>>(plan, l, isa);
         }
         dispatch_dtype(plan.dtype(2), [&]<class M>() {
           if constexpr (!std::is_same_v<G, double> && (std::is_same_v<M, float> || std::is_same_v<M, bfloat16>)) {

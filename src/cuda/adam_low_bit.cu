@@ -7,7 +7,8 @@
 // blocks (a half-warp each); it reduces a block's absmax with shuffles. A
 // chunk (64K elements) holds whole blocks, so a thread block never shares a
 // quantization block with another. What differs between the two forms (the
-// tables, where a lane's codes lie, the blocks per warp) is the Codec.
+// tables, where a lane's codes lie, the blocks per warp) is the Codec
+// (cuda/blockwise_codecs.cuh).
 #include <cstdint>
 #include <type_traits>
 
@@ -17,6 +18,7 @@
 #include "backend/blockwise_math.h"
 #include "backend/master_math.h"
 #include "cuda/adam_launch.cuh"
+#include "cuda/blockwise_codecs.cuh"
 #include "cuda/blockwise_lanes.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
@@ -24,6 +26,8 @@
 namespace gradkit::backend {
 namespace {
 
+using cuda::Codec4;
+using cuda::Codec8;
 using cuda::native_t;
 using cuda::NoCopy;
 using cuda::PlanArgs;
@@ -31,66 +35,6 @@ using cuda::kLanes;
 using cuda::kPerLane;
 using cuda::load_lane;
 using cuda::store_lane;
-
-// The 8-bit form: one 256-element block per warp, one code a byte.
-struct Codec8 {
-  using Tables = QuantTables;
-  static constexpr int kBlock = kQuantBlock;
-  static constexpr int kLanesPerBlock = kLanes;
-  static constexpr int kCodesPerByte = 1;
-  static __device__ __forceinline__ const Tables* tables(const AdamLaunch& l) { return l.tables; }
-  static __device__ __forceinline__ void load(uint8_t (&codes)[kPerLane], const uint8_t* q, int at, int n, bool vec) {
-    load_lane(codes, q + at, n, vec);
-  }
-  static __device__ __forceinline__ void store(uint8_t* q, int at, const uint8_t (&codes)[kPerLane], int n, bool vec) {
-    store_lane(q + at, codes, n, vec);
-  }
-  static __device__ __forceinline__ float decode(const Tables& t, int moment, uint8_t code, float absmax) {
-    return dequantize(t.table[moment], code, absmax);
-  }
-  static __device__ __forceinline__ uint8_t encode(const Tables& t, int moment, float x) {
-    return quantize(t.table[moment], x);
-  }
-};
-
-// The 4-bit form: two 128-element blocks per warp (lanes 0-15, 16-31), two
-// codes a byte, so a lane's 8 codes are 4 bytes from byte at / 2.
-struct Codec4 {
-  using Tables = QuantTables4;
-  static constexpr int kBlock = kQuant4Block;
-  static constexpr int kLanesPerBlock = kBlock / kPerLane;  // 16
-  static constexpr int kCodesPerByte = 2;
-  static __device__ __forceinline__ const Tables* tables(const AdamLaunch& l) { return l.tables4; }
-  static __device__ __forceinline__ void load(uint8_t (&codes)[kPerLane], const uint8_t* q, int at, int n, bool vec) {
-    uint8_t bytes[kPerLane / 2];
-    const uint8_t* p = q + at / 2;
-    if (vec && n == kPerLane) {
-      cuda::load<kPerLane / 2>(bytes, p, true);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kPerLane / 2; ++k) bytes[k] = 2 * k < n ? p[k] : uint8_t{0};
-    }
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) codes[k] = nibble(bytes[k / 2], k);
-  }
-  static __device__ __forceinline__ void store(uint8_t* q, int at, const uint8_t (&codes)[kPerLane], int n, bool vec) {
-    uint8_t bytes[kPerLane / 2];
-#pragma unroll
-    for (int k = 0; k < kPerLane / 2; ++k) bytes[k] = pack_nibbles(codes[2 * k], 2 * k + 1 < n ? codes[2 * k + 1] : 0);
-    uint8_t* p = q + at / 2;
-    if (vec && n == kPerLane) return cuda::store<kPerLane / 2>(p, bytes, true);
-#pragma unroll
-    for (int k = 0; k < kPerLane / 2; ++k) {
-      if (2 * k < n) p[k] = bytes[k];
-    }
-  }
-  static __device__ __forceinline__ float decode(const Tables& t, int moment, uint8_t code, float absmax) {
-    return dequantize4(t.table[moment], code, absmax);
-  }
-  static __device__ __forceinline__ uint8_t encode(const Tables& t, int moment, float x) {
-    return quantize4(t.table[moment], x);
-  }
-};
 
 // The update's flags for one chunk: the decay rule fixed at compile time
 // (one copy of the block loop per rule, picked per chunk, since groups may

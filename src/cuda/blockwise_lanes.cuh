@@ -1,5 +1,5 @@
 // What the kernels over 8-bit and 4-bit moments share (cuda/adam_low_bit.cu,
-// cuda/lamb_8bit.cu): a warp owns one quantization block at a time, lane k
+// cuda/lamb_low_bit.cu): a warp owns one quantization block at a time, lane k
 // the kPerLane consecutive elements from k * kPerLane; the code tables are
 // copied into shared memory once per thread block.
 #pragma once

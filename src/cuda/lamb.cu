@@ -263,12 +263,12 @@ void launch_ratios(const MultiTensorPlan& plan, const LambLaunch& l, Stream stre
   GRADKIT_CUDA_CHECK_LAUNCH();
 }
 
-// 8-bit moments: the passes of cuda/lamb_8bit.cu around the same ratio kernel.
-void launch_all_8bit(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
+// 8- or 4-bit moments: the passes of cuda/lamb_low_bit.cu around the same ratio kernel.
+void launch_all_low_bit(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
   const LambPass pass = l.inputs.split.pass;
-  if (pass != LambPass::second) lamb_8bit_norms_cuda(plan, l, stream);
+  if (pass != LambPass::second) lamb_low_bit_norms_cuda(plan, l, stream);
   launch_ratios(plan, l, stream);
-  if (pass != LambPass::first) lamb_8bit_update_cuda(plan, l, stream);
+  if (pass != LambPass::first) lamb_low_bit_update_cuda(plan, l, stream);
 }
 
 // Float moments: W f32 or f64, or uint16_t (the bits of bf16 weights) with
@@ -303,7 +303,7 @@ void lamb_cuda(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) 
     if (plan.dtype(0) == DType::f64) {
       launch_all<double, double, double>(plan, l, stream);
     } else if (l.absmax_list >= 0) {
-      launch_all_8bit(plan, l, stream);
+      launch_all_low_bit(plan, l, stream);
     } else {
       dispatch_dtype(plan.dtype(1), [&]<class G>() {
         dispatch_dtype(plan.dtype(2), [&]<class M>() {

@@ -1,5 +1,5 @@
 // What the LAMB kernels of both moment storages share (cuda/lamb.cu,
-// cuda/lamb_8bit.cu): whether the step writes anything, and the chunk's
+// cuda/lamb_low_bit.cu): whether the step writes anything, and the chunk's
 // group coefficients.
 #pragma once
 

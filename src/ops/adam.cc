@@ -21,14 +21,7 @@ constexpr std::string_view kOp = "adam_step";
 // What 8- and 4-bit moments rule out (the lists they need: check_absmax_lists).
 void check_quantized_lists(const AdamTensors& t, std::span<const AdamHyperparameters> hyperparameters,
                            bool quantized) {
-  if (t.moment_bits != 8 && t.moment_bits != 4) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, "moment_bits",
-                         "is " + std::to_string(t.moment_bits) + ", expected 8 or 4");
-  }
-  if (t.moment_bits == 4 && !quantized) {
-    throw_argument_error(ErrorCode::invalid_argument, kOp, "moment_bits",
-                         "is 4 with exp_avg not u8; expected 8 (the default) unless the moments are u8");
-  }
+  ops::check_moment_bits(kOp, t.moment_bits, quantized);
   ops::check_absmax_lists(kOp, t.weights.size(), t.exp_avg_absmax.size(), t.exp_avg_sq_absmax.size(), quantized);
   if (!quantized) return;
   for (size_t i = 0; i < hyperparameters.size(); ++i) {

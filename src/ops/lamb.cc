@@ -46,14 +46,18 @@ LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hy
   const bool quantized = !t.exp_avg.empty() && t.exp_avg[0].dtype == DType::u8;
   if (quantized && !t.weight_remainder.empty()) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "weight_remainder",
-                         "is given with 8-bit moments (exp_avg u8); expected f32 or bf16 moments with "
+                         "is given with 8- or 4-bit moments (exp_avg u8); expected f32 or bf16 moments with "
                          "weight_remainder (LAMB's remainder master takes float moments only)");
   }
+  ops::check_moment_bits(kOp, t.moment_bits, quantized);
   ops::check_absmax_lists(kOp, t.weights.size(), t.exp_avg_absmax.size(), t.exp_avg_sq_absmax.size(), quantized);
+  // 4-bit moments hold two codes a byte: one element per 2 (PlanList::block).
+  const int32_t bits = quantized ? t.moment_bits : 8;
+  const int32_t codes_per_element = elements_per_code_byte(bits);
   std::vector<PlanList> lists = {{"weights", t.weights, true},
                                  {"grads", t.grads, false},
-                                 {"exp_avg", t.exp_avg, true, 1, true},
-                                 {"exp_avg_sq", t.exp_avg_sq, true, 1, true}};
+                                 {"exp_avg", t.exp_avg, true, codes_per_element, true},
+                                 {"exp_avg_sq", t.exp_avg_sq, true, codes_per_element, true}};
   if (!t.model_copy.empty()) {
     copy_list_ = static_cast<int>(lists.size());
     lists.push_back({"model_copy", t.model_copy, true});
@@ -64,8 +68,8 @@ LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hy
   }
   if (quantized) {
     absmax_list_ = static_cast<int>(lists.size());
-    lists.push_back({"exp_avg_absmax", t.exp_avg_absmax, true, kQuantBlock});
-    lists.push_back({"exp_avg_sq_absmax", t.exp_avg_sq_absmax, true, kQuantBlock});
+    lists.push_back({"exp_avg_absmax", t.exp_avg_absmax, true, quant_block_of(bits)});
+    lists.push_back({"exp_avg_sq_absmax", t.exp_avg_sq_absmax, true, quant_block_of(bits)});
   }
   if (!t.weight_remainder.empty()) {
     remainder_list_ = static_cast<int>(lists.size());
@@ -78,8 +82,10 @@ LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hy
                                .update = update_list_,
                                .weight_remainder = remainder_list_,
                                .u8_moments = true});
+  moment_bits_ = quantized ? bits : 0;
   if (quantized && plan_.device().is_cuda()) {
-    tables_ = backend::upload(plan_.device(), &backend::quant_tables(), sizeof(backend::QuantTables));
+    tables_ = bits == 4 ? backend::upload(plan_.device(), &backend::quant_tables4(), sizeof(backend::QuantTables4))
+                        : backend::upload(plan_.device(), &backend::quant_tables(), sizeof(backend::QuantTables));
   }
   scratch_ = Buffer(plan_.device(), (2 * sizeof(double)) * plan_.chunks().size() + sizeof(float) * plan_.num_tensors());
   set_hyperparameters(hyperparameters);
@@ -136,8 +142,13 @@ void LambPlan::step(const LambStepInputs& in, Stream stream) const {
   launch.update_list = update_list_;
   launch.absmax_list = absmax_list_;
   launch.remainder_list = remainder_list_;
-  launch.tables = plan_.device().is_cuda() ? static_cast<const backend::QuantTables*>(tables_.get())
-                                           : &backend::quant_tables();
+  launch.moment_bits = moment_bits_;
+  const bool cuda = plan_.device().is_cuda();
+  if (moment_bits_ == 4) {
+    launch.tables4 = cuda ? static_cast<const backend::QuantTables4*>(tables_.get()) : &backend::quant_tables4();
+  } else {
+    launch.tables = cuda ? static_cast<const backend::QuantTables*>(tables_.get()) : &backend::quant_tables();
+  }
   launch.groups = hyper_.on(plan_.device());
   if (plan_.device().is_cuda()) backend::lamb_cuda(plan_, launch, stream);
   else backend::lamb_cpu(plan_, launch);

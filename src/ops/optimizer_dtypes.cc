@@ -58,6 +58,16 @@ void check_optimizer_dtypes(std::string_view op, const MultiTensorPlan& plan, co
   }
 }
 
+void check_moment_bits(std::string_view op, int32_t bits, bool quantized) {
+  if (bits != 8 && bits != 4) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "moment_bits", "is " + std::to_string(bits) + ", expected 8 or 4");
+  }
+  if (bits == 4 && !quantized) {
+    throw_argument_error(ErrorCode::invalid_argument, op, "moment_bits",
+                         "is 4 with exp_avg not u8; expected 8 (the default) unless the moments are u8");
+  }
+}
+
 void check_absmax_lists(std::string_view op, size_t num_weights, size_t exp_avg_absmax, size_t exp_avg_sq_absmax,
                         bool quantized) {
   const std::pair<std::string_view, size_t> absmax[] = {{"exp_avg_absmax", exp_avg_absmax},

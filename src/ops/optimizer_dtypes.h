@@ -29,4 +29,8 @@ void check_optimizer_dtypes(std::string_view op, const MultiTensorPlan& plan, co
 void check_absmax_lists(std::string_view op, size_t num_weights, size_t exp_avg_absmax, size_t exp_avg_sq_absmax,
                         bool quantized);
 
+// The tensor lists' moment_bits: 8 or 4, and 4 only with u8 moments
+// (`quantized`). Throws invalid_argument naming "moment_bits".
+void check_moment_bits(std::string_view op, int32_t bits, bool quantized);
+
 }  // namespace gradkit::ops

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "gradkit/core/error.h"
+#include "gradkit/ops/blockwise.h"
 #include "gradkit/optim/state_file.h"
 #include "optim/hyperparameter_io.h"
 #include "optim/moment_storage.h"
@@ -22,6 +23,7 @@ Lamb::Lamb(std::vector<LambGroup> groups, LambOptions options) : groups_(std::mo
     throw_argument_error(ErrorCode::dtype_unsupported, kOp, "options.moment_dtype",
                          "is " + std::string(dtype_name(md)) + ", expected f32, bf16 or u8");
   }
+  check_moment_bits(kOp, "options.moment_bits", options_.moment_bits, md);
   validate_eta(options_.eta, kOp, "options.eta");
   const ParameterLists lists = flatten_groups(kOp, groups_);
   const std::vector<TensorView> remainders = flatten_remainders(kOp, groups_);
@@ -32,14 +34,19 @@ Lamb::Lamb(std::vector<LambGroup> groups, LambOptions options) : groups_(std::mo
   }
   device_ = lists.device;
   const DType moment = lists.params.empty() || lists.params[0].dtype != DType::f64 ? options_.moment_dtype : DType::f64;
-  state_ = allocate_moments(device_, lists.params, moment, 2);
-  exp_avg_ = moment_views(state_, lists.params, moment, 2, 0);
-  exp_avg_sq_ = moment_views(state_, lists.params, moment, 2, 1);
-  if (moment == DType::u8) absmax_ = allocate_absmax(device_, lists.params, exp_avg_absmax_, exp_avg_sq_absmax_);
+  // 4-bit codes: quant4_bytes(numel) bytes per tensor, laid out as moments of that many elements.
+  const int32_t bits = moment == DType::u8 ? options_.moment_bits : 8;
+  const std::vector<TensorView> shapes = bits == 4 ? packed_4bit(lists.params) : lists.params;
+  state_ = allocate_moments(device_, shapes, moment, 2);
+  exp_avg_ = moment_views(state_, shapes, moment, 2, 0);
+  exp_avg_sq_ = moment_views(state_, shapes, moment, 2, 1);
+  if (moment == DType::u8) {
+    absmax_ = allocate_absmax(device_, lists.params, exp_avg_absmax_, exp_avg_sq_absmax_, quant_block_of(bits));
+  }
   std::vector<LambHyperparameters> hyper;
   for (const LambGroup& g : groups_) hyper.push_back(g.hyperparameters);
   plan_ = LambPlan(LambTensors{lists.params, lists.grads, exp_avg_, exp_avg_sq_, lists.copies, {}, exp_avg_absmax_,
-                               exp_avg_sq_absmax_, remainders},
+                               exp_avg_sq_absmax_, remainders, bits},
                    hyper, lists.group_of_tensor);
   counter_ = Buffer(device_, sizeof(int64_t));
   const int64_t first = 1;
@@ -79,13 +86,15 @@ void Lamb::set_eta(float eta) {
   copy_from_host(eta_.data(), device_, &eta, sizeof eta);
 }
 
+DType Lamb::stored_moment_dtype() const { return exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype; }
+
 void Lamb::save(const std::string& path) const { save_state(*this, path, kKind); }
 
 void Lamb::load(const std::string& path) { load_state(*this, path, kKind); }
 
 std::vector<StateSection> Lamb::sections() const {
   std::vector<StateSection> out = {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
-  if (!exp_avg_absmax_.empty()) {  // 8-bit moments (format version 2)
+  if (!exp_avg_absmax_.empty()) {  // 8-bit moments (format version 2), 4-bit ones (version 4)
     out.push_back({"exp_avg_absmax", &exp_avg_absmax_});
     out.push_back({"exp_avg_sq_absmax", &exp_avg_sq_absmax_});
   }
@@ -96,7 +105,7 @@ void Lamb::save_to(StateFile& file) const {
   synchronize(device_);
   add_sections(file, sections());
   SectionWriter meta;
-  meta.put(step_count()).put(static_cast<uint32_t>(exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype)).put(eta());
+  meta.put(step_count()).put(moment_code(stored_moment_dtype(), plan_.moment_bits())).put(eta());
   file.add("meta", meta.take());
   std::vector<LambHyperparameters> hyper;
   for (const LambGroup& g : groups_) hyper.push_back(g.hyperparameters);
@@ -105,7 +114,7 @@ void Lamb::save_to(StateFile& file) const {
 
 void Lamb::check_state(const std::string& path, const StateFile& file) const {
   SectionReader meta(file.get("meta"), "meta");
-  read_step_and_moment(meta, path, exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype);
+  read_step_and_moment(meta, path, moment_code(stored_moment_dtype(), plan_.moment_bits()));
   const auto eta = meta.get<float>();
   try {
     validate_eta(eta, kOp, "eta");

@@ -165,11 +165,18 @@ std::vector<TensorView> pick(const std::vector<TensorView>& all, const std::vect
   return out;
 }
 
+// The moments' bits as their lists are cut: 4, or 8 (also for float
+// moments, whose lists are per element, and without absmax lists).
+template <class Optimizer>
+int32_t cut_bits(const Optimizer& o) {
+  return o.moment_bits() == 4 ? 4 : 8;
+}
+
 // The CPU step of one piece: a plan over its slices of the host tensors.
 AdamPlan piece_plan(const Adam& adam, const std::vector<OffloadSlice>& piece, const std::vector<TensorView>& masters,
                     const std::vector<TensorView>& grads, const std::vector<TensorView>& copies,
                     std::span<const AdamHyperparameters> hyper, const std::vector<int32_t>& group_of) {
-  const int32_t bits = adam.moment_bits() == 4 ? 4 : 8;  // 0 without u8 moments: their lists are per element
+  const int32_t bits = cut_bits(adam);
   const int64_t code_unit = elements_per_code_byte(bits), block = quant_block_of(bits);
   const auto w = pick(masters, piece), g = pick(grads, piece), c = pick(copies, piece),
              m = pick(adam.exp_avg(), piece, code_unit), v = pick(adam.exp_avg_sq(), piece, code_unit),
@@ -183,11 +190,12 @@ AdamPlan piece_plan(const Adam& adam, const std::vector<OffloadSlice>& piece, co
 LambPlan piece_plan(const Lamb& lamb, const std::vector<OffloadSlice>& piece, const std::vector<TensorView>& masters,
                     const std::vector<TensorView>& grads, const std::vector<TensorView>& copies,
                     std::span<const LambHyperparameters> hyper, const std::vector<int32_t>& group_of) {
+  const int32_t bits = cut_bits(lamb);
+  const int64_t code_unit = elements_per_code_byte(bits), block = quant_block_of(bits);
   const auto w = pick(masters, piece), g = pick(grads, piece), c = pick(copies, piece),
-             m = pick(lamb.exp_avg(), piece), v = pick(lamb.exp_avg_sq(), piece),
-             m_absmax = pick(lamb.exp_avg_absmax(), piece, kQuantBlock),
-             v_absmax = pick(lamb.exp_avg_sq_absmax(), piece, kQuantBlock);
-  return LambPlan(LambTensors{w, g, m, v, c, {}, m_absmax, v_absmax, {}}, hyper, group_of);
+             m = pick(lamb.exp_avg(), piece, code_unit), v = pick(lamb.exp_avg_sq(), piece, code_unit),
+             m_absmax = pick(lamb.exp_avg_absmax(), piece, block), v_absmax = pick(lamb.exp_avg_sq_absmax(), piece, block);
+  return LambPlan(LambTensors{w, g, m, v, c, {}, m_absmax, v_absmax, {}, bits}, hyper, group_of);
 }
 
 }  // namespace

@@ -118,7 +118,7 @@ struct Traits<Lamb> {
   static constexpr std::string_view mixed_kind = "mixed_precision_lamb";
   static constexpr std::string_view sections[] = {"exp_avg", "exp_avg_sq"};
   static const LambOptions& options(const ShardedOptions& o) { return o.lamb; }
-  static int32_t moment_bits(const Lamb&) { return 8; }
+  static int32_t moment_bits(const Lamb& lamb) { return lamb.moment_bits() == 4 ? 4 : 8; }
   static bool keeps(const Lamb&, std::string_view) { return true; }
 };
 

@@ -18,13 +18,14 @@ TEST_P(ShardedAdamTest, EightAndFourBitMomentsMatchTheUnshardedStep) {
   const Case cases[] = {{DType::f32, DType::f32, model, LossScaling::none},
                         {DType::f16, DType::f16, model, LossScaling::dynamic, 2},
                         {DType::bf16, DType::f32, kTiny, LossScaling::none, 1}};
-  for (const auto& [lamb, bits] : {std::pair{false, 8}, std::pair{false, 4}, std::pair{true, 8}}) {
+  for (const auto& [lamb, bits] : {std::pair{false, 8}, std::pair{false, 4}, std::pair{true, 8}, std::pair{true, 4}}) {
     for (const Case& c : cases) {
       RunSetup s = setup_of(c);
       s.alignment = kQuantBlock;
       s.options.adam.moment_dtype = DType::u8;
       s.options.adam.moment_bits = bits;
       s.options.lamb.moment_dtype = DType::u8;
+      s.options.lamb.moment_bits = bits;
       s.options.lamb.eta = 1e-2f;
       const std::string name =
           std::string(lamb ? "LAMB " : "Adam ") + std::to_string(bits) + "-bit " + name_of(c);

@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gradkit/core/error.h"
@@ -77,6 +78,12 @@ inline void expect_encoded(const std::vector<double>& want, const std::vector<do
           << what << (first ? " exp_avg" : " exp_avg_sq") << " element " << k;
     }
   }
+}
+
+// The name of a (device, moment bits) instance: cpu_8bit, cuda_4bit, ...
+inline std::string low_bit_test_name(const ::testing::TestParamInfo<std::tuple<Device, int>>& info) {
+  return std::string(std::get<0>(info.param).is_cuda() ? "cuda" : "cpu") + "_" +
+         std::to_string(std::get<1>(info.param)) + "bit";
 }
 
 // A model for the owning optimizers: f32 weights, bf16 gradients.

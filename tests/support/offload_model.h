@@ -81,7 +81,7 @@ struct OffloadConfig {
   // piece; the default holds each bucket whole.
   size_t piece_bytes = OffloadedOptions{}.piece_bytes;
   DType moments = DType::f32;  // u8: 8-bit moments, whose blocks the cuts must keep whole
-  int32_t moment_bits = 8;     // with u8 moments: 4 for Adam's 4-bit ones
+  int32_t moment_bits = 8;     // with u8 moments: 4 for 4-bit ones
 };
 
 inline std::string config_name(const OffloadConfig& c) {
@@ -115,9 +115,10 @@ inline const OffloadConfig kOffloadConfigs[] = {
     {DType::f32, DType::bf16, false, 3000, DType::u8},
 };
 
-// Adam's alone: 4-bit moments, the tensors cut into pieces (at multiples of
-// 256 elements: whole 128-element blocks, whole bytes of codes).
-inline const OffloadConfig kOffloadAdam4BitConfigs[] = {
+// 4-bit moments, the tensors cut into pieces (Adam: at multiples of 256
+// elements: whole 128-element blocks, whole bytes of codes; LAMB keeps each
+// tensor whole).
+inline const OffloadConfig kOffload4BitConfigs[] = {
     {DType::bf16, DType::f32, true, 4000, DType::u8, 4},
     {DType::f32, DType::bf16, false, 3000, DType::u8, 4},
     {DType::f32, DType::f32, false, OffloadedOptions{}.piece_bytes, DType::u8, 4},
@@ -130,7 +131,7 @@ inline OffloadedOptions offload_options(const OffloadConfig& c) {
   o.buckets = {2, 1, 1, 0, 0};  // backward's order: the last tensors first
   o.piece_bytes = c.piece_bytes;
   o.adam.moment_dtype = o.lamb.moment_dtype = c.moments;
-  o.adam.moment_bits = c.moment_bits;
+  o.adam.moment_bits = o.lamb.moment_bits = c.moment_bits;
   if (c.check) {
     LossScalerOptions s;
     s.initial_scale = 1024.0f;

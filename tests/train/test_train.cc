@@ -279,20 +279,20 @@ TEST(Training, ShardedRunWritesTheUnshardedCheckpoint) {
 }
 
 // 8- and 4-bit moments and remainder masters: a short run ends within 5% of
-// the f32 run's training loss (measured: within 2%), for Adam and LAMB; with
-// 4-bit moments within 10% (measured: 6.3% above with f32 masters, 7.1% with
-// remainders: the second moment normalised per block, docs/ops.md "4-bit
-// moments"; issue 38's 2% is not reached on this model).
+// the f32 run's training loss (measured: within 0.4%), for Adam and LAMB;
+// with 4-bit moments within 10% (measured: Adam 2.4% above with f32 masters,
+// 3.4% with remainders, LAMB 3.9%; on the linear map before state format 4,
+// Adam's were 6.3% and 7.1%: docs/ops.md "4-bit moments"). Two epochs of
+// 2048 images are short of issue 38's 300-step comparison (python/tests).
 TEST(Training, EightBitMomentsAndRemainderMastersEndNearTheF32Loss) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   for (const char* optimizer : {"adam", "lamb"}) {
     TrainOptions f32 = small_run();
     f32.optimizer = optimizer;
     const double want = run_training(f32).back().train_loss;
-    std::vector<std::pair<std::string, std::string>> variants = {{"int8", "f32"}, {"bf16", "f32"}};
+    std::vector<std::pair<std::string, std::string>> variants = {{"int8", "f32"}, {"bf16", "f32"}, {"int4", "f32"}};
     if (std::string(optimizer) == "adam") {
       variants.push_back({"int8", "remainder"});
-      variants.push_back({"int4", "f32"});
       variants.push_back({"int4", "remainder"});
     }
     for (const auto& [moments, master] : variants) {
@@ -328,8 +328,8 @@ std::string expect_resumed_run_equals_straight(TrainOptions o, const std::string
   return straight.save;
 }
 
-// Resumed runs with 8- and 4-bit moments, remainder masters and sharded
-// 8- and 4-bit runs: the checkpoint of the straight run, byte for byte.
+// Resumed runs with 8- and 4-bit moments (Adam and LAMB), remainder masters
+// and sharded 8- and 4-bit runs: the checkpoint of the straight run, byte for byte.
 TEST(Training, ResumesWithEightBitMomentsAndRemainderMasters) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   struct Variant {
@@ -340,9 +340,9 @@ TEST(Training, ResumesWithEightBitMomentsAndRemainderMasters) {
   };
   for (const Variant& v : {Variant{"adam", "int8", "f32", 0}, Variant{"adam", "int8", "remainder", 0},
                            Variant{"adam", "int4", "f32", 0}, Variant{"adam", "int4", "remainder", 0},
-                           Variant{"lamb", "int8", "f32", 0}, Variant{"adam", "int8", "f32", 1},
-                           Variant{"adam", "int4", "f32", 1},
-                           Variant{"lamb", "int8", "f32", 2}}) {
+                           Variant{"lamb", "int8", "f32", 0}, Variant{"lamb", "int4", "f32", 0},
+                           Variant{"adam", "int8", "f32", 1}, Variant{"adam", "int4", "f32", 1},
+                           Variant{"lamb", "int8", "f32", 2}, Variant{"lamb", "int4", "f32", 2}}) {
     TrainOptions o = small_run();
     o.optimizer = v.optimizer;
     o.moments = v.moments;
@@ -503,11 +503,6 @@ TEST(Training, ChecksItsOptionsFirst) {
   o.moments = "int2";
   expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
                {"--moments: expected f32, bf16, int8 or int4, not 'int2'"});
-  o = small_run();
-  o.moments = "int4";
-  o.optimizer = "lamb";
-  expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
-               {"--moments int4: needs --optimizer adam"});
   o = small_run();
   o.optimizer = "sgd";
   expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,

@@ -52,7 +52,9 @@ namespace gradkit {
 // u8 moments are 8-bit blockwise exactly as adam_step's (gradkit/ops/
 // blockwise.h): exp_avg with the signed code, exp_avg_sq with the unsigned
 // one, each with its f32 absmax list (quant_blocks(numel) elements per
-// tensor). A block is then the unit of the non-finite rule: docs/ops.md.
+// tensor); with moment_bits = 4, 4-bit blockwise as adam_step's
+// (quant4_bytes(numel) bytes, quant4_blocks(numel) absmax values). A block is
+// then the unit of the non-finite rule: docs/ops.md.
 struct LambTensors {
   std::span<const TensorView> weights;
   std::span<const TensorView> grads;
@@ -65,6 +67,7 @@ struct LambTensors {
   // bf16 weights: what rounding the f32 master to the weight took away
   // (docs/ops.md, "the remainder master"); the master is (weight, remainder).
   std::span<const TensorView> weight_remainder;
+  int32_t moment_bits = 8;  // u8 moments: 8 or 4 (as AdamTensors::moment_bits)
 };
 
 // A step whose tensors are pieces of larger tensors held by several lists
@@ -123,6 +126,7 @@ class LambPlan {
   const MultiTensorPlan& plan() const { return plan_; }
   std::span<const LambHyperparameters> hyperparameters() const { return hyper_.host(); }
   bool quantized_moments() const { return absmax_list_ >= 0; }
+  int32_t moment_bits() const { return moment_bits_; }
   bool has_weight_remainder() const { return remainder_list_ >= 0; }
 
  private:
@@ -131,9 +135,10 @@ class LambPlan {
   Buffer scratch_;  // per-chunk partial sums of squares, then per-tensor trust ratios
   int copy_list_ = -1;
   int update_list_ = -1;
-  int absmax_list_ = -1;          // 8-bit moments: m's absmax list, v's at absmax_list_ + 1
+  int absmax_list_ = -1;          // 8- or 4-bit moments: m's absmax list, v's at absmax_list_ + 1
+  int32_t moment_bits_ = 0;       // 8 or 4 with u8 moments, else 0
   int remainder_list_ = -1;       // bf16 weights: their remainders
-  std::shared_ptr<void> tables_;  // the code tables, on the plan's CUDA device (8-bit moments)
+  std::shared_ptr<void> tables_;  // the code tables, on the plan's CUDA device (8- or 4-bit moments)
 };
 
 void lamb_step(const LambTensors& tensors, const LambHyperparameters& hyperparameters,

@@ -30,6 +30,7 @@ struct LambGroup {
 struct LambOptions {
   float eta = 1e-3f;                // learning rate, shared by every group
   DType moment_dtype = DType::f32;  // f32; bf16; u8 for 8-bit blockwise moments (as Adam's; no weight_remainder)
+  int32_t moment_bits = 8;          // with u8 moments: 8, or 4 for 4-bit blockwise moments (as Adam's)
 };
 
 // Per-step inputs of the owning optimizer (all optional).
@@ -61,9 +62,11 @@ class Lamb {
 
   const std::vector<TensorView>& exp_avg() const { return exp_avg_; }
   const std::vector<TensorView>& exp_avg_sq() const { return exp_avg_sq_; }
-  // 8-bit moments: each tensor's per-block absmax of exp_avg and exp_avg_sq (empty otherwise).
+  // 8- or 4-bit moments: each tensor's per-block absmax of exp_avg and exp_avg_sq (empty otherwise).
   const std::vector<TensorView>& exp_avg_absmax() const { return exp_avg_absmax_; }
   const std::vector<TensorView>& exp_avg_sq_absmax() const { return exp_avg_sq_absmax_; }
+  // 8 or 4 with u8 moments (options.moment_bits), else 0.
+  int32_t moment_bits() const { return plan_.moment_bits(); }
   // Bytes of optimizer-owned state (moments, absmax, counter, eta).
   size_t state_bytes() const { return state_.bytes() + absmax_.bytes() + counter_.bytes() + eta_.bytes(); }
 
@@ -76,12 +79,13 @@ class Lamb {
 
  private:
   std::vector<StateSection> sections() const;
+  DType stored_moment_dtype() const;
 
   std::vector<LambGroup> groups_;
   LambOptions options_;
   Device device_;
   Buffer state_;
-  Buffer absmax_;   // 8-bit moments: every absmax tensor
+  Buffer absmax_;   // 8- or 4-bit moments: every absmax tensor
   Buffer counter_;  // int64: the t of the next update (ONNX Runtime's update_count), from 1
   Buffer eta_;      // float
   std::vector<TensorView> exp_avg_, exp_avg_sq_, exp_avg_absmax_, exp_avg_sq_absmax_;

@@ -85,15 +85,10 @@ class _OffloadedBase(torch.optim.Optimizer):
     """What the offloaded optimizers share; a subclass gives _hyperparameters(group),
     _make_native(groups, **options) and _apply_lrs()."""
 
-    _four_bit = False  # whether the subclass takes moments="int4"
-
     def __init__(self, params, defaults, *, moments="float32", bucket_mb=32.0, piece_mb=32.0, buckets=None,
                  loss_scaler=None, max_norm=0.0, overlap=True, host_threads=0, release=False):
         # Every tensor's moments in the form, whatever its size; raises on an unknown form, naming it.
         self._form = StateForm(moments=moments, min_8bit_size=0, min_4bit_size=0)
-        if moments == "int4" and not self._four_bit:
-            raise ValueError(f"moments is 'int4', expected one of 'float32', 'bfloat16', 'int8' ({type(self).__name__} "
-                             "has no 4-bit moments: LAMB has none; OffloadedAdam and OffloadedAdamW take them)")
         if release and not (overlap and _HAS_HOOK):
             raise ValueError("release=True frees each bucket's gradients as backward's hooks hand them, so it needs "
                              "overlap=True and torch >= 2.1 (register_post_accumulate_grad_hook)")
@@ -119,7 +114,7 @@ class _OffloadedBase(torch.optim.Optimizer):
         # bucket_ready below passes the gradients of the moment.
         groups = [{"params": [p.detach() for p in g["params"]], "grads": [p.detach() for p in g["params"]],
                    "hyperparameters": self._hyperparameters(g)} for g in self.param_groups]
-        bits = {"moment_bits": 4} if moments == "int4" else {}  # OffloadedLamb's native takes no moment_bits
+        bits = {"moment_bits": 4} if moments == "int4" else {}
         self._native = self._make_native(groups, moment_dtype=_MOMENT_DTYPES[moments], buckets=buckets, **bits,
                                          bucket_bytes=int(bucket_mb * 2 ** 20),
                                          piece_bytes=max(1, int(piece_mb * 2 ** 20)),
@@ -399,7 +394,6 @@ def _host_proxy(p):
 
 class _OffloadedAdamBase(_OffloadedBase):
     _decay = None  # gradkit.WeightDecay, set by the subclass
-    _four_bit = True  # takes moments="int4"
 
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize, **offload):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)

@@ -591,8 +591,8 @@ class Lamb(_PlannedOptimizer):
     a per-tensor trust ratio |w| / |update| clamped to [min_trust, max_trust], and
     weight decay inside the update. `max_grad_norm` > 0 clips by the global norm of
     all gradients (computed by gradkit's gradient check) as ONNX Runtime does.
-    moments="int8" (or "bfloat16") stores the moments as Adam's do (min_8bit_size
-    likewise). For bfloat16 parameters master="float32" (4 bytes per parameter) or
+    moments="int8", "int4" (or "bfloat16") store the moments as Adam's do
+    (min_8bit_size, min_4bit_size likewise). For bfloat16 parameters master="float32" (4 bytes per parameter) or
     "remainder" (2 bytes, the same master bit for bit; float moments only: "float32"
     or "bfloat16")."""
 
@@ -601,17 +601,14 @@ class Lamb(_PlannedOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, *,
                  min_trust=float("-inf"), max_trust=float("inf"), max_grad_norm=None, bias_correction=True,
-                 moments="float32", master="float32", min_8bit_size=4096):
+                 moments="float32", master="float32", min_8bit_size=4096, min_4bit_size=4096):
         _check_betas(betas, eps, weight_decay, lr)
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm is {max_grad_norm}, expected a value > 0 (or None: no clipping)")
-        if moments == "int4":
-            raise ValueError("moments='int4' is not yet offered by Lamb; expected 'float32', 'bfloat16' or 'int8' "
-                             "(gradkit.torch.Adam and AdamW take 'int4')")
-        self._form = StateForm(moments, master, min_8bit_size)
-        if master == "remainder" and moments == "int8":
-            raise ValueError("moments='int8' with master='remainder'; LAMB's remainder master takes float moments "
-                             "(moments='float32' or 'bfloat16')")
+        self._form = StateForm(moments, master, min_8bit_size, min_4bit_size)
+        if master == "remainder" and moments in ("int8", "int4"):
+            raise ValueError(f"moments={moments!r} with master='remainder'; LAMB's remainder master takes float "
+                             "moments (moments='float32' or 'bfloat16')")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, min_trust=min_trust,
                         max_trust=max_trust, bias_correction=bias_correction)
         self.max_grad_norm = max_grad_norm

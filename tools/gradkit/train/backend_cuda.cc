@@ -71,9 +71,8 @@ class CudaBackend final : public TrainBackend {
     if (o.offload) {
       OffloadedOptions options;
       options.scaler = mp.scaler;
-      options.adam = adam_options(o);  // --moments: the host moments' storage (int4: Adam's 4 bits)
-      options.lamb.moment_dtype = moment_dtype(o);
-      options.lamb.eta = o.lr;
+      options.adam = adam_options(o);  // --moments: the host moments' storage
+      options.lamb = lamb_options(o);
       if (o.optimizer == "lamb") return make_offloaded<OffloadedLamb>(o, params, grads, options);
       return make_offloaded<OffloadedAdam>(o, params, grads, options);
     }

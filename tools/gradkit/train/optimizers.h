@@ -66,10 +66,15 @@ inline DType moment_dtype(const TrainOptions& o) {
   return o.moments == "int8" || o.moments == "int4" ? DType::u8 : o.moments == "bf16" ? DType::bf16 : DType::f32;
 }
 
-// Adam's options for --moments (int4: u8 moments of 4 bits; check_train_options
-// keeps int4 to Adam).
+// The moments' bits --moments names (int4: u8 moments of 4 bits).
+inline int32_t moment_bits(const TrainOptions& o) { return o.moments == "int4" ? 4 : 8; }
+
+// Adam's and LAMB's options for --moments (and LAMB's eta, --lr).
 inline AdamOptions adam_options(const TrainOptions& o) {
-  return AdamOptions{.moment_dtype = moment_dtype(o), .moment_bits = o.moments == "int4" ? 4 : 8};
+  return AdamOptions{.moment_dtype = moment_dtype(o), .moment_bits = moment_bits(o)};
+}
+inline LambOptions lamb_options(const TrainOptions& o) {
+  return LambOptions{.eta = o.lr, .moment_dtype = moment_dtype(o), .moment_bits = moment_bits(o)};
 }
 
 // One group over every parameter, with the run's hyperparameters.
@@ -96,9 +101,8 @@ inline std::unique_ptr<Optimizer> make_sharded_optimizer(const TrainOptions& o, 
                                                          const float** loss_scale = nullptr) {
   ShardedOptions options;
   options.scaler = scaler;
-  options.lamb.eta = o.lr;
   options.adam = adam_options(o);
-  options.lamb.moment_dtype = moment_dtype(o);
+  options.lamb = lamb_options(o);
   options.master = o.master == "remainder" ? MasterStorage::remainder : MasterStorage::f32;  // for f16/bf16 weights
   auto make = [&]<class S, class Group>() {
     auto opt = std::make_unique<OptimizerOf<S>>(shard.comm, shard.layout,
@@ -127,7 +131,7 @@ inline std::unique_ptr<Optimizer> make_mixed_optimizer(const TrainOptions& o, st
   }
   return finish(std::make_unique<OptimizerOf<MixedPrecisionLamb>>(
       std::vector<LambGroup>{one_group<LambGroup>(o, params, grads)}, options,
-      LambOptions{.eta = o.lr, .moment_dtype = moment_dtype(o)}));
+      lamb_options(o)));
 }
 
 // Muon's composite (train/muon_adam.h); defined in muon_adam.cc.
@@ -143,7 +147,7 @@ inline std::unique_ptr<Optimizer> make_plain_optimizer(const TrainOptions& o, st
                                                adam_options(o));
   }
   return std::make_unique<OptimizerOf<Lamb>>(std::vector<LambGroup>{one_group<LambGroup>(o, params, grads)},
-                                             LambOptions{.eta = o.lr, .moment_dtype = moment_dtype(o)});
+                                             lamb_options(o));
 }
 
 }  // namespace gradkit::train

@@ -108,7 +108,7 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
       ->check(tool::one_of({"adam", "lamb", "muon"}));
   app.add_option("--moments", o.moments,
                  "optimizer moments: f32; bf16; int8 (8-bit blockwise, about 2 bytes per parameter); int4 "
-                 "(4-bit blockwise, about 1 byte; adam only)")
+                 "(4-bit blockwise, about 1 byte)")
       ->check(tool::one_of({"f32", "bf16", "int8", "int4"}));
   app.add_option("--master", o.master,
                  "f32 master weights: f32 (the cpu backend trains f32 weights, cuda keeps f32 masters of its f16 "

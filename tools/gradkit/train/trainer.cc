@@ -192,10 +192,6 @@ void check_train_options(const TrainOptions& o, bool writes) {
                                                : nullptr;
     if (why != nullptr) throw Error(ErrorCode::invalid_argument, std::string("--optimizer muon: cannot be used with ") + why);
   }
-  if (o.moments == "int4" && o.optimizer != "adam") {
-    throw Error(ErrorCode::invalid_argument, "--moments int4: needs --optimizer adam "
-                                             "(4-bit moments are Adam's alone so far: docs/ops.md)");
-  }
   if (o.master != "f32" && o.master != "remainder") {
     throw Error(ErrorCode::invalid_argument, "--master: expected f32 or remainder, not '" + o.master + "'");
   }

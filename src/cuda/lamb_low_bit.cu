@@ -1,0 +1,216 @@
+// LAMB's two passes over 8- or 4-bit blockwise moments (backend/
+// lamb_blockwise.h), as functors of the multi-tensor driver; the ratio kernel
+// between them is cuda/lamb.cu's. Pass 1: a block's lanes (a warp for a
+// 256-element 8-bit block, a half-warp for a 128-element 4-bit one; 8
+// consecutive elements per lane) decode, update and encode its moments, and
+// sum w^2 and d^2 over the block (each lane its elements in order, then the
+// lanes' tree); thread 0 adds the chunk's block sums in block order. The CPU
+// (cpu/lamb_low_bit.h) adds in the same order: the same bits. The forms
+// differ only in their Codec (cuda/blockwise_codecs.cuh).
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/lamb.h"
+#include "backend/lamb_blockwise.h"
+#include "cuda/block_reduce.cuh"
+#include "cuda/blockwise_codecs.cuh"
+#include "cuda/blockwise_lanes.cuh"
+#include "cuda/lamb_launch.cuh"
+#include "cuda/multi_tensor.cuh"
+#include "cuda/types.cuh"
+
+namespace gradkit::backend {
+namespace {
+
+using cuda::Codec4;
+using cuda::Codec8;
+using cuda::kLanes;
+using cuda::kPerLane;
+using cuda::load_lane;
+using cuda::native_t;
+using cuda::PlanArgs;
+using cuda::store_lane;
+
+static_assert(kPerLane == kLaneElements && kLanes == kWarpLanes, "the CPU's order must be the lanes'");
+
+struct None {};
+
+template <class Codec, class G>
+struct NormsLowBitOp {
+  using Tables = typename Codec::Tables;
+  static constexpr int kChunkBlocks = static_cast<int>(MultiTensorPlan::kDefaultChunkElements / Codec::kBlock);
+  static constexpr int kCodeBytes = kPerLane / Codec::kCodesPerByte;
+  LambLaunch launch;
+
+  __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
+    if (!cuda::step_enabled(launch)) return;
+    __shared__ Tables tables;
+    __shared__ double block_w2[kChunkBlocks], block_d2[kChunkBlocks];
+    cuda::copy_tables(tables, Codec::tables(launch));
+    const LambCoefficients<float> c = cuda::block_coefficients<float>(plan, chunk, launch);  // synchronizes
+
+    const float* w = plan.tensor<float>(0, chunk);
+    const G* g = plan.tensor<G>(1, chunk);
+    uint8_t* qm = plan.block_tensor<uint8_t>(2, chunk, Codec::kCodesPerByte);
+    uint8_t* qv = plan.block_tensor<uint8_t>(3, chunk, Codec::kCodesPerByte);
+    float* absmax_m = plan.block_tensor<float>(launch.absmax_list, chunk, Codec::kBlock);
+    float* absmax_v = plan.block_tensor<float>(launch.absmax_list + 1, chunk, Codec::kBlock);
+    const bool vectorized = cuda::vector_aligned<kPerLane>(w) && cuda::vector_aligned<kPerLane>(g) &&
+                            cuda::vector_aligned<kCodeBytes>(qm) && cuda::vector_aligned<kCodeBytes>(qv);
+
+    const int lane = threadIdx.x % kLanes;
+    // The lanes of this lane's block, as a mask of the warp's.
+    constexpr unsigned kBlockMask = Codec::kLanesPerBlock == kLanes ? 0xffffffffu : (1u << Codec::kLanesPerBlock) - 1;
+    const unsigned block_lanes = kBlockMask << (lane / Codec::kLanesPerBlock * Codec::kLanesPerBlock);
+    cuda::for_each_warp_block(chunk.length, [&](int span, int at, int n) {
+      // The lane's quantization block: the warp's (8-bit), or its half's (4-bit).
+      const int b = span * (kQuantBlock / Codec::kBlock) + lane / Codec::kLanesPerBlock;
+      const bool block_in_chunk = b * Codec::kBlock < chunk.length;  // 4-bit: a short span's second half may not be
+      float wr[kPerLane];
+      G gr[kPerLane];
+      uint8_t mr[kPerLane], vr[kPerLane];
+      load_lane(wr, w + at, n, vectorized);
+      load_lane(gr, g + at, n, vectorized);
+      Codec::load(mr, qm, at, n, vectorized);
+      Codec::load(vr, qv, at, n, vectorized);
+      const float old_m = block_in_chunk ? absmax_m[b] : 0.0f, old_v = block_in_chunk ? absmax_v[b] : 0.0f;
+
+      float m_new[kPerLane], v_new[kPerLane];
+      float amax_m = 0.0f, amax_v = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        lamb_blockwise_moments(cuda::to_compute<float>(gr[k]), mr[k], vr[k], old_m, old_v, tables, c, m_new[k],
+                               v_new[k]);
+        if (k < n) {
+          amax_m = absmax_fold(amax_m, m_new[k]);
+          amax_v = absmax_fold(amax_v, v_new[k]);
+        }
+      }
+      // xor offsets below kLanesPerBlock stay within the block's lanes; each
+      // lane ends with the block's value, lane 0 of the block with the CPU's
+      // tree order (backend::warp_tree_sum).
+#pragma unroll
+      for (int offset = Codec::kLanesPerBlock / 2; offset > 0; offset /= 2) {
+        amax_m = absmax_fold(amax_m, __shfl_xor_sync(0xffffffffu, amax_m, offset));
+        amax_v = absmax_fold(amax_v, __shfl_xor_sync(0xffffffffu, amax_v, offset));
+      }
+      const float scale_m = quant_scale(amax_m), scale_v = quant_scale(amax_v);
+      uint8_t mq[kPerLane], vq[kPerLane];
+      double w2 = 0, d2 = 0;
+      bool lane_finite = true;
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        mq[k] = Codec::encode(tables, 0, exact::mul(m_new[k], scale_m));
+        vq[k] = Codec::encode(tables, 1, exact::mul(v_new[k], scale_v));
+        if (k < n) {
+          const float d = lamb_blockwise_direction(wr[k], mq[k], vq[k], amax_m, amax_v, tables, c);
+          lane_finite = lane_finite && finite(d);
+          w2 += static_cast<double>(wr[k]) * wr[k];
+          d2 += static_cast<double>(d) * d;
+        }
+      }
+      const bool all_finite = (__ballot_sync(0xffffffffu, lane_finite) & block_lanes) == block_lanes;
+#pragma unroll
+      for (int offset = Codec::kLanesPerBlock / 2; offset > 0; offset /= 2) {
+        w2 += __shfl_xor_sync(0xffffffffu, w2, offset);
+        d2 += __shfl_xor_sync(0xffffffffu, d2, offset);
+      }
+      if (all_finite) {
+        Codec::store(qm, at, mq, n, vectorized);
+        Codec::store(qv, at, vq, n, vectorized);
+      }
+      if (lane % Codec::kLanesPerBlock == 0 && block_in_chunk) {
+        if (all_finite) {
+          absmax_m[b] = amax_m;
+          absmax_v[b] = amax_v;
+        } else {
+          absmax_m[b] = lamb_flip_mark(old_m);
+        }
+        block_w2[b] = w2;
+        block_d2[b] = all_finite ? d2 : 0.0;
+      }
+    });
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double w2 = 0, d2 = 0;
+      for (int b = 0; b * Codec::kBlock < chunk.length; ++b) {
+        w2 += block_w2[b];
+        d2 += block_d2[b];
+      }
+      launch.partials[2 * blockIdx.x] = w2;  // one block per chunk: blockIdx.x is the chunk
+      launch.partials[2 * blockIdx.x + 1] = d2;
+    }
+  }
+};
+
+template <class Codec, class Copy, class Update>
+struct UpdateLowBitOp {
+  static constexpr bool kCopy = !std::is_same_v<Copy, None>;
+  static constexpr bool kUpdate = !std::is_same_v<Update, None>;
+  LambLaunch launch;
+
+  __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
+    if (!cuda::step_enabled(launch)) return;
+    __shared__ typename Codec::Tables tables;
+    cuda::copy_tables(tables, Codec::tables(launch));
+    const LambCoefficients<float> c = cuda::block_coefficients<float>(plan, chunk, launch);  // synchronizes
+    const float step = exact::mul(c.eta, launch.ratios[chunk.tensor]);
+    float* w = plan.tensor<float>(0, chunk);
+    const uint8_t* qm = plan.block_tensor<uint8_t>(2, chunk, Codec::kCodesPerByte);
+    const uint8_t* qv = plan.block_tensor<uint8_t>(3, chunk, Codec::kCodesPerByte);
+    float* absmax_m = plan.block_tensor<float>(launch.absmax_list, chunk, Codec::kBlock);
+    const float* absmax_v = plan.block_tensor<float>(launch.absmax_list + 1, chunk, Codec::kBlock);
+    for (int i = threadIdx.x; i < chunk.length; i += blockDim.x) {
+      const int b = i / Codec::kBlock;
+      const float w_old = w[i];
+      const float w_new = lamb_marked(absmax_m[b])
+                              ? w_old
+                              : lamb_blockwise_update(w_old, Codec::code(qm, i), Codec::code(qv, i), absmax_m[b],
+                                                      absmax_v[b], tables, step, c);
+      if constexpr (kUpdate) plan.tensor<float>(launch.update_list, chunk)[i] = w_new - w_old;
+      else w[i] = w_new;
+      if constexpr (kCopy) plan.tensor<Copy>(launch.copy_list, chunk)[i] = cuda::from_compute<Copy>(w_new);
+    }
+    __syncthreads();  // every mark read before any is cleared
+    const int blocks = (chunk.length + Codec::kBlock - 1) / Codec::kBlock;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
+      if (lamb_marked(absmax_m[b])) absmax_m[b] = lamb_flip_mark(absmax_m[b]);
+    }
+  }
+};
+
+template <class Codec, class Copy>
+void launch_update(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
+  if (l.update_list >= 0) cuda::launch_multi_tensor(plan, UpdateLowBitOp<Codec, Copy, float>{l}, stream);
+  else cuda::launch_multi_tensor(plan, UpdateLowBitOp<Codec, Copy, None>{l}, stream);
+}
+
+template <class Codec>
+void launch_norms(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
+  dispatch_dtype(plan.dtype(1), [&]<class G>() {
+    if constexpr (!std::is_same_v<G, double>) {
+      cuda::launch_multi_tensor(plan, NormsLowBitOp<Codec, native_t<G>>{l}, stream);
+    }
+  });
+}
+
+template <class Codec>
+void launch_updates(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
+  if (l.copy_list < 0) return launch_update<Codec, None>(plan, l, stream);
+  if (plan.dtype(l.copy_list) == DType::f16) launch_update<Codec, __half>(plan, l, stream);
+  else launch_update<Codec, __nv_bfloat16>(plan, l, stream);
+}
+
+}  // namespace
+
+void lamb_low_bit_norms_cuda(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
+  if (l.moment_bits == 4) launch_norms<Codec4>(plan, l, stream);
+  else launch_norms<Codec8>(plan, l, stream);
+}
+
+void lamb_low_bit_update_cuda(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) {
+  if (l.moment_bits == 4) launch_updates<Codec4>(plan, l, stream);
+  else launch_updates<Codec8>(plan, l, stream);
+}
+
+}  // namespace gradkit::backend
