@@ -84,6 +84,12 @@ LOW_BIT_FINAL_LOSS = 0.01
 # +3.2% and +3.9% there (the linear map that DE-0 replaced: +6.1%).
 INT4_FINAL_LOSS = 0.02
 INT4_EARLY_FINAL_LOSS = 0.05
+# LAMB with 4-bit moments beside another LAMB run of 10 steps at lr 1e-2 (float32
+# moments, or 4-bit ones whose blocks start elsewhere: FSDP2's shards): the RMS of the
+# weights' difference over the RMS of their movement. Measured 0.26-0.27 against float32
+# LAMB (test_torch_low_bit.py; 8-bit: 0.02), 0.06-0.28 between sharded and unsharded
+# int4 runs over 2 ranks (ranks/fsdp2.py; the 64-element norms the most).
+LAMB_INT4_MOVEMENT = 0.35
 # the CNN trained 300 steps with 8-bit moments or remainder masters: its
 # accuracy on held-out images (models.held_out_accuracy) at most this far
 # below float32 torch.optim.AdamW's (absolute; issue 24's 0.5%). One-sided,

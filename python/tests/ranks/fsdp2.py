@@ -4,8 +4,8 @@ fully_shard on each block and on the model). On the CPU the ranks talk over
 gloo; with CUDA, over NCCL, a GPU per rank (GRADKIT_TEST_CUDA_DEVICE: all on
 that one).
 
-    fsdp2.py train DIR   AdamW against torch.optim.AdamW, LAMB against an
-                         unsharded run, bfloat16 parameters' float32
+    fsdp2.py train DIR   AdamW against torch.optim.AdamW, LAMB (float32 and
+                         4-bit moments) against an unsharded run, bfloat16 parameters' float32
                          masters against an unsharded run, 8-bit moments and
                          remainder masters against plain tensors holding the
                          local shards, AmpStep's norm and a skip decided on
@@ -33,7 +33,8 @@ from torch.distributed.tensor import DTensor, Partial, init_device_mesh
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import gradkit.torch as gt  # noqa: E402
 from models import TinyGPT, text_batches  # noqa: E402
-from tolerances import FSDP2_NORM, FSDP2_UNSHARDED, INT4_RESHARD, INT8_RESHARD, TRAINING_LOSS  # noqa: E402
+from tolerances import (FSDP2_NORM, FSDP2_UNSHARDED, INT4_RESHARD, INT8_RESHARD, LAMB_INT4_MOVEMENT,  # noqa: E402
+                        TRAINING_LOSS)
 
 STEPS = 50
 
@@ -122,6 +123,23 @@ def check_lamb_against_unsharded(device):
     rtol, atol = FSDP2_UNSHARDED
     for (name, p), q in zip(model.named_parameters(), plain.parameters()):
         torch.testing.assert_close(full(p.detach()), q.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+def check_lamb_int4_against_unsharded(device):
+    """LAMB with 4-bit moments over DTensors: the trust ratios from the shards' sums, each
+    rank's blocks starting where its shard starts. The unsharded run's blocks fall
+    elsewhere, so codes differ by the form's rounding: the weights' movement may differ
+    from the unsharded int4 run's by about what int4 differs from float32 LAMB."""
+    model = sharded_model(device, seed=1)
+    plain = TinyGPT(layers=2, d=64, heads=4, block=32).to(device)
+    plain.load_state_dict({k: full(v) for k, v in model.state_dict().items()})
+    start = [q.detach().clone() for q in plain.parameters()]
+    kwargs = dict(lr=1e-2, weight_decay=0.01, moments="int4", min_4bit_size=0)
+    train(model, gt.Lamb(model.parameters(), **kwargs), device, 10, seed=3)
+    train(plain, gt.Lamb(plain.parameters(), **kwargs), device, 10, seed=3)
+    for (name, p), q, q0 in zip(model.named_parameters(), plain.parameters(), start):
+        moved = ((full(p.detach()) - q).norm() / (q - q0).norm()).item()
+        assert moved < LAMB_INT4_MOVEMENT, f"{name}: {moved:.3f} of its movement from the unsharded int4 run's"
 
 
 def check_bfloat16_masters_against_unsharded(device):
@@ -257,6 +275,7 @@ def main():
     if what == "train":
         check_adamw_against_torch(device, rank)
         check_lamb_against_unsharded(device)
+        check_lamb_int4_against_unsharded(device)
         check_bfloat16_masters_against_unsharded(device)
         check_low_bit_against_local_shards(device, rank, LOW_BIT, "_absmax")
         check_low_bit_against_local_shards(device, rank, INT4, "_absmax4")
