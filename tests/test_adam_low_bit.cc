@@ -194,7 +194,7 @@ TEST_P(AdamLowBit, BitwiseDeterministic) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DevicesAndBits, AdamLowBit,
-                         ::testing::Combine(::testing::Values(Device::cpu(), Device::cuda(0)), ::testing::Values(8, 4)),
+                         devices_and_bits(),
                          low_bit_test_name);
 
 // The same steps on the CPU and on CUDA give the same bytes: weights,
@@ -216,7 +216,7 @@ TEST_P(AdamLowBitBackends, CpuAndCudaAgreeBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Bits, AdamLowBitBackends, ::testing::Values(8, 4),
-                         [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "bit"; });
+                         bits_test_name);
 
 }  // namespace
 }  // namespace gradkit::test

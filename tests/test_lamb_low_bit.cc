@@ -25,6 +25,7 @@
 #include "support/device_param.h"
 #include "support/eight_bit.h"
 #include "support/expect_error.h"
+#include "support/low_bit_moments.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"
 
@@ -67,58 +68,31 @@ std::vector<int64_t> sizes_of(int bits) {
   return bits == 4 ? std::vector<int64_t>{1, 127, 128 + 7, 65536 + 301, 1001}
                    : std::vector<int64_t>{1, 255, 256 + 7, 65536 + 300, 1000};
 }
-int64_t block_of(int bits) { return bits == 4 ? kQuant4Block : kQuantBlock; }
-QuantCode code_of(bool first) { return first ? QuantCode::signed_dynamic : QuantCode::unsigned_dynamic; }
 
-struct Tensors {
-  int32_t bits;
-  std::vector<TestTensor> w, g, m, v, am, av, copy, update;
+struct Tensors : LowBitMoments {
+  std::vector<TestTensor> w, g, copy, update;
   std::vector<TensorView> wv, gv, mv, vv, amv, avv, cv, uv;
 
   Tensors(Device device, const Config& c, uint64_t seed, int32_t moment_bits, std::vector<int64_t> sizes = {})
-      : bits(moment_bits) {
+      : LowBitMoments(moment_bits) {
     if (sizes.empty()) sizes = sizes_of(bits);
     std::mt19937_64 rng(seed);
     for (int64_t n : sizes) {
       w.emplace_back(device, DType::f32, round_to(DType::f32, random_values(rng, n)));
       g.emplace_back(device, c.grad, round_to(c.grad, random_values(rng, n, c.loss_scale)));
-      const int64_t bytes = bits == 4 ? quant4_bytes(n) : n, blocks = bits == 4 ? quant4_blocks(n) : quant_blocks(n);
-      m.emplace_back(device, DType::u8, std::vector<double>(bytes, 0.0));
-      v.emplace_back(device, DType::u8, std::vector<double>(bytes, 0.0));
-      am.emplace_back(device, DType::f32, std::vector<double>(blocks, 0.0));
-      av.emplace_back(device, DType::f32, std::vector<double>(blocks, 0.0));
       if (c.copy != DType::f32) copy.emplace_back(device, c.copy, std::vector<double>(n, 0.0));
       if (c.update) update.emplace_back(device, DType::f32, std::vector<double>(n, 0.0));
-      const TestTensor m0(device, DType::f32, moment_values(rng, n, true, -3)), v0(device, DType::f32, moment_values(rng, n, false, -3));
-      encode(true, m0, m.back(), am.back());
-      encode(false, v0, v.back(), av.back());
+      const std::vector<double> m0 = moment_values(rng, n, true, -3);
+      const std::vector<double> v0 = moment_values(rng, n, false, -3);
+      add_moments(device, m0, v0);
     }
     refresh();
-  }
-  void encode(bool first, const TestTensor& values, TestTensor& codes, TestTensor& absmax) const {
-    if (bits == 4) quantize_blockwise4(code_of(first), values.view(), codes.view(), absmax.view());
-    else quantize_blockwise(code_of(first), values.view(), codes.view(), absmax.view());
   }
   void refresh() {
     wv = views(w), gv = views(g), mv = views(m), vv = views(v), amv = views(am), avv = views(av), cv = views(copy),
     uv = views(update);
   }
   LambTensors tensors() const { return {wv, gv, mv, vv, cv, uv, amv, avv, {}, bits}; }
-  std::vector<double> decoded(size_t i, bool first) const {
-    TestTensor out(w[i].view().device, DType::f32, std::vector<double>(w[i].numel(), 0.0));
-    const TestTensor &codes = (first ? m : v)[i], &absmax = (first ? am : av)[i];
-    if (bits == 4) dequantize_blockwise4(code_of(first), codes.view(), absmax.view(), out.view());
-    else dequantize_blockwise(code_of(first), codes.view(), absmax.view(), out.view());
-    return out.read();
-  }
-  // Tensor i's codes of m (first) or v, one per element (4-bit: unpacked, the low nibble first).
-  std::vector<double> codes(size_t i, bool first) const {
-    const std::vector<double> stored = (first ? m : v)[i].read();
-    if (bits == 8) return stored;
-    std::vector<double> out(static_cast<size_t>(w[i].numel()));
-    for (size_t e = 0; e < out.size(); ++e) out[e] = (static_cast<int>(stored[e / 2]) >> ((e & 1) * 4)) & 0x0f;
-    return out;
-  }
   void new_gradients(std::mt19937_64& rng, DType grad, float scale) {
     for (auto& t : g) {
       const TestTensor fresh(t.view().device, grad, random_values(rng, t.numel(), scale));
@@ -148,7 +122,7 @@ std::vector<double> reference_decode(const std::vector<double>& codes, const std
                                      int bits) {
   const std::vector<double> table = bits == 4 ? reference_code4(first) : reference_code(first);
   std::vector<double> out(codes.size());
-  for (size_t k = 0; k < codes.size(); ++k) out[k] = table[static_cast<size_t>(codes[k])] * absmax[k / block_of(bits)];
+  for (size_t k = 0; k < codes.size(); ++k) out[k] = table[static_cast<size_t>(codes[k])] * absmax[k / quant_block_of(bits)];
   return out;
 }
 
@@ -307,7 +281,7 @@ TEST_P(LambLowBit, ANonFiniteDirectionKeepsItsWholeBlock) {
   for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
     Tensors t = make(c, 31), clean = make(c, 31);
     const size_t i = 3;  // past a chunk: 258 blocks of 256, or 516 of 128
-    const int block = static_cast<int>(block_of(bits()));
+    const int block = static_cast<int>(quant_block_of(bits()));
     std::vector<double> grad = t.g[i].read();
     grad[block + 44] = bad;  // block 1
     t.g[i] = TestTensor(device(), DType::f32, grad);
@@ -420,7 +394,7 @@ TEST_P(LambLowBit, RejectsBadArgumentsNamingThem) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DevicesAndBits, LambLowBit,
-                         ::testing::Combine(::testing::Values(Device::cpu(), Device::cuda(0)), ::testing::Values(8, 4)),
+                         devices_and_bits(),
                          low_bit_test_name);
 
 // The owning Lamb with 8- and 4-bit moments (support/eight_bit.h): a resumed
@@ -474,7 +448,7 @@ TEST_P(LambLowBitOptimizer, EachFormLoadsOnlyItsOwnFile) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DevicesAndBits, LambLowBitOptimizer,
-                         ::testing::Combine(::testing::Values(Device::cpu(), Device::cuda(0)), ::testing::Values(8, 4)),
+                         devices_and_bits(),
                          low_bit_test_name);
 
 // The same steps on the CPU and on CUDA give the same bytes: weights (or
@@ -518,7 +492,7 @@ TEST_P(LambLowBitBackends, CpuAndCudaAgreeBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Bits, LambLowBitBackends, ::testing::Values(8, 4),
-                         [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "bit"; });
+                         bits_test_name);
 
 }  // namespace
 }  // namespace gradkit::test

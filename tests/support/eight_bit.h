@@ -80,10 +80,17 @@ inline void expect_encoded(const std::vector<double>& want, const std::vector<do
   }
 }
 
-// The name of a (device, moment bits) instance: cpu_8bit, cuda_4bit, ...
+// The instances of a low-bit test: each device with 8- and 4-bit moments, and
+// their names (cpu_8bit, cuda_4bit, ...; a bits-only test's: 8bit, 4bit).
+inline auto devices_and_bits() {
+  return ::testing::Combine(::testing::Values(Device::cpu(), Device::cuda(0)), ::testing::Values(8, 4));
+}
 inline std::string low_bit_test_name(const ::testing::TestParamInfo<std::tuple<Device, int>>& info) {
   return std::string(std::get<0>(info.param).is_cuda() ? "cuda" : "cpu") + "_" +
          std::to_string(std::get<1>(info.param)) + "bit";
+}
+inline std::string bits_test_name(const ::testing::TestParamInfo<int>& info) {
+  return std::to_string(info.param) + "bit";
 }
 
 // A model for the owning optimizers: f32 weights, bf16 gradients.
