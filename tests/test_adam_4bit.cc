@@ -85,7 +85,7 @@ TEST_P(Blockwise4OnDevice, EncodesTheNearestCodeAndDecodesIt) {
     dequantize_blockwise4(moment_code(first), codes.view(), absmax.view(), back.view());
     const std::vector<int> q = unpacked(codes, n);
     const std::vector<double> amax = absmax.read();
-    expect_encoded(x, std::vector<double>(q.begin(), q.end()), amax, first, first ? "signed" : "linear", 4);
+    expect_encoded(x, std::vector<double>(q.begin(), q.end()), amax, first, first ? "signed" : "unsigned", 4);
     const std::vector<double> decoded = back.read();
     const std::array<float, 16>& table = quant_code4(moment_code(first));
     for (int64_t e = 0; e < n; ++e) {

@@ -142,6 +142,9 @@ def test_resume_from_state_dict_equals_the_straight_run(device, optimizer, form)
     second = optimizer(resumed, lr=1.0, **form)
     second.load_state_dict(saved)
     for name, t in second.state[resumed[0]].items():  # the compact state comes back bit for bit
+        if not torch.is_tensor(t):  # 4-bit moments' map
+            assert t == saved["state"][0][name], name
+            continue
         assert t.dtype == saved["state"][0][name].dtype and torch.equal(t.cpu(), saved["state"][0][name].cpu()), name
     run(resumed, second, 10, device, start=10)
     for p, q in zip(straight, resumed):
@@ -151,27 +154,60 @@ def test_resume_from_state_dict_equals_the_straight_run(device, optimizer, form)
 
 def test_a_4bit_state_dict_of_the_linear_map_is_refused(device):
     """Before state format 4 the 4-bit second moment was on the linear map, whose codes mean
-    other values: a state dict whose groups lack the DE-0 mark is refused, naming the group
-    and the key, before anything is loaded. The mark is the state dict's, not the groups'."""
+    other values: a parameter's state holding 4-bit codes without the DE-0 mark is refused,
+    naming it and the key, before anything is loaded. The optimizer's state keeps the mark
+    beside the codes, and only there."""
     params = make_params(device)
     opt = gt.AdamW(params, lr=LR, weight_decay=WD, moments="int4", min_4bit_size=0)
     run(params, opt, 3, device)
     saved = copy.deepcopy(opt.state_dict())
-    assert [g["int4_second_moment_map"] for g in saved["param_groups"]] == ["DE-0"] * len(opt.param_groups)
+    assert [s["int4_second_moment_map"] for s in saved["state"].values()] == [1] * len(params)
     old = copy.deepcopy(saved)
-    del old["param_groups"][-1]["int4_second_moment_map"]
-    with pytest.raises(ValueError, match=rf"param_groups\[{len(old['param_groups']) - 1}\] has "
-                                         "'int4_second_moment_map' None, expected 'DE-0'.*linear map"):
+    del old["state"][2]["int4_second_moment_map"]
+    with pytest.raises(ValueError, match="state_dict's state 2 holds 4-bit moments with 'int4_second_moment_map' "
+                                         "None, expected 1 \\(DE-0\\).*linear map"):
         opt.load_state_dict(old)
     for i, p in enumerate(params):
         for name, t in opt.state[p].items():
-            assert torch.equal(t.cpu(), saved["state"][i][name].cpu()), name
+            assert t == 1 if name == "int4_second_moment_map" else torch.equal(t.cpu(), saved["state"][i][name].cpu())
     opt.load_state_dict(saved)
-    assert all("int4_second_moment_map" not in g for g in opt.param_groups)
-    # Without 4-bit codes the mark is not needed: torch.optim's state, or a float32 export.
+    assert all(opt.state[p]["int4_second_moment_map"] == 1 for p in params)
+    # Without 4-bit codes there is no mark: torch.optim's state, or a float32 export.
+    exported = opt.float32_state_dict()
+    assert all("int4_second_moment_map" not in s for s in exported["state"].values())
     torch_opt = torch.optim.AdamW(params, lr=LR)
-    torch_opt.load_state_dict(opt.float32_state_dict())
+    torch_opt.load_state_dict(exported)
     opt.load_state_dict(torch_opt.state_dict())
+    assert all(opt.state[p]["int4_second_moment_map"] == 1 for p in params)  # encoded again: marked again
+    int8 = gt.AdamW(params, lr=LR, moments="int8", min_8bit_size=0)
+    int8.load_state_dict(saved)
+    assert all("int4_second_moment_map" not in int8.state[p] for p in params)
+
+
+def test_a_flattened_checkpoint_state_dict_keeps_4bit_codes_loadable(device):
+    """torch.distributed.checkpoint's flattened optimizer state dict rebuilds each state from the
+    loading optimizer's own keys: the DE-0 mark travels because the optimizer keeps it, and the
+    codes come back bit for bit."""
+    checkpoint = pytest.importorskip("torch.distributed.checkpoint.state_dict",
+                                     reason="torch.distributed.checkpoint.state_dict came in torch 2.2")
+    if "flatten_optimizer_state_dict" not in checkpoint.StateDictOptions.__dataclass_fields__:
+        pytest.skip(f"torch {torch.__version__}'s StateDictOptions has no flatten_optimizer_state_dict")
+    StateDictOptions = checkpoint.StateDictOptions
+    get_optimizer_state_dict, set_optimizer_state_dict = (checkpoint.get_optimizer_state_dict,
+                                                          checkpoint.set_optimizer_state_dict)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8)).to(device)
+    opt = gt.AdamW(model.parameters(), lr=LR, moments="int4", min_4bit_size=0)
+    for step in range(3):
+        opt.zero_grad()
+        model(torch.randn(4, 64, generator=torch.Generator().manual_seed(step)).to(device)).sum().backward()
+        opt.step()
+    flat = StateDictOptions(flatten_optimizer_state_dict=True)
+    saved = get_optimizer_state_dict(model, opt, options=flat)
+    assert saved["state.0.weight.int4_second_moment_map"] == 1
+    before = {k: v.clone() for k, v in opt.state[model[0].weight].items() if torch.is_tensor(v)}
+    set_optimizer_state_dict(model, opt, saved, options=flat)
+    after = opt.state[model[0].weight]
+    assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 def test_torch_optim_state_loads_quantized_and_exports_back(device):

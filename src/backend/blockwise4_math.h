@@ -18,8 +18,8 @@ struct QuantTable4 {
   float midpoints[16];
 };
 
-// exp_avg's table (the signed dynamic map) then exp_avg_sq's (the linear
-// map without zero).
+// exp_avg's table (the signed dynamic map) then exp_avg_sq's (the unsigned
+// dynamic map without zero, DE-0).
 struct QuantTables4 {
   QuantTable4 table[2];
 };

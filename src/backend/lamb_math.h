@@ -1,8 +1,8 @@
 // LAMB's per-element formulas, written once and compiled for both backends.
 // Every operation is rounded on its own (backend/exact_math.h), so both
-// backends give the same bits for the same inputs; with 8-bit moments the
-// whole step is then the same bit for bit (the norms are summed in one
-// order too: backend/warp_order.h).
+// backends give the same bits for the same inputs; with 8- or 4-bit moments
+// the whole step is then the same bit for bit (the norms are summed in one
+// order too: backend/lamb_blockwise.h).
 #pragma once
 
 #include <cmath>

@@ -58,12 +58,16 @@ struct Nearest {
 
 // `positive_floor`: the unsigned map's rule that a positive value never
 // takes the code 0 (the value 0) but at least the smallest positive code
-// (docs/ops.md); then the code is exact, no near-tie.
+// (docs/ops.md); then the code is exact, no near-tie. Of two codes with one
+// value (the 4-bit DE-0 map's 0 and 1) the higher is taken, as the kernels
+// take it for every x above that value.
 inline Nearest nearest_code(const std::vector<double>& code, double x, bool positive_floor = false) {
   Nearest n{0, INFINITY, INFINITY};
   for (int i = 0; i < static_cast<int>(code.size()); ++i) {
     const double d = std::abs(code[i] - x);
-    if (d < n.distance) {
+    if (i > 0 && code[i] == code[n.index] && d == n.distance) {
+      n.index = i;
+    } else if (d < n.distance) {
       n.runner_up = n.distance;
       n = {i, d, n.runner_up};
     } else if (d < n.runner_up) {

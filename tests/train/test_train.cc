@@ -527,9 +527,11 @@ TEST(Training, ChecksItsOptionsFirst) {
                {"--master remainder: needs bf16 weights", "--device cuda trains f16"});
   o.device = "cpu";
   o.optimizer = "lamb";
-  o.moments = "int8";
-  expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
-               {"--master remainder: --optimizer lamb needs --moments f32 or bf16"});
+  for (const char* moments : {"int8", "int4"}) {
+    o.moments = moments;
+    expect_error([&] { check_train_options(o, false); }, ErrorCode::invalid_argument,
+                 {"--master remainder: --optimizer lamb needs --moments f32 or bf16"});
+  }
   o.moments = "f32";
   check_train_options(o, false);  // LAMB with float moments takes remainder masters
   o.optimizer = "adam";

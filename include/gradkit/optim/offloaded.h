@@ -71,8 +71,8 @@ struct OffloadStepTimes {
 };
 
 struct OffloadedOptions {
-  AdamOptions adam;  // Offloaded<Adam>: the host moments' dtype (f32, bf16 or u8)
-  LambOptions lamb;  // Offloaded<Lamb>: eta and the host moments' dtype (f32, bf16 or u8)
+  AdamOptions adam;  // Offloaded<Adam>: the host moments' dtype (f32, bf16 or u8) and bits (8 or 4)
+  LambOptions lamb;  // Offloaded<Lamb>: eta and the host moments' dtype (f32, bf16 or u8) and bits
   // Each tensor's bucket, over the groups' params in order (indices from 0,
   // every index up to the largest used). Empty: consecutive tensors taken
   // from the last to the first (the order backward produces gradients in),

@@ -44,44 +44,41 @@ _CODES = {"exp_avg": gradkit.QuantCode.signed_dynamic, "exp_avg_sq": gradkit.Qua
           "max_exp_avg_sq": gradkit.QuantCode.unsigned_dynamic}
 
 
-# A state_dict holding 4-bit codes says in each param group which map its second
-# moments' codes are on. gradkit before state format 4 (docs/state-format.md) kept
-# them on the linear map (i + 1) / 16, whose codes stand for other values than
-# DE-0's: 4-bit codes without this mark are refused rather than misread. Other
-# state dicts go without it (torch.distributed.checkpoint loads only the keys that
-# the checkpoint has, and torch.optim's have none of gradkit's).
+# A parameter's state holding 4-bit codes says which map its second moment's codes are
+# on: INT4_MAP_KEY = INT4_DE0. gradkit before state format 4 (docs/state-format.md) kept
+# them on the linear map (i + 1) / 16, whose codes stand for other values than DE-0's:
+# 4-bit codes without the mark are refused rather than misread. The mark is an int (a
+# flattened optimizer state dict of torch.distributed.checkpoint takes tensors, ints and
+# floats), and the optimizer's own state keeps it beside the codes: a flattened state
+# dict is rebuilt from the loading optimizer's state keys and groups, so a mark that only
+# the saved dict held would be lost on the way back.
 INT4_MAP_KEY = "int4_second_moment_map"
-INT4_MAP = "DE-0"
+INT4_DE0 = 1
 
 
-def _holds_4bit_codes(state_dict):
-    return any(torch.is_tensor(v) and k.endswith("_absmax4")
-               for s in state_dict.get("state", {}).values() for k, v in s.items())
+def _holds_4bit_codes(state):
+    return any(torch.is_tensor(v) and k.endswith("_absmax4") for k, v in state.items())
 
 
-def mark_int4_map(state_dict):
-    """Marks every param group of a state_dict made by this gradkit with INT4_MAP, if it
-    holds 4-bit codes."""
-    if _holds_4bit_codes(state_dict):
-        for group in state_dict["param_groups"]:
-            group[INT4_MAP_KEY] = INT4_MAP
-    return state_dict
+def mark_int4_map(state):
+    """Gives a parameter's state the mark if it holds 4-bit codes, and takes it away if not."""
+    if _holds_4bit_codes(state):
+        state[INT4_MAP_KEY] = INT4_DE0
+    else:
+        state.pop(INT4_MAP_KEY, None)
+    return state
 
 
-def without_int4_map(state_dict):
-    """state_dict (a shallow copy) without the marks, which the groups do not keep; raises if it
-    holds 4-bit codes whose groups are not marked INT4_MAP, before anything is loaded."""
-    groups = state_dict.get("param_groups", [])
-    unmarked = [i for i, g in enumerate(groups) if g.get(INT4_MAP_KEY) != INT4_MAP]
-    if unmarked and _holds_4bit_codes(state_dict):
-        found = groups[unmarked[0]].get(INT4_MAP_KEY)
-        raise ValueError(f"state_dict holds 4-bit moments, but param_groups[{unmarked[0]}] has {INT4_MAP_KEY!r} "
-                         f"{found!r}, expected {INT4_MAP!r}: it was saved by a gradkit whose 4-bit second moment "
-                         "was on the linear map, whose codes stand for other values than this gradkit's. Load it "
-                         "with the gradkit that saved it and save float32_state_dict(), which loads here")
-    out = dict(state_dict)
-    out["param_groups"] = [{k: v for k, v in g.items() if k != INT4_MAP_KEY} for g in groups]
-    return out
+def check_int4_map(state_dict):
+    """Raises, before anything is loaded, if a parameter's state in state_dict holds 4-bit
+    codes without INT4_DE0."""
+    for key, state in state_dict.get("state", {}).items():
+        if _holds_4bit_codes(state) and state.get(INT4_MAP_KEY) != INT4_DE0:
+            raise ValueError(f"state_dict's state {key!r} holds 4-bit moments with {INT4_MAP_KEY!r} "
+                             f"{state.get(INT4_MAP_KEY)!r}, expected {INT4_DE0} (DE-0): it was saved by a gradkit "
+                             "whose 4-bit second moment was on the linear map, whose codes stand for other values "
+                             "than this gradkit's. Load it with the gradkit that saved it and save "
+                             "float32_state_dict(), which loads here")
 
 
 def absmax_name(name):
@@ -179,6 +176,7 @@ class StateForm:
         for name in names:
             if self.bits(p) == 4:
                 state[name], state[absmax4_name(name)] = _new_4bit(p)
+                state[INT4_MAP_KEY] = INT4_DE0
                 continue
             state[name] = torch.zeros_like(p, dtype=self.moment_dtype(p), memory_format=torch.contiguous_format)
             if self.quantized(p):
@@ -194,6 +192,7 @@ class StateForm:
         """Brings a loaded state (any form, or torch.optim's) into this form, in place. May
         write p: a float32 master loaded into the remainder form sets p to its rounding."""
         self.convert_moments(p, names, state)
+        mark_int4_map(state)
         self._convert_master(p, state)
 
     def convert_moments(self, p, names, state):
@@ -240,7 +239,8 @@ class StateForm:
         """A copy of p's state as the float32 form has it (torch.optim's layout plus
         "master_param" for float16/bfloat16 parameters)."""
         out = {k: v for k, v in state.items()
-               if k not in names and k not in ("master_param", "weight_remainder") and not _is_absmax_key(k, names)}
+               if k not in names and k not in ("master_param", "weight_remainder", INT4_MAP_KEY)
+               and not _is_absmax_key(k, names)}
         for name in names:
             out[name] = _on(_float_moment(state, name, p), p, torch.float32 if p.dtype != torch.float64 else p.dtype,
                             copy=True)
@@ -257,7 +257,7 @@ class StateForm:
         parameter go everywhere. load_state_dict encodes them again: the same codes,
         absmax and remainders when the sharding is the same (a decoded block encodes back
         to itself; the parameter is its master's rounding)."""
-        out = {k: v for k, v in state.items() if not _is_absmax_key(k, names)}
+        out = {k: v for k, v in state.items() if not _is_absmax_key(k, names) and k != INT4_MAP_KEY}
         for name in names:
             if _is_8bit(state, name) or _is_4bit(state, name):
                 out[name] = _float_moment(state, name, p)

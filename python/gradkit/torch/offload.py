@@ -65,7 +65,7 @@ import torch
 import gradkit
 from gradkit.torch import _compile
 from gradkit.torch._device import common_device, stream_handle
-from gradkit.torch._state_forms import StateForm, absmax4_name, absmax_name, mark_int4_map, without_int4_map
+from gradkit.torch._state_forms import StateForm, absmax4_name, absmax_name, check_int4_map, mark_int4_map
 from gradkit.torch._param_groups import adam_hyperparameters, closure_loss, lamb_hyperparameters
 
 _MOMENT_DTYPES = {"float32": gradkit.DType.f32, "bfloat16": gradkit.DType.bf16, "int8": gradkit.DType.u8,
@@ -301,8 +301,8 @@ class _OffloadedBase(torch.optim.Optimizer):
                 # An absmax, and 4-bit codes (two a byte), stay flat; the rest is shaped like p.
                 flat = "_absmax" in name or (self._form.moments == "int4" and name in ("exp_avg", "exp_avg_sq"))
                 s[name] = (t if flat else t.view(p.shape)).clone()
-            self.state[p] = s
-        out = mark_int4_map(super().state_dict())
+            self.state[p] = mark_int4_map(s)
+        out = super().state_dict()
         self.state.clear()  # the state lives in gradkit's host memory
         scaler = self._native.scaler_state()
         if scaler is not None:
@@ -326,7 +326,7 @@ class _OffloadedBase(torch.optim.Optimizer):
         masters of float32 weights are the weights: they are taken from the model at the next step
         (load the model's weights first or after, either works); float16/bfloat16 masters come from
         "master_param", or from the weights when the state has none (torch.optim's)."""
-        state_dict = without_int4_map(state_dict)
+        check_int4_map(state_dict)
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"state_dict has {len(saved_groups)} param groups, expected {len(self.param_groups)}")

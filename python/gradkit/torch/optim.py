@@ -38,7 +38,7 @@ from gradkit.torch._device import common_device, stream_handle
 from gradkit.torch._dtensor import RankRows, check_placements, is_dtensor, local, shard_group
 from gradkit.torch._gradient_check import GradientCheck
 from gradkit.torch._param_groups import adam_hyperparameters, closure_loss, lamb_hyperparameters
-from gradkit.torch._state_forms import LOW_PRECISION, StateForm, float_master, mark_int4_map, without_int4_map
+from gradkit.torch._state_forms import LOW_PRECISION, StateForm, check_int4_map, float_master
 
 
 class _Cohort:
@@ -227,7 +227,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         for key, (p, group) in zip(saved_ids, self._params_with_groups()):
             if key in out["state"] and self._form.portable_differs(p):
                 out["state"][key] = self._form.portable(p, self._moment_names(group), out["state"][key])
-        return mark_int4_map(out)
+        return out
 
     def float32_state_dict(self):
         """state_dict() with float32 moments (decoded from 8-bit or bfloat16) and, for
@@ -254,7 +254,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         moments; float32 or remainder masters), converted into this optimizer's, or from
         torch.optim's counterpart (float32 moments, no masters: they start from the weights).
         Loading a float32 master into the remainder form sets the parameter to its rounding."""
-        state_dict = without_int4_map(state_dict)
+        check_int4_map(state_dict)
         self._cohorts = []  # their counters describe the state being replaced
         saved = self._saved_tensors(state_dict)
         super().load_state_dict(state_dict)  # casts every state tensor to its parameter's dtype

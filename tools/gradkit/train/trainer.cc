@@ -202,10 +202,10 @@ void check_train_options(const TrainOptions& o, bool writes) {
                   "--master remainder: needs bf16 weights, and --device cuda trains f16 ones (16 bits cannot hold "
                   "what rounding an f32 master to f16 loses); use --device cpu, which then trains bf16 weights");
     }
-    if (o.optimizer == "lamb" && o.moments == "int8") {
+    if (o.optimizer == "lamb" && (o.moments == "int8" || o.moments == "int4")) {
       throw Error(ErrorCode::invalid_argument,
-                  "--master remainder: --optimizer lamb needs --moments f32 or bf16 (LAMB's 8-bit passes have no "
-                  "remainder form)");
+                  "--master remainder: --optimizer lamb needs --moments f32 or bf16 (LAMB's 8- and 4-bit passes "
+                  "have no remainder form)");
     }
   }
   if (o.shard > 0 && o.reduce != "allreduce") {
