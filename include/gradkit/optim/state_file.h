@@ -14,8 +14,10 @@ namespace gradkit {
 
 class StateFile {
  public:
-  // 2: 8-bit moments (u8 moment dtype, absmax sections); a version-1 file
-  // has the same layout and reads as it is.
+  // 2: 8-bit moments (u8 moment dtype, absmax sections); 3: 4-bit moments
+  // (code 5, the linear map); 4: 4-bit moments on DE-0 (code 6; code 5 is
+  // refused). Older files have the same layout and read as they are
+  // (docs/state-format.md).
   static constexpr uint32_t kVersion = 4;
 
   // Section names are 1 to 64 printable ASCII characters, each used once;

@@ -592,9 +592,9 @@ class Lamb(_PlannedOptimizer):
     weight decay inside the update. `max_grad_norm` > 0 clips by the global norm of
     all gradients (computed by gradkit's gradient check) as ONNX Runtime does.
     moments="int8", "int4" (or "bfloat16") store the moments as Adam's do
-    (min_8bit_size, min_4bit_size likewise). For bfloat16 parameters master="float32" (4 bytes per parameter) or
-    "remainder" (2 bytes, the same master bit for bit; float moments only: "float32"
-    or "bfloat16")."""
+    (min_8bit_size, min_4bit_size likewise). For bfloat16 parameters
+    master="float32" (4 bytes per parameter) or "remainder" (2 bytes, the same
+    master bit for bit; float moments only: "float32" or "bfloat16")."""
 
     _counter_offset = 1  # LambPlan's counter holds the next t
     _copied_attributes = ("max_grad_norm", "_form")
