@@ -87,11 +87,9 @@ std::function<void()> prepare_adam(BenchDevice& dev, const Workload& w, DType gr
   return adam_steps(dev, std::move(lists), tensors);
 }
 
-// 8- or 4-bit blockwise moments (gradkit/ops/blockwise.h), f32 weights and
-// gradients: read w 4, g 4, m and v 1 each (4-bit: 0.5); write w 4, m and v
-// 1 each (0.5); and each block's two absmax values, read and written (16
-// bytes per block).
-std::function<void()> prepare_adam_low_bit(BenchDevice& dev, const Workload& w, int32_t bits) {
+// f32 weights and gradients with 8- or 4-bit blockwise moments (gradkit/
+// ops/blockwise.h): the lists w, g, m's codes, v's codes, m's absmax, v's absmax.
+std::shared_ptr<std::vector<TensorList>> low_bit_lists(BenchDevice& dev, const Workload& w, int32_t bits) {
   Workload codes{w.name, {}}, blocks{w.name, {}};
   for (int64_t n : w.sizes) {
     codes.sizes.push_back(bits == 4 ? quant4_bytes(n) : n);
@@ -104,6 +102,14 @@ std::function<void()> prepare_adam_low_bit(BenchDevice& dev, const Workload& w, 
   lists->push_back(carve(dev, codes, DType::u8, 4));
   lists->push_back(carve(dev, blocks, DType::f32, 5, /*positive=*/true));
   lists->push_back(carve(dev, blocks, DType::f32, 6, /*positive=*/true));
+  return lists;
+}
+
+// Adam: read w 4, g 4, m and v 1 each (4-bit: 0.5); write w 4, m and v 1
+// each (0.5); and each block's two absmax values, read and written (16
+// bytes per block).
+std::function<void()> prepare_adam_low_bit(BenchDevice& dev, const Workload& w, int32_t bits) {
+  auto lists = low_bit_lists(dev, w, bits);
   AdamTensors tensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}, (*lists)[4], (*lists)[5], {}};
   tensors.moment_bits = bits;
   return adam_steps(dev, std::move(lists), tensors);
@@ -122,18 +128,34 @@ std::function<void()> prepare_adam_remainder(BenchDevice& dev, const Workload& w
   return adam_steps(dev, std::move(lists), tensors);
 }
 
+// LAMB steps (lambda 0.01, the step count advancing) over `tensors`, carved
+// from `lists`, which the returned function keeps alive.
+std::function<void()> lamb_steps(BenchDevice& dev, std::shared_ptr<std::vector<TensorList>> lists,
+                                 const LambTensors& tensors) {
+  LambHyperparameters h;
+  h.lambda = 0.01f;
+  auto plan = std::make_shared<LambPlan>(tensors, std::span(&h, 1));
+  auto step = std::make_shared<int64_t>(0);
+  return [&dev, lists, plan, step] { plan->step({.eta = 1e-3f, .step = ++*step}, dev.stream()); };
+}
+
 std::function<void()> prepare_lamb(BenchDevice& dev, const Workload& w) {
   auto lists = std::make_shared<std::vector<TensorList>>();
   lists->push_back(carve(dev, w, DType::f32, 1));
   lists->push_back(carve(dev, w, DType::f32, 2));
   lists->push_back(carve(dev, w, DType::f32, 3));
   lists->push_back(carve(dev, w, DType::f32, 4, /*positive=*/true));
-  LambHyperparameters h;
-  h.lambda = 0.01f;
-  auto plan = std::make_shared<LambPlan>(LambTensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}},
-                                         std::span(&h, 1));
-  auto step = std::make_shared<int64_t>(0);
-  return [&dev, lists, plan, step] { plan->step({.eta = 1e-3f, .step = ++*step}, dev.stream()); };
+  return lamb_steps(dev, lists, LambTensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}});
+}
+
+// LAMB's two passes over 8- or 4-bit moments: pass 1 reads w 4, g 4, m and
+// v 1 each (4-bit: 0.5) and writes m and v; pass 2 reads w, m, v and writes
+// w; pass 1 reads and writes both absmax (16 bytes per block), pass 2 reads
+// them (8).
+std::function<void()> prepare_lamb_low_bit(BenchDevice& dev, const Workload& w, int32_t bits) {
+  auto lists = low_bit_lists(dev, w, bits);
+  return lamb_steps(dev, lists, LambTensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {},
+                                            (*lists)[4], (*lists)[5], {}, bits});
 }
 
 // The whole mixed-precision step: check f16 gradients, Adam on f32 masters
@@ -177,6 +199,10 @@ const std::vector<BenchOp>& bench_ops() {
       {"adam-bf16", 26, prepare_adam_remainder},
       // f32 LAMB, two passes: read w, g, m, v and write m, v; then read w, m, v and write w.
       {"lamb", 40, prepare_lamb},
+      {"lamb-8bit", 22 + 24.0 / kQuantBlock,
+       [](BenchDevice& dev, const Workload& w) { return prepare_lamb_low_bit(dev, w, 8); }},
+      {"lamb-4bit", 19 + 24.0 / kQuant4Block,
+       [](BenchDevice& dev, const Workload& w) { return prepare_lamb_low_bit(dev, w, 4); }},
       // Mixed precision: read f16 grads in the check (2), then Adam on f32
       // masters with f16 grads writing the f16 model copy (28).
       {"fp16-adam", 30, prepare_fp16_adam},
