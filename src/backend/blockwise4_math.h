@@ -48,6 +48,16 @@ GRADKIT_HD uint8_t nibble(uint8_t byte, int64_t element) {
 }
 GRADKIT_HD uint8_t pack_nibbles(uint8_t low, uint8_t high) { return static_cast<uint8_t>(low | (high << 4)); }
 
+// Element i's code in a tensor's packed codes.
+GRADKIT_HD uint8_t code4_at(const uint8_t* q, int64_t i) { return nibble(q[i / 2], i); }
+
+// A block's n codes (one a byte, as encode_block4 gives them) stored two a
+// byte from element `base` (even: a block starts on a byte); an odd block's
+// last high nibble is 0.
+inline void store_block4(const uint8_t* codes, int n, uint8_t* q, int64_t base) {
+  for (int k = 0; k < n; k += 2) q[(base + k) / 2] = pack_nibbles(codes[k], k + 1 < n ? codes[k + 1] : 0);
+}
+
 // Encodes the block's n values (n <= kQuant4Block) into codes[0 .. n), one
 // code a byte (the caller packs them), and returns the absmax.
 inline float encode_block4(const QuantTable4& table, const float* values, int n, uint8_t* codes) {

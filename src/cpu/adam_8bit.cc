@@ -57,13 +57,12 @@ struct Codec4 {
 #if GRADKIT_CPU_MULTI_ISA
     if (avx512) return cpu::decode4_avx512(t, codes + base / 2, absmax, n, out);
 #endif
-    for (int k = 0; k < n; ++k) out[k] = dequantize4(t, nibble(codes[(base + k) / 2], k), absmax);
+    for (int k = 0; k < n; ++k) out[k] = dequantize4(t, code4_at(codes, base + k), absmax);
   }
   void encode(int moment, const float* values, int n, uint8_t* codes, int64_t base, float* absmax) const {
-    uint8_t c[kQuant4Block + 1];
+    uint8_t c[kQuant4Block];
     *absmax = encode_block4(tables->table[moment], values, n, c);
-    c[n] = 0;  // the high nibble of an odd-length tensor's last byte
-    for (int k = 0; k < n; k += 2) codes[(base + k) / 2] = pack_nibbles(c[k], c[k + 1]);
+    store_block4(c, n, codes, base);
   }
 };
 

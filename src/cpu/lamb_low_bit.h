@@ -42,13 +42,11 @@ struct LambCodec4 {
   static constexpr int kBlock = kQuant4Block;
   static constexpr int kCodesPerByte = 2;
   static const Tables& tables(const LambLaunch& l) { return *l.tables4; }
-  static uint8_t code(const uint8_t* q, int64_t i) { return nibble(q[i / 2], i); }
+  static uint8_t code(const uint8_t* q, int64_t i) { return code4_at(q, i); }
   static float encode(const QuantTable4& t, const float* values, int n, uint8_t* codes) {
     return encode_block4(t, values, n, codes);
   }
-  static void store(uint8_t* q, int64_t base, const uint8_t* codes, int n) {
-    for (int k = 0; k < n; k += 2) q[(base + k) / 2] = pack_nibbles(codes[k], k + 1 < n ? codes[k + 1] : 0);
-  }
+  static void store(uint8_t* q, int64_t base, const uint8_t* codes, int n) { store_block4(codes, n, q, base); }
 };
 
 template <class G, class Codec>

@@ -84,7 +84,7 @@ GRADKIT_AVX512 inline void decode4_avx512(const backend::QuantTable4& t, const u
     const __m512i index = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high));
     _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_permutexvar_ps(index, codes), scale));
   }
-  for (; i < n; ++i) out[i] = backend::dequantize4(t, backend::nibble(q[i / 2], i), absmax);
+  for (; i < n; ++i) out[i] = backend::dequantize4(t, backend::code4_at(q, i), absmax);
 }
 
 // encode_block (backend/quant_tables.h) with the search's table reads

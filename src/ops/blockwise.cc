@@ -225,10 +225,7 @@ void quantize_blockwise4(QuantCode code, const TensorView& values, const TensorV
     const int64_t begin = b * kQuant4Block;
     const int n = static_cast<int>(std::min<int64_t>(kQuant4Block, values.numel - begin));
     amax[b] = backend::encode_block4(table, x.data() + begin, n, block_codes);
-    for (int i = 0; i < n; ++i) {
-      const int64_t e = begin + i;
-      q[e / 2] = static_cast<uint8_t>(q[e / 2] | (block_codes[i] << ((e & 1) * 4)));
-    }
+    backend::store_block4(block_codes, n, q.data(), begin);
   }
   copy_from_host(codes.data, device, q.data(), q.size());
   copy_from_host(absmax.data, device, amax.data(), amax.size() * sizeof(float));
@@ -243,7 +240,7 @@ void dequantize_blockwise4(QuantCode code, const TensorView& codes, const Tensor
   std::vector<float> x(static_cast<size_t>(values.numel));
   const backend::QuantTable4& table = backend::quant_tables4().table[static_cast<int>(code)];
   for (size_t i = 0; i < x.size(); ++i) {
-    x[i] = backend::dequantize4(table, backend::nibble(q[i / 2], static_cast<int64_t>(i)), amax[i / kQuant4Block]);
+    x[i] = backend::dequantize4(table, backend::code4_at(q.data(), static_cast<int64_t>(i)), amax[i / kQuant4Block]);
   }
   copy_from_host(values.data, device, x.data(), x.size() * sizeof(float));
 }

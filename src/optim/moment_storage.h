@@ -109,6 +109,13 @@ Buffer allocate_absmax(Device device, const std::vector<TensorView>& params, std
 std::vector<TensorView> packed_4bit(std::vector<TensorView> params);
 // Throws naming `arg` unless bits is 8, or 4 with u8 moments.
 void check_moment_bits(std::string_view op, std::string_view arg, int32_t bits, DType moment);
+// An optimizer's (Adam's, Lamb's) moments' bits as their lists are cut into
+// shards and pieces: 4, or 8 (also for float moments, whose lists are per
+// element, and without absmax lists).
+template <class Optimizer>
+int32_t cut_bits(const Optimizer& o) {
+  return o.moment_bits() == 4 ? 4 : 8;
+}
 
 // The bytes of a list of tensors, concatenated, and back.
 std::vector<uint8_t> download(const std::vector<TensorView>& tensors);

@@ -165,13 +165,6 @@ std::vector<TensorView> pick(const std::vector<TensorView>& all, const std::vect
   return out;
 }
 
-// The moments' bits as their lists are cut: 4, or 8 (also for float
-// moments, whose lists are per element, and without absmax lists).
-template <class Optimizer>
-int32_t cut_bits(const Optimizer& o) {
-  return o.moment_bits() == 4 ? 4 : 8;
-}
-
 // The CPU step of one piece: a plan over its slices of the host tensors.
 AdamPlan piece_plan(const Adam& adam, const std::vector<OffloadSlice>& piece, const std::vector<TensorView>& masters,
                     const std::vector<TensorView>& grads, const std::vector<TensorView>& copies,

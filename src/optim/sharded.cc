@@ -105,7 +105,6 @@ struct Traits<Adam> {
   static constexpr std::string_view mixed_kind = "mixed_precision_adam";
   static constexpr std::string_view sections[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   static const AdamOptions& options(const ShardedOptions& o) { return o.adam; }
-  static int32_t moment_bits(const Adam& adam) { return adam.moment_bits() == 4 ? 4 : 8; }
   // amsgrad's maxima: kept by every rank or by none (the groups decide).
   static bool keeps(const Adam& adam, std::string_view section) {
     return section != "max_exp_avg_sq" || !adam.max_exp_avg_sq().empty();
@@ -118,7 +117,6 @@ struct Traits<Lamb> {
   static constexpr std::string_view mixed_kind = "mixed_precision_lamb";
   static constexpr std::string_view sections[] = {"exp_avg", "exp_avg_sq"};
   static const LambOptions& options(const ShardedOptions& o) { return o.lamb; }
-  static int32_t moment_bits(const Lamb& lamb) { return lamb.moment_bits() == 4 ? 4 : 8; }
   static bool keeps(const Lamb&, std::string_view) { return true; }
 };
 
@@ -136,7 +134,7 @@ struct SplitSection {
 template <class Optimizer>
 std::vector<SplitSection> split_sections(const Optimizer& o) {
   const bool quantized = !o.exp_avg_absmax().empty();
-  const int32_t bits = Traits<Optimizer>::moment_bits(o);
+  const int32_t bits = cut_bits(o);
   std::vector<SplitSection> out;
   for (std::string_view name : Traits<Optimizer>::sections) {
     out.push_back({name, dtype_size(o.exp_avg()[0].dtype), quantized ? elements_per_code_byte(bits) : 1});

@@ -176,11 +176,11 @@ class StateForm:
         for name in names:
             if self.bits(p) == 4:
                 state[name], state[absmax4_name(name)] = _new_4bit(p)
-                state[INT4_MAP_KEY] = INT4_DE0
                 continue
             state[name] = torch.zeros_like(p, dtype=self.moment_dtype(p), memory_format=torch.contiguous_format)
             if self.quantized(p):
                 state[absmax_name(name)] = _new_absmax(p)
+        mark_int4_map(state)
         key = self.master_key(p)
         if key == "master_param":
             state[key] = p.detach().to(torch.float32).contiguous()
