@@ -23,6 +23,7 @@
 #include "gradkit/ops/lamb.h"
 #include "support/cpu_isa.h"
 #include "support/element_bytes.h"
+#include "support/low_bit_moments.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {
@@ -264,6 +265,62 @@ TEST_P(CpuIsaKernels, LambEqualsTheScalarReference) {
       if (k.copy != DType::f32) EXPECT_EQ(copy[t].bytes(), cc[t]) << where << ": model copy";
       if (k.update) EXPECT_EQ(update[t].bytes(), uu[t]) << where << ": update";
     }
+    if (HasFailure()) return;
+  }
+}
+
+// LAMB over 8- and 4-bit moments (cpu/lamb_low_bit.h): this copy's bytes
+// equal the baseline copy's, with a NaN gradient (one block kept and marked)
+// and an Inf, with and without the update list and the model copy. The
+// formulas themselves are checked against float64 in test_lamb_low_bit.
+TEST_P(CpuIsaKernels, LowBitLambEqualsTheBaselineCopy) {
+  struct Case {
+    int32_t bits;
+    DType g, copy;  // copy f32: none
+    bool update;
+  };
+  std::vector<Case> cases;
+  for (int32_t bits : {8, 4}) {
+    for (DType g : {DType::f32, DType::bf16}) cases.push_back({bits, g, DType::f32, false});
+    cases.push_back({bits, DType::f32, DType::bf16, false});
+    cases.push_back({bits, DType::f32, DType::f32, true});
+  }
+  const std::string isa = GetParam();
+  for (const Case& k : cases) {
+    // One run under `run_isa`: every tensor's bytes after the step.
+    auto step = [&](const char* run_isa) {
+      cpu::set_isa(run_isa);
+      std::vector<TestTensor> w = tensors(DType::f32, 4, 1.0), g = tensors(k.g, 5, 8.0, true),
+                              copy = tensors(k.copy == DType::f32 ? DType::f16 : k.copy, 8, 1.0),
+                              update = tensors(DType::f32, 9, 1.0);
+      LowBitMoments moments(k.bits);
+      std::mt19937_64 rng(6);
+      for (int64_t n : kSizes) {
+        std::vector<double> m0 = random_values(rng, n, 0.1), v0 = random_values(rng, n, 0.1);
+        for (double& e : v0) e = e * e;
+        moments.add_moments(Device::cpu(), m0, v0);
+      }
+      const auto wv = views(w), gv = views(g), mv = views(moments.m), vv = views(moments.v), amv = views(moments.am),
+                 avv = views(moments.av), cv = views(copy), uv = views(update);
+      LambTensors t{wv, gv, mv, vv, {}, {}, amv, avv, {}, k.bits};
+      if (k.copy != DType::f32) t.model_copy = cv;
+      if (k.update) t.update = uv;
+      LambHyperparameters h;
+      h.lambda = 0.01f;
+      LambPlan(t, std::span(&h, 1)).step({.eta = 2e-3f, .loss_scale = 8.0f, .step = 3});
+      std::vector<std::vector<uint8_t>> out;
+      for (const auto* list : {&w, &moments.m, &moments.v, &moments.am, &moments.av, &copy, &update}) {
+        for (const TestTensor& x : *list) out.push_back(x.bytes());
+      }
+      return out;
+    };
+    const auto want = step("baseline");
+    const auto got = step(isa.c_str());
+    const std::string label = isa + " " + std::to_string(k.bits) + "-bit g " + std::string(dtype_name(k.g)) +
+                              (k.copy != DType::f32 ? " copy " + std::string(dtype_name(k.copy)) : "") +
+                              (k.update ? " update" : "");
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << label << ": tensor " << i;
     if (HasFailure()) return;
   }
 }

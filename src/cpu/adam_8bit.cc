@@ -1,70 +1,23 @@
-// The Adam update with 8- or 4-bit blockwise moments on the CPU: block by block,
-// m and v decoded, every element updated by the shared formula
-// (backend/adam_math.h, its folded form), then the block encoded again with its new absmax
-// (backend/quant_tables.h), as the CUDA kernel does; one loop per
-// instruction set (isa.h), every per-launch choice a template parameter.
+// The Adam update with 8- or 4-bit blockwise moments on the CPU: block by
+// block, m and v decoded, every element updated by the shared formula
+// (backend/adam_math.h, its folded form), then the block encoded again with
+// its new absmax (the codecs: cpu/blockwise_codecs.h), as the CUDA kernel
+// does; one loop per instruction set (isa.h), every per-launch choice a
+// template parameter.
 #include <algorithm>
 #include <type_traits>
 
 #include "backend/blockwise4_math.h"
 #include "backend/quant_tables.h"
 #include "cpu/adam_kernel.h"
-#include "cpu/quant_avx512.h"
+#include "cpu/blockwise_codecs.h"
 
 namespace gradkit::backend {
 namespace cpu_adam {
 namespace {
 
-// A block's decode and encode: with AVX-512's permutes in the AVX-512 copy
-// (quant_avx512.h), else as loops that GCC vectorizes as it can.
-inline void decode(const QuantTable& t, const uint8_t* q, float absmax, int n, float* out, bool avx512) {
-#if GRADKIT_CPU_MULTI_ISA
-  if (avx512) return cpu::decode_avx512(t, q, absmax, n, out);
-#endif
-  (void)avx512;
-  for (int k = 0; k < n; ++k) out[k] = dequantize(t, q[k], absmax);
-}
-
-inline void encode(const QuantTable& t, const float* values, int n, uint8_t* codes, float* absmax, bool avx512) {
-#if GRADKIT_CPU_MULTI_ISA
-  if (avx512) return cpu::encode_avx512(t, values, n, codes, absmax);
-#endif
-  (void)avx512;
-  encode_block(t, values, n, codes, absmax);
-}
-
-// The 8-bit form of a block: kQuantBlock elements, one code a byte.
-struct Codec8 {
-  static constexpr int kBlock = kQuantBlock;
-  const QuantTables* tables;
-  bool avx512;
-  void decode(int moment, const uint8_t* codes, int64_t base, float absmax, int n, float* out) const {
-    cpu_adam::decode(tables->table[moment], codes + base, absmax, n, out, avx512);
-  }
-  void encode(int moment, const float* values, int n, uint8_t* codes, int64_t base, float* absmax) const {
-    cpu_adam::encode(tables->table[moment], values, n, codes + base, absmax, avx512);
-  }
-};
-
-// The 4-bit form (backend/blockwise4_math.h): kQuant4Block elements, two
-// codes a byte; a block starts on an even element, so on a byte.
-struct Codec4 {
-  static constexpr int kBlock = kQuant4Block;
-  const QuantTables4* tables;
-  bool avx512;
-  void decode(int moment, const uint8_t* codes, int64_t base, float absmax, int n, float* out) const {
-    const QuantTable4& t = tables->table[moment];
-#if GRADKIT_CPU_MULTI_ISA
-    if (avx512) return cpu::decode4_avx512(t, codes + base / 2, absmax, n, out);
-#endif
-    for (int k = 0; k < n; ++k) out[k] = dequantize4(t, code4_at(codes, base + k), absmax);
-  }
-  void encode(int moment, const float* values, int n, uint8_t* codes, int64_t base, float* absmax) const {
-    uint8_t c[kQuant4Block];
-    *absmax = encode_block4(tables->table[moment], values, n, c);
-    store_block4(c, n, codes, base);
-  }
-};
+using cpu_blockwise::Codec4;
+using cpu_blockwise::Codec8;
 
 // One chunk (whole blocks: the plan's chunks are multiples of both block sizes).
 template <class Codec, class Weights, class G, class Copy, class Mode, bool Scaled>
@@ -100,7 +53,7 @@ struct SpanLowBit {
 template <class Codec, class Weights, class G, class Copy>
 void run(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa, Codec codec) {
   using W = typename Weights::Stored;
-  constexpr int codes_per_byte = Codec::kBlock == kQuant4Block ? 2 : 1;
+  constexpr int codes_per_byte = Codec::kCodesPerByte;
   const StepValues<float> values(launch.inputs);
   cpu::for_each_chunk(plan, [&](const cpu::ChunkView& chunk) {
     const AdamCoefficients<float> c = values.coefficients(plan, launch, chunk.chunk);

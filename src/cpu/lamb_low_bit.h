@@ -1,7 +1,9 @@
 // LAMB's two passes over 8- or 4-bit moments on the CPU, block by block, with
 // the element formulas and the block rule of backend/lamb_blockwise.h and
 // each block's sums added in the order of the CUDA lanes that own the block
-// (a warp for an 8-bit block, a half-warp for a 4-bit one). Included by
+// (a warp for an 8-bit block, a half-warp for a 4-bit one); the blocks'
+// decode and encode are Adam's (cpu/blockwise_codecs.h), and each pass runs
+// in the copy for the active instruction set (isa.h). Included by
 // cpu/lamb.cc (its run() calls these as it calls PlainMoments).
 #pragma once
 
@@ -13,86 +15,76 @@
 #include "backend/lamb.h"
 #include "backend/lamb_blockwise.h"
 #include "backend/quant_tables.h"
+#include "cpu/blockwise_codecs.h"
 #include "cpu/isa.h"
 #include "cpu/master_weights.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
 namespace gradkit::backend {
+namespace cpu_lamb_low_bit {
 
-// Where a form keeps element i's code, and how a block is encoded and stored.
-struct LambCodec8 {
-  using Tables = QuantTables;
-  static constexpr int kBlock = kQuantBlock;
-  static constexpr int kCodesPerByte = 1;
-  static const Tables& tables(const LambLaunch& l) { return *l.tables; }
-  static uint8_t code(const uint8_t* q, int64_t i) { return q[i]; }
-  static float encode(const QuantTable& t, const float* values, int n, uint8_t* codes) {
-    float absmax;
-    encode_block(t, values, n, codes, &absmax);
-    return absmax;
-  }
-  static void store(uint8_t* q, int64_t base, const uint8_t* codes, int n) { std::copy(codes, codes + n, q + base); }
-};
+using cpu_blockwise::block_bytes;
 
-// Two codes a byte (element 2k in the low nibble); a block starts on an even
-// element, so on a byte, and an odd tensor's last high nibble is 0.
-struct LambCodec4 {
-  using Tables = QuantTables4;
-  static constexpr int kBlock = kQuant4Block;
-  static constexpr int kCodesPerByte = 2;
-  static const Tables& tables(const LambLaunch& l) { return *l.tables4; }
-  static uint8_t code(const uint8_t* q, int64_t i) { return code4_at(q, i); }
-  static float encode(const QuantTable4& t, const float* values, int n, uint8_t* codes) {
-    return encode_block4(t, values, n, codes);
-  }
-  static void store(uint8_t* q, int64_t base, const uint8_t* codes, int n) { store_block4(codes, n, q, base); }
-};
-
-template <class G, class Codec>
-struct BlockwiseMoments {
-  using C = float;
+// Pass 1 over one chunk (whole blocks: a chunk starts on a block): each
+// block's moments encoded anew (or the block kept and marked), and the
+// chunk's sums (sums[0]: w^2, sums[1]: d^2): each block's, in block order.
+// Each step is a loop over the block's values (decode, moments, encode,
+// decode of the new codes, direction), so that each vectorizes.
+template <class Codec, class G>
+struct Pass1 {
   static constexpr int kBlock = Codec::kBlock;
   static constexpr int kBlockLanes = kBlock / kLaneElements;  // the CUDA lanes that own a block
-
-  // Pass 1: each block's moments encoded anew (or the block kept and
-  // marked), and the chunk's sums (sums[0]: w^2, sums[1]: d^2): each
-  // block's, in block order. Scalar loops: `isa` is not used.
-  static void norms(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<float>& c, double* sums,
-                    cpu::Isa) {
+  static void run(int64_t length, const float* __restrict w, const G* __restrict g, uint8_t* __restrict qm,
+                  uint8_t* __restrict qv, float* __restrict absmax_m, float* __restrict absmax_v, Codec codec,
+                  LambCoefficients<float> c, double* sums) {
     double w2c = 0, d2c = 0;
-    const typename Codec::Tables& t = Codec::tables(l);
-    const float* w = chunk.tensor<float>(0);
-    const G* g = chunk.tensor<G>(1);
-    uint8_t* qm = chunk.block_tensor<uint8_t>(2, Codec::kCodesPerByte);
-    uint8_t* qv = chunk.block_tensor<uint8_t>(3, Codec::kCodesPerByte);
-    float* absmax_m = chunk.block_tensor<float>(l.absmax_list, kBlock);
-    float* absmax_v = chunk.block_tensor<float>(l.absmax_list + 1, kBlock);
-    for (int64_t b = 0; b * kBlock < chunk.chunk.length; ++b) {
+    alignas(64) float m[kBlock], v[kBlock], m_stored[kBlock], v_stored[kBlock];
+    alignas(64) double w_squares[kBlock], d_squares[kBlock];
+    alignas(64) uint8_t qm_new[kBlock], qv_new[kBlock];
+    for (int64_t b = 0; b * kBlock < length; ++b) {
       const int64_t base = b * kBlock;
-      const int n = static_cast<int>(std::min<int64_t>(kBlock, chunk.chunk.length - base));
-      float m_new[kBlock], v_new[kBlock];
-      uint8_t qm_new[kBlock + 1], qv_new[kBlock + 1];
-      for (int k = 0; k < n; ++k) {
-        lamb_blockwise_moments(cpu::to_compute<float>(g[base + k]), Codec::code(qm, base + k),
-                               Codec::code(qv, base + k), absmax_m[b], absmax_v[b], t, c, m_new[k], v_new[k]);
-      }
-      const float amax_m = Codec::encode(t.table[0], m_new, n, qm_new);
-      const float amax_v = Codec::encode(t.table[1], v_new, n, qv_new);
-      double w2[kBlockLanes] = {}, d2[kBlockLanes] = {};
-      bool all_finite = true;
+      const int n = static_cast<int>(std::min<int64_t>(kBlock, length - base));
+      codec.decode(0, qm, base, absmax_m[b], n, m);
+      codec.decode(1, qv, base, absmax_v[b], n, v);
+      for (int k = 0; k < n; ++k) lamb_moments(cpu::to_compute<float>(g[base + k]), m[k], v[k], c);
+      float amax_m, amax_v;
+      codec.encode(0, m, n, qm_new, 0, &amax_m);
+      codec.encode(1, v, n, qv_new, 0, &amax_v);
+      // The direction from the stored (encoded) moments.
+      codec.decode(0, qm_new, 0, amax_m, n, m_stored);
+      codec.decode(1, qv_new, 0, amax_v, n, v_stored);
+      // Whether any d is Inf or NaN, as an integer OR of its exponent
+      // being all ones (a bool reduction over finite() stays scalar).
+      uint32_t non_finite = 0;
       for (int k = 0; k < n; ++k) {
         const float wk = w[base + k];
-        const float d = lamb_blockwise_direction(wk, qm_new[k], qv_new[k], amax_m, amax_v, t, c);
-        all_finite = all_finite && finite(d);
-        w2[k / kLaneElements] += static_cast<double>(wk) * wk;
-        d2[k / kLaneElements] += static_cast<double>(d) * d;
+        const float d = lamb_direction(wk, m_stored[k], v_stored[k], c);
+        non_finite |= static_cast<uint32_t>((float_bits(d) & 0x7f800000u) == 0x7f800000u);
+        w_squares[k] = static_cast<double>(wk) * wk;
+        d_squares[k] = static_cast<double>(d) * d;
+      }
+      const bool all_finite = non_finite == 0;
+      // Each lane's elements in order, then the lanes' tree; the lanes side
+      // by side, so that the adds vectorize across them. A short block's
+      // lanes past its end hold 0.
+      if (n < kBlock) {
+        std::fill(w_squares + n, w_squares + kBlock, 0.0);
+        std::fill(d_squares + n, d_squares + kBlock, 0.0);
+      }
+      double w2[kBlockLanes] = {}, d2[kBlockLanes] = {};
+      for (int j = 0; j < kLaneElements; ++j) {
+        for (int lane = 0; lane < kBlockLanes; ++lane) {
+          w2[lane] += w_squares[lane * kLaneElements + j];
+          d2[lane] += d_squares[lane * kLaneElements + j];
+        }
       }
       w2c += warp_tree_sum(w2);
       if (all_finite) {
         d2c += warp_tree_sum(d2);
-        Codec::store(qm, base, qm_new, n);
-        Codec::store(qv, base, qv_new, n);
+        const int bytes = block_bytes<Codec>(n);
+        std::copy(qm_new, qm_new + bytes, qm + base / Codec::kCodesPerByte);
+        std::copy(qv_new, qv_new + bytes, qv + base / Codec::kCodesPerByte);
         absmax_m[b] = amax_m;
         absmax_v[b] = amax_v;
       } else {
@@ -102,37 +94,78 @@ struct BlockwiseMoments {
     sums[0] = w2c;
     sums[1] = d2c;
   }
+};
 
-  // Pass 2: the weights (or, with Update, their change in the update list)
-  // and the model copy when Copy is f16 or bf16; a marked block's weights
-  // stay and its mark is cleared.
-  template <class Copy, bool Update>
-  static void update(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<float>& c, float step,
-                     cpu::Isa) {
-    const typename Codec::Tables& t = Codec::tables(l);
-    float* w = chunk.tensor<float>(0);
-    float* update_list = Update ? chunk.tensor<float>(l.update_list) : nullptr;
-    Copy* copy = cpu_master::copy_of<Copy>(chunk, l);
-    const uint8_t* qm = chunk.block_tensor<uint8_t>(2, Codec::kCodesPerByte);
-    const uint8_t* qv = chunk.block_tensor<uint8_t>(3, Codec::kCodesPerByte);
-    float* absmax_m = chunk.block_tensor<float>(l.absmax_list, kBlock);
-    const float* absmax_v = chunk.block_tensor<float>(l.absmax_list + 1, kBlock);
-    for (int64_t b = 0; b * kBlock < chunk.chunk.length; ++b) {
+// Pass 2 over one chunk: the weights (or, with Update, their change in the
+// update list) and the model copy when Copy is f16 or bf16; a marked
+// block's weights stay and its mark is cleared.
+template <class Codec, class Copy, bool Update>
+struct Pass2 {
+  static constexpr int kBlock = Codec::kBlock;
+  static void run(int64_t length, float* __restrict w, float* __restrict update, const uint8_t* __restrict qm,
+                  const uint8_t* __restrict qv, float* __restrict absmax_m, const float* __restrict absmax_v,
+                  Copy* __restrict copy, Codec codec, LambCoefficients<float> c, float step) {
+    alignas(64) float m[kBlock], v[kBlock];
+    for (int64_t b = 0; b * kBlock < length; ++b) {
       const int64_t base = b * kBlock;
-      const int n = static_cast<int>(std::min<int64_t>(kBlock, chunk.chunk.length - base));
+      const int n = static_cast<int>(std::min<int64_t>(kBlock, length - base));
       const bool marked = lamb_marked(absmax_m[b]);
+      if (marked) {
+        absmax_m[b] = lamb_flip_mark(absmax_m[b]);
+        for (int k = 0; k < n; ++k) {
+          const int64_t i = base + k;
+          if constexpr (Update) update[i] = w[i] - w[i];
+          cpu_master::store_copy(copy, i, w[i]);
+        }
+        continue;
+      }
+      codec.decode(0, qm, base, absmax_m[b], n, m);
+      codec.decode(1, qv, base, absmax_v[b], n, v);
       for (int k = 0; k < n; ++k) {
         const int64_t i = base + k;
         const float w_old = w[i];
-        const float w_new = marked ? w_old
-                                   : lamb_blockwise_update(w_old, Codec::code(qm, i), Codec::code(qv, i), absmax_m[b],
-                                                           absmax_v[b], t, step, c);
-        if constexpr (Update) update_list[i] = w_new - w_old;
+        const float updated = lamb_apply(w_old, step, lamb_direction(w_old, m[k], v[k], c));
+        const float w_new = finite(updated) ? updated : w_old;
+        if constexpr (Update) update[i] = w_new - w_old;
         else w[i] = w_new;
         cpu_master::store_copy(copy, i, w_new);
       }
-      if (marked) absmax_m[b] = lamb_flip_mark(absmax_m[b]);
     }
+  }
+};
+
+}  // namespace cpu_lamb_low_bit
+
+// The moments of LAMB's run() (cpu/lamb.cc) in either blockwise form, each
+// pass in the active instruction set's copy.
+template <class G, class Codec>
+struct BlockwiseMoments {
+  using C = float;
+  static Codec codec(const LambLaunch& l, cpu::Isa isa) {
+    if constexpr (Codec::kCodesPerByte == 2) return Codec{l.tables4, isa == cpu::Isa::avx512};
+    else return Codec{l.tables, isa == cpu::Isa::avx512};
+  }
+
+  static void norms(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<float>& c, double* sums,
+                    cpu::Isa isa) {
+    cpu::run_kernel<cpu_lamb_low_bit::Pass1<Codec, G>>(
+        isa, int64_t{chunk.chunk.length}, static_cast<const float*>(chunk.tensor<float>(0)),
+        static_cast<const G*>(chunk.tensor<G>(1)), chunk.block_tensor<uint8_t>(2, Codec::kCodesPerByte),
+        chunk.block_tensor<uint8_t>(3, Codec::kCodesPerByte), chunk.block_tensor<float>(l.absmax_list, Codec::kBlock),
+        chunk.block_tensor<float>(l.absmax_list + 1, Codec::kBlock), codec(l, isa), c, sums);
+  }
+
+  template <class Copy, bool Update>
+  static void update(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<float>& c, float step,
+                     cpu::Isa isa) {
+    cpu::run_kernel<cpu_lamb_low_bit::Pass2<Codec, Copy, Update>>(
+        isa, int64_t{chunk.chunk.length}, chunk.tensor<float>(0),
+        Update ? chunk.tensor<float>(l.update_list) : static_cast<float*>(nullptr),
+        static_cast<const uint8_t*>(chunk.block_tensor<uint8_t>(2, Codec::kCodesPerByte)),
+        static_cast<const uint8_t*>(chunk.block_tensor<uint8_t>(3, Codec::kCodesPerByte)),
+        chunk.block_tensor<float>(l.absmax_list, Codec::kBlock),
+        static_cast<const float*>(chunk.block_tensor<float>(l.absmax_list + 1, Codec::kBlock)),
+        cpu_master::copy_of<Copy>(chunk, l), codec(l, isa), c, step);
   }
 };
 

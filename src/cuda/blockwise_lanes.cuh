@@ -48,6 +48,27 @@ __device__ __forceinline__ void for_each_warp_block(int length, Body&& body) {
   }
 }
 
+// Asks L2 for the line that holds p, ahead of the load that will read it:
+// no register waits for it, so a warp can have its next block's lines on
+// their way from DRAM while it computes this one (the 64-register budget of
+// two 512-thread blocks per multiprocessor leaves no room to load them into
+// registers early).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// for_each_warp_block, calling prefetch(at) first with the lane's first
+// element `ahead` blocks of this warp later (when it lies in the chunk).
+template <class Prefetch, class Body>
+__device__ __forceinline__ void for_each_warp_block(int length, int ahead, Prefetch&& prefetch, Body&& body) {
+  const int lane = threadIdx.x % kLanes, warps = blockDim.x / kLanes;
+  const int blocks = (length + kQuantBlock - 1) / kQuantBlock;
+  for (int b = threadIdx.x / kLanes; b < blocks; b += warps) {
+    const int at = b * kQuantBlock + lane * kPerLane;
+    const int later = at + ahead * warps * kQuantBlock;
+    if (ahead > 0 && later < length) prefetch(later);
+    body(b, at, min(kPerLane, max(0, length - at)));
+  }
+}
+
 // Copies a form's tables (backend::QuantTables, QuantTables4) into `to`
 // (shared memory) with the block's threads; the caller synchronizes before
 // reading them.

@@ -40,6 +40,13 @@ struct NormsLowBitOp {
   using Tables = typename Codec::Tables;
   static constexpr int kChunkBlocks = static_cast<int>(MultiTensorPlan::kDefaultChunkElements / Codec::kBlock);
   static constexpr int kCodeBytes = kPerLane / Codec::kCodesPerByte;
+  // Two blocks per multiprocessor (registers <= 64, a few bytes of them
+  // spilled): at one (90 registers), the pass took 1.87 ms over the GPT-2
+  // list on an H100, at two 1.41 ms (bench/RESULTS.md, 2026-11-26).
+  static constexpr int kMinBlocks = 2;
+  // L2 asked for the warp's next block (cuda/adam_low_bit.cu says why):
+  // 0.3-1.7% faster in the same measurement.
+  static constexpr int kPrefetchAhead = 1;
   LambLaunch launch;
 
   __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
@@ -62,7 +69,13 @@ struct NormsLowBitOp {
     // The lanes of this lane's block, as a mask of the warp's.
     constexpr unsigned kBlockMask = Codec::kLanesPerBlock == kLanes ? 0xffffffffu : (1u << Codec::kLanesPerBlock) - 1;
     const unsigned block_lanes = kBlockMask << (lane / Codec::kLanesPerBlock * Codec::kLanesPerBlock);
-    cuda::for_each_warp_block(chunk.length, [&](int span, int at, int n) {
+    const auto prefetch = [&](int later) {
+      cuda::prefetch_l2(w + later);
+      cuda::prefetch_l2(g + later);
+      cuda::prefetch_l2(qm + later / Codec::kCodesPerByte);
+      cuda::prefetch_l2(qv + later / Codec::kCodesPerByte);
+    };
+    cuda::for_each_warp_block(chunk.length, kPrefetchAhead, prefetch, [&](int span, int at, int n) {
       // The lane's quantization block: the warp's (8-bit), or its half's (4-bit).
       const int b = span * (kQuantBlock / Codec::kBlock) + lane / Codec::kLanesPerBlock;
       const bool block_in_chunk = b * Codec::kBlock < chunk.length;  // 4-bit: a short span's second half may not be
@@ -143,10 +156,15 @@ struct NormsLowBitOp {
   }
 };
 
+// Pass 2: lane k of a block's lanes updates the block's elements k * 8 to
+// k * 8 + 7 (each element on its own: no order to keep), its codes and
+// weights in vector loads where the chunk allows.
 template <class Codec, class Copy, class Update>
 struct UpdateLowBitOp {
   static constexpr bool kCopy = !std::is_same_v<Copy, None>;
   static constexpr bool kUpdate = !std::is_same_v<Update, None>;
+  static constexpr int kCodeBytes = kPerLane / Codec::kCodesPerByte;
+  static constexpr int kMinBlocks = 2;  // registers <= 64 (cuda/adam_low_bit.cu says why)
   LambLaunch launch;
 
   __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
@@ -160,17 +178,47 @@ struct UpdateLowBitOp {
     const uint8_t* qv = plan.block_tensor<uint8_t>(3, chunk, Codec::kCodesPerByte);
     float* absmax_m = plan.block_tensor<float>(launch.absmax_list, chunk, Codec::kBlock);
     const float* absmax_v = plan.block_tensor<float>(launch.absmax_list + 1, chunk, Codec::kBlock);
-    for (int i = threadIdx.x; i < chunk.length; i += blockDim.x) {
-      const int b = i / Codec::kBlock;
-      const float w_old = w[i];
-      const float w_new = lamb_marked(absmax_m[b])
-                              ? w_old
-                              : lamb_blockwise_update(w_old, Codec::code(qm, i), Codec::code(qv, i), absmax_m[b],
-                                                      absmax_v[b], tables, step, c);
-      if constexpr (kUpdate) plan.tensor<float>(launch.update_list, chunk)[i] = w_new - w_old;
-      else w[i] = w_new;
-      if constexpr (kCopy) plan.tensor<Copy>(launch.copy_list, chunk)[i] = cuda::from_compute<Copy>(w_new);
-    }
+    float* update = nullptr;
+    if constexpr (kUpdate) update = plan.tensor<float>(launch.update_list, chunk);
+    Copy* copy = nullptr;
+    if constexpr (kCopy) copy = plan.tensor<Copy>(launch.copy_list, chunk);
+    const bool vectorized = cuda::vector_aligned<kPerLane>(w) && cuda::vector_aligned<kCodeBytes>(qm) &&
+                            cuda::vector_aligned<kCodeBytes>(qv) && (!kUpdate || cuda::vector_aligned<kPerLane>(update)) &&
+                            (!kCopy || cuda::vector_aligned<kPerLane>(copy));
+    const int lane = threadIdx.x % kLanes;
+    cuda::for_each_warp_block(chunk.length, [&](int span, int at, int n) {
+      if (n == 0) return;  // a short span's lanes past its end (no shuffles below)
+      const int b = span * (kQuantBlock / Codec::kBlock) + lane / Codec::kLanesPerBlock;
+      const float block_m = absmax_m[b];
+      // A marked block keeps its weights: nothing to write but the update
+      // (0) or the copy, if the launch has them.
+      const bool marked = lamb_marked(block_m);
+      if (marked && !kUpdate && !kCopy) return;
+      float wr[kPerLane], w_new[kPerLane];
+      load_lane(wr, w + at, n, vectorized);
+      if (marked) {
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) w_new[k] = wr[k];
+      } else {
+        const float block_v = absmax_v[b];
+        uint8_t mr[kPerLane], vr[kPerLane];
+        Codec::load(mr, qm, at, n, vectorized);
+        Codec::load(vr, qv, at, n, vectorized);
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k)
+          w_new[k] = lamb_blockwise_update(wr[k], mr[k], vr[k], block_m, block_v, tables, step, c);
+      }
+      float out[kPerLane];
+      [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        if constexpr (kUpdate) out[k] = w_new[k] - wr[k];
+        else out[k] = w_new[k];
+        if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(w_new[k]);
+      }
+      store_lane(kUpdate ? update + at : w + at, out, n, vectorized);
+      if constexpr (kCopy) store_lane(copy + at, cr, n, vectorized);
+    });
     __syncthreads();  // every mark read before any is cleared
     const int blocks = (chunk.length + Codec::kBlock - 1) / Codec::kBlock;
     for (int b = threadIdx.x; b < blocks; b += blockDim.x) {

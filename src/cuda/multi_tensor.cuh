@@ -61,13 +61,39 @@ constexpr int min_blocks() {
   return 1;
 }
 
-// One block per chunk: a chunk is at most 64K elements, so a block of 512
-// threads makes a handful of passes over it, and small tensors still yield
-// many blocks for the scheduler to spread over the multiprocessors.
+// Blocks an op asks to share each chunk (Op::kChunkParts, default 1): part
+// p of a chunk is its p-th run of whole Op::kPartAlign-element pieces. More
+// blocks of less work each shorten the launch's tail, where the last blocks
+// run with the multiprocessors half idle; an op whose blocks write per-chunk
+// results (LAMB's partial sums, indexed by blockIdx.x) keeps one.
+template <class Op>
+constexpr int chunk_parts() {
+  if constexpr (requires { Op::kChunkParts; }) {
+    static_assert(Op::kChunkParts == 1 || Op::kPartAlign > 0, "parts of whole pieces");
+    return Op::kChunkParts;
+  }
+  return 1;
+}
+
+// One block per chunk (or per part of one): a chunk is at most 64K
+// elements, so a block of 512 threads makes a handful of passes over it, and
+// small tensors still yield many blocks for the scheduler to spread over the
+// multiprocessors.
 template <class Op>
 __global__ void __launch_bounds__(kBlockThreads, min_blocks<Op>()) multi_tensor_kernel(PlanArgs plan, Op op) {
-  const PlanChunk chunk = plan.chunks[blockIdx.x];
-  op(plan, chunk);
+  constexpr int parts = chunk_parts<Op>();
+  if constexpr (parts == 1) {
+    op(plan, plan.chunks[blockIdx.x]);
+  } else {
+    PlanChunk chunk = plan.chunks[blockIdx.x / parts];
+    constexpr int align = Op::kPartAlign;
+    const int part_length = ((chunk.length + parts - 1) / parts + align - 1) / align * align;
+    const int begin = static_cast<int>(blockIdx.x % parts) * part_length;
+    if (begin >= chunk.length) return;  // a short chunk has fewer parts
+    chunk.begin += begin;
+    chunk.length = min(part_length, chunk.length - begin);
+    op(plan, chunk);
+  }
 }
 
 template <class Op>
@@ -76,8 +102,9 @@ void launch_multi_tensor(const MultiTensorPlan& plan, const Op& op, Stream strea
   DeviceGuard guard(plan.device().index);
   const PlanArgs args = plan_args(plan);
   // Grid x allows 2^31 - 1 blocks: a plan of 64K-element chunks reaches that
-  // only past 10^14 elements.
-  multi_tensor_kernel<<<static_cast<unsigned>(args.num_chunks), kBlockThreads, 0, native(stream)>>>(args, op);
+  // only past 10^14 / chunk_parts elements.
+  multi_tensor_kernel<<<static_cast<unsigned>(args.num_chunks * chunk_parts<Op>()), kBlockThreads, 0,
+                        native(stream)>>>(args, op);
   GRADKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -89,28 +89,37 @@ std::function<void()> prepare_adam(BenchDevice& dev, const Workload& w, DType gr
 
 // f32 weights and gradients with 8- or 4-bit blockwise moments (gradkit/
 // ops/blockwise.h): the lists w, g, m's codes, v's codes, m's absmax, v's absmax.
-std::shared_ptr<std::vector<TensorList>> low_bit_lists(BenchDevice& dev, const Workload& w, int32_t bits) {
+// With bf16 weights (`weights`): bf16 gradients too, and the i16 remainder
+// list last.
+std::shared_ptr<std::vector<TensorList>> low_bit_lists(BenchDevice& dev, const Workload& w, int32_t bits,
+                                                       DType weights = DType::f32) {
   Workload codes{w.name, {}}, blocks{w.name, {}};
   for (int64_t n : w.sizes) {
     codes.sizes.push_back(bits == 4 ? quant4_bytes(n) : n);
     blocks.sizes.push_back(bits == 4 ? quant4_blocks(n) : quant_blocks(n));
   }
   auto lists = std::make_shared<std::vector<TensorList>>();
-  lists->push_back(carve(dev, w, DType::f32, 1));
-  lists->push_back(carve(dev, w, DType::f32, 2));
+  lists->push_back(carve(dev, w, weights, 1));
+  lists->push_back(carve(dev, w, weights, 2));
   lists->push_back(carve(dev, codes, DType::u8, 3));
   lists->push_back(carve(dev, codes, DType::u8, 4));
   lists->push_back(carve(dev, blocks, DType::f32, 5, /*positive=*/true));
   lists->push_back(carve(dev, blocks, DType::f32, 6, /*positive=*/true));
+  if (weights == DType::bf16) lists->push_back(carve(dev, w, DType::i16, 7));
   return lists;
 }
 
 // Adam: read w 4, g 4, m and v 1 each (4-bit: 0.5); write w 4, m and v 1
 // each (0.5); and each block's two absmax values, read and written (16
 // bytes per block).
-std::function<void()> prepare_adam_low_bit(BenchDevice& dev, const Workload& w, int32_t bits) {
-  auto lists = low_bit_lists(dev, w, bits);
-  AdamTensors tensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}, (*lists)[4], (*lists)[5], {}};
+// With bf16 weights, their remainders and bf16 gradients: read w 2, r 2,
+// g 2; write w 2, r 2 (10 bytes in place of 12).
+std::function<void()> prepare_adam_low_bit(BenchDevice& dev, const Workload& w, int32_t bits,
+                                           DType weights = DType::f32) {
+  auto lists = low_bit_lists(dev, w, bits, weights);
+  std::span<const TensorView> remainder;
+  if (weights == DType::bf16) remainder = (*lists)[6];
+  AdamTensors tensors{(*lists)[0], (*lists)[1], (*lists)[2], (*lists)[3], {}, {}, (*lists)[4], (*lists)[5], remainder};
   tensors.moment_bits = bits;
   return adam_steps(dev, std::move(lists), tensors);
 }
@@ -193,6 +202,10 @@ const std::vector<BenchOp>& bench_ops() {
        [](BenchDevice& dev, const Workload& w) { return prepare_adam_low_bit(dev, w, 8); }},
       {"adam-4bit", 14 + 16.0 / kQuant4Block,
        [](BenchDevice& dev, const Workload& w) { return prepare_adam_low_bit(dev, w, 4); }},
+      {"adam-8bit-bf16", 14 + 16.0 / kQuantBlock,
+       [](BenchDevice& dev, const Workload& w) { return prepare_adam_low_bit(dev, w, 8, DType::bf16); }},
+      {"adam-4bit-bf16", 12 + 16.0 / kQuant4Block,
+       [](BenchDevice& dev, const Workload& w) { return prepare_adam_low_bit(dev, w, 4, DType::bf16); }},
       // bf16 weights with i16 remainders (the f32 master in 4 bytes), bf16
       // gradients, f32 moments: read w 2, r 2, g 2, m 4, v 4; write w 2, r 2,
       // m 4, v 4.
@@ -297,7 +310,7 @@ bool run_torch(const Settings& s, std::vector<Row>& rows, const std::map<std::st
 
 void print_rows(const std::vector<Row>& rows, double copy_gbs, double triad_gbs, bool with_torch,
                 const std::string& csv) {
-  std::printf("\n%-11s %-12s %7s %11s %9s %9s %8s %7s %7s", "op", "workload", "tensors", "elements", "MB moved",
+  std::printf("\n%-14s %-12s %7s %11s %9s %9s %8s %7s %7s", "op", "workload", "tensors", "elements", "MB moved",
               "ms", "GB/s", "%copy", "%triad");
   if (with_torch) std::printf(" %9s %8s %7s %7s %8s", "torch ms", "GB/s", "%copy", "%triad", "speedup");
   std::printf("\n");
@@ -309,7 +322,7 @@ void print_rows(const std::vector<Row>& rows, double copy_gbs, double triad_gbs,
   }
   for (const Row& r : rows) {
     const double gbs = r.bytes / (r.ms * 1e6);
-    std::printf("%-11s %-12s %7zu %11lld %9.1f %9.4f %8.1f %6.1f%% %6.1f%%", r.op.c_str(), r.workload.c_str(),
+    std::printf("%-14s %-12s %7zu %11lld %9.1f %9.4f %8.1f %6.1f%% %6.1f%%", r.op.c_str(), r.workload.c_str(),
                 r.tensors, static_cast<long long>(r.elements), r.bytes / 1e6, r.ms, gbs, 100 * gbs / copy_gbs,
                 100 * gbs / triad_gbs);
     double tgbs = 0;
@@ -439,7 +452,7 @@ int run_bench(const std::vector<std::string>& args) {
       const double at_100 = host_us_per_launch(*dev, op, 100);
       const double at_10000 = host_us_per_launch(*dev, op, 10000);
       dev->release_all();
-      std::printf("  %-11s 100 tensors %6.2f us, 10000 tensors %6.2f us\n", op.name.c_str(), at_100, at_10000);
+      std::printf("  %-14s 100 tensors %6.2f us, 10000 tensors %6.2f us\n", op.name.c_str(), at_100, at_10000);
     }
   }
   return 0;
