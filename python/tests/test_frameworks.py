@@ -4,7 +4,7 @@ with tiny models and data built here (nothing is downloaded):
 - Hugging Face Trainer with optimizers=(gradkit.torch.AdamW, a scheduler) and
   its default gradient clipping: a run resumed from its step-4 checkpoint by a
   new Trainer ends bit for bit where the straight run does, and close to
-  torch.optim.AdamW's run;
+  torch.optim.AdamW's run; the same resume with 4-bit moments (AdamW's, Lamb's);
 - Lightning, configure_optimizers returning a gradkit optimizer and a
   scheduler (with and without gradient_clip_val), against the same loop
   written by hand, bit for bit; a resumed fit too;
@@ -126,7 +126,17 @@ def clipping_bites(epochs):
 HF_STEPS, HF_SAVE = 8, 4
 
 
-def test_hugging_face_trainer_resumes_bit_for_bit(tmp_path):
+# The optimizers Trainer's resume is tried with: 4-bit moments (and their DE-0 mark) go
+# through Trainer's optimizer.pt as the float ones do.
+HF_OPTIMIZERS = {
+    "AdamW": gt.AdamW,
+    "AdamW int4": lambda params, **kw: gt.AdamW(params, moments="int4", min_4bit_size=1024, **kw),
+    "Lamb int4": lambda params, **kw: gt.Lamb(params, moments="int4", min_4bit_size=1024, **kw),
+}
+
+
+@pytest.mark.parametrize("name", HF_OPTIMIZERS)
+def test_hugging_face_trainer_resumes_bit_for_bit(tmp_path, name):
     transformers = pytest.importorskip("transformers")
 
     def causal_lm():
@@ -134,7 +144,7 @@ def test_hugging_face_trainer_resumes_bit_for_bit(tmp_path):
 
     dataset = hf_tokens()
 
-    def train(output_dir, optimizer_class=gt.AdamW, max_steps=HF_STEPS, resume=None):
+    def train(output_dir, optimizer_class=HF_OPTIMIZERS[name], max_steps=HF_STEPS, resume=None):
         model = causal_lm()
         opt = optimizer_class(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         sched = transformers.get_linear_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=HF_STEPS)
@@ -150,6 +160,8 @@ def test_hugging_face_trainer_resumes_bit_for_bit(tmp_path):
     norms = [e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e]
     assert len(norms) == HF_STEPS and max(norms) > trainer.args.max_grad_norm  # the clipping bit
     assert steps_taken(opt) == {HF_STEPS}
+    if "int4" in name:  # the matrices' moments are 4-bit codes (their state carries the DE-0 mark)
+        assert any("int4_second_moment_map" in s for s in opt.state_dict()["state"].values())
 
     train(tmp_path / "resumed", max_steps=HF_SAVE)
     checkpoint = tmp_path / "resumed" / f"checkpoint-{HF_SAVE}"
@@ -157,6 +169,8 @@ def test_hugging_face_trainer_resumes_bit_for_bit(tmp_path):
     resumed, opt, _ = train(tmp_path / "resumed", resume=str(checkpoint))
     assert steps_taken(opt) == {HF_STEPS}  # the new optimizer went on from the checkpoint's state
     assert_bitwise_equal(resumed.parameters(), straight.parameters())
+    if name != "AdamW":
+        return
 
     # The optimizer stepped the model as torch.optim.AdamW does.
     theirs, _, _ = train(tmp_path / "torch", optimizer_class=torch.optim.AdamW)

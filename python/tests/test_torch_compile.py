@@ -1,8 +1,8 @@
 """gradkit.torch's steps inside torch.compile (gradkit.torch._compile: one
 custom operator, gradkit::step_): the compiled step equals the eager step bit
-for bit over 20 steps, for AdamW, Lamb, AmpStep (with a skipped step) and
-int8 moments; called from a compiled function alone, with fullgraph=True,
-inside a compiled training step (forward and backward too), over flat
+for bit over 20 steps, for AdamW, Lamb, AmpStep (with a skipped step), int8
+moments and int4 ones (AdamW's and Lamb's); called from a compiled function
+alone, with fullgraph=True, inside a compiled training step (forward and backward too), over flat
 gradients, with an LR scheduler (no recompilation, the rate a float or a
 tensor), and with mode="reduce-overhead" (CUDA graphs) on a GPU. The
 operator refuses copies of the parameters rather than stepping them."""
@@ -33,6 +33,9 @@ OPTIMIZERS = {
     "AdamW": lambda params: gt.AdamW(params, lr=1e-2, weight_decay=0.1),
     "Lamb": lambda params: gt.Lamb(params, lr=1e-2, weight_decay=0.01, max_grad_norm=1.0),
     "AdamW int8": lambda params: gt.AdamW(params, lr=1e-2, moments="int8", min_8bit_size=1024),
+    "AdamW int4": lambda params: gt.AdamW(params, lr=1e-2, moments="int4", min_4bit_size=1024),
+    "Lamb int4": lambda params: gt.Lamb(params, lr=1e-2, weight_decay=0.01, max_grad_norm=1.0, moments="int4",
+                                        min_4bit_size=1024),
     "Muon": lambda params: gt.Muon(matrices_and_the_rest(params), lr=2e-2),
 }
 
