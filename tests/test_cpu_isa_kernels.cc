@@ -283,6 +283,7 @@ TEST_P(CpuIsaKernels, LowBitLambEqualsTheBaselineCopy) {
   for (int32_t bits : {8, 4}) {
     for (DType g : {DType::f32, DType::bf16}) cases.push_back({bits, g, DType::f32, false});
     cases.push_back({bits, DType::f32, DType::bf16, false});
+    cases.push_back({bits, DType::f32, DType::f16, false});
     cases.push_back({bits, DType::f32, DType::f32, true});
   }
   const std::string isa = GetParam();

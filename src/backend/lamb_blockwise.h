@@ -1,5 +1,7 @@
 // LAMB with 8- or 4-bit blockwise moments: the pieces both backends share, so
-// that the CPU and CUDA steps are the same bit for bit. The moments are
+// that the CPU and CUDA steps are the same bit for bit (the CUDA kernels call
+// the per-element forms below; the CPU decodes a block into floats, then
+// calls the same lamb_moments, lamb_direction and lamb_blockwise_apply). The moments are
 // decoded, updated and encoded with adam_step's code (backend/blockwise_math.h,
 // blockwise4_math.h; `Tables` is QuantTables or QuantTables4); the
 // direction d that the norms and pass 2 use is computed from the encoded
@@ -74,13 +76,19 @@ GRADKIT_HD float lamb_blockwise_direction(float w, uint8_t qm, uint8_t qv, float
 GRADKIT_HD float lamb_flip_mark(float absmax) { return -absmax; }
 GRADKIT_HD bool lamb_marked(float absmax) { return (float_bits(absmax) >> 31) != 0; }
 
-// Pass 2 for an element of an unmarked block: the new weight, or the old
-// one where the new one would not be finite.
+// Pass 2 for an element of an unmarked block, from its direction d: the new
+// weight, or the old one where the new one would not be finite.
+GRADKIT_HD float lamb_blockwise_apply(float w, float step, float d) {
+  const float updated = lamb_apply(w, step, d);
+  return finite(updated) ? updated : w;
+}
+
+// The same from the element's codes (the CUDA kernel; the CPU decodes a
+// block into floats first and calls lamb_direction and lamb_blockwise_apply).
 template <class Tables>
 GRADKIT_HD float lamb_blockwise_update(float w, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
                                        const Tables& t, float step, const LambCoefficients<float>& c) {
-  const float updated = lamb_apply(w, step, lamb_blockwise_direction(w, qm, qv, absmax_m, absmax_v, t, c));
-  return finite(updated) ? updated : w;
+  return lamb_blockwise_apply(w, step, lamb_blockwise_direction(w, qm, qv, absmax_m, absmax_v, t, c));
 }
 
 }  // namespace gradkit::backend

@@ -2,9 +2,10 @@
 // kernel, cpu/adam_8bit.cc; LAMB's passes, cpu/lamb_low_bit.h): a block's
 // codes decoded into floats, and a block's floats encoded into codes with
 // their new absmax, with AVX-512's permutes in the AVX-512 copy
-// (quant_avx512.h), else as loops that GCC vectorizes as it can. Either way
-// the codes and values of backend/blockwise_math.h and blockwise4_math.h,
-// bit for bit.
+// (quant_avx512.h) for the decodes and the 8-bit encode, else as loops that
+// GCC vectorizes as it can (the 4-bit encode's count of the 15 decision
+// points below each value vectorizes as written). Either way the codes and
+// values of backend/blockwise_math.h and blockwise4_math.h, bit for bit.
 #pragma once
 
 #include <cstdint>

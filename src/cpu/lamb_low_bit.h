@@ -124,8 +124,7 @@ struct Pass2 {
       for (int k = 0; k < n; ++k) {
         const int64_t i = base + k;
         const float w_old = w[i];
-        const float updated = lamb_apply(w_old, step, lamb_direction(w_old, m[k], v[k], c));
-        const float w_new = finite(updated) ? updated : w_old;
+        const float w_new = lamb_blockwise_apply(w_old, step, lamb_direction(w_old, m[k], v[k], c));
         if constexpr (Update) update[i] = w_new - w_old;
         else w[i] = w_new;
         cpu_master::store_copy(copy, i, w_new);

@@ -58,16 +58,16 @@ struct AdamLowBitOp {
   // idle between their loads (Nsight Compute: 25% occupancy, DRAM 20% busy).
   static constexpr int kMinBlocks = 2;
   // How many of its blocks ahead a warp asks L2 for (prefetch_l2). Measured
-  // on an H100 over the GPT-2 list (bench/RESULTS.md, 2026-11-26): one block
-  // ahead took the 4-bit form from 79% to 81% of copy bandwidth over its
-  // floor and the remainder forms from 66% to 70% (8-bit) and 55% to 63%
-  // (4-bit), but the 8-bit form with f32 weights, already at 85%, from 85%
-  // to 81%; two blocks ahead was slower in every form.
+  // on an H100 over the GPT-2 list (bench/RESULTS.md, 2026-11-26, run 1): one
+  // block ahead took the 4-bit form from 79% to 81% of copy bandwidth over
+  // its floor and the remainder forms from 66% to 70% (8-bit) and 55% to 63%
+  // (4-bit), but the 8-bit form with f32 weights from 85% to 81%; two
+  // blocks ahead was slower in every form.
   static constexpr int kPrefetchAhead = std::is_same_v<Codec, Codec4> || kRemainder ? 1 : 0;
-  // Two blocks a chunk (cuda/multi_tensor.cuh), each on whole warp spans:
-  // in the same measurement, 8-bit from 79% to 82%, 4-bit from 81% to 86%;
-  // the remainder forms gained nothing (8-bit) or lost 0.5% (4-bit), and
-  // four parts were slower than two in every form.
+  // Two blocks a chunk (cuda/multi_tensor.cuh), each on whole warp spans. In
+  // run 3 (another H100 machine, the prefetch as above): 8-bit from 79% to
+  // 82%, 4-bit from 81% to 86%; the remainder forms gained nothing (8-bit) or
+  // lost 0.5% (4-bit), and four parts were slower than two in every form.
   static constexpr int kChunkParts = kRemainder ? 1 : 2;
   static constexpr int kPartAlign = kQuantBlock;
   AdamLaunch launch;
@@ -107,7 +107,7 @@ struct AdamLowBitOp {
     if constexpr (kCopy) copy = plan.tensor<Copy>(launch.copy_list, chunk);
     int16_t* rem = nullptr;
     if constexpr (kRemainder) rem = plan.tensor<int16_t>(launch.remainder_list, chunk);
-    constexpr int kCodeBytes = kPerLane / Codec::kCodesPerByte;
+    constexpr int kCodeBytes = Codec::kCodeBytes;
     const bool vectorized = cuda::vector_aligned<kPerLane>(w) && cuda::vector_aligned<kPerLane>(g) &&
                             cuda::vector_aligned<kCodeBytes>(qm) && cuda::vector_aligned<kCodeBytes>(qv) &&
                             (!kCopy || cuda::vector_aligned<kPerLane>(copy)) &&
@@ -115,10 +115,7 @@ struct AdamLowBitOp {
 
     const int lane = threadIdx.x % kLanes;
     const auto prefetch = [&](int later) {
-      cuda::prefetch_l2(w + later);
-      cuda::prefetch_l2(g + later);
-      cuda::prefetch_l2(qm + later / Codec::kCodesPerByte);
-      cuda::prefetch_l2(qv + later / Codec::kCodesPerByte);
+      cuda::prefetch_span<Codec>(later, w, g, qm, qv);
       if constexpr (kRemainder) cuda::prefetch_l2(rem + later);
     };
     cuda::for_each_warp_block(chunk.length, kPrefetchAhead, prefetch, [&](int b, int at, int n) {

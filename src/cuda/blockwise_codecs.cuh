@@ -27,6 +27,7 @@ struct Codec8 {
   static constexpr int kBlock = kQuantBlock;
   static constexpr int kLanesPerBlock = kLanes;
   static constexpr int kCodesPerByte = 1;
+  static constexpr int kCodeBytes = kPerLane / kCodesPerByte;  // a lane's codes
   template <class Launch>
   static __device__ __forceinline__ const Tables* tables(const Launch& l) { return l.tables; }
   static __device__ __forceinline__ void load(uint8_t (&codes)[kPerLane], const uint8_t* q, int at, int n, bool vec) {
@@ -35,8 +36,6 @@ struct Codec8 {
   static __device__ __forceinline__ void store(uint8_t* q, int at, const uint8_t (&codes)[kPerLane], int n, bool vec) {
     store_lane(q + at, codes, n, vec);
   }
-  // Element i's code alone.
-  static __device__ __forceinline__ uint8_t code(const uint8_t* q, int i) { return q[i]; }
   static __device__ __forceinline__ float decode(const Tables& t, int moment, uint8_t code, float absmax) {
     return dequantize(t.table[moment], code, absmax);
   }
@@ -52,6 +51,7 @@ struct Codec4 {
   static constexpr int kBlock = kQuant4Block;
   static constexpr int kLanesPerBlock = kBlock / kPerLane;  // 16
   static constexpr int kCodesPerByte = 2;
+  static constexpr int kCodeBytes = kPerLane / kCodesPerByte;
   template <class Launch>
   static __device__ __forceinline__ const Tables* tables(const Launch& l) { return l.tables4; }
   static __device__ __forceinline__ void load(uint8_t (&codes)[kPerLane], const uint8_t* q, int at, int n, bool vec) {
@@ -77,7 +77,6 @@ struct Codec4 {
       if (2 * k < n) p[k] = bytes[k];
     }
   }
-  static __device__ __forceinline__ uint8_t code(const uint8_t* q, int i) { return nibble(q[i / 2], i); }
   static __device__ __forceinline__ float decode(const Tables& t, int moment, uint8_t code, float absmax) {
     return dequantize4(t.table[moment], code, absmax);
   }
@@ -85,5 +84,15 @@ struct Codec4 {
     return quantize4(t.table[moment], x);
   }
 };
+
+// Asks L2 for the lines of the weights, gradients and both moments' codes of
+// the lane's span from element `at` (the kernels' prefetch ahead).
+template <class Codec, class W, class G>
+__device__ __forceinline__ void prefetch_span(int at, const W* w, const G* g, const uint8_t* qm, const uint8_t* qv) {
+  prefetch_l2(w + at);
+  prefetch_l2(g + at);
+  prefetch_l2(qm + at / Codec::kCodesPerByte);
+  prefetch_l2(qv + at / Codec::kCodesPerByte);
+}
 
 }  // namespace gradkit::cuda

@@ -33,21 +33,6 @@ __device__ __forceinline__ void store_lane(T* p, const T (&src)[kPerLane], int n
   }
 }
 
-// Calls body(b, at, n) for each quantization block b of a chunk of `length`
-// elements that this thread's warp owns (warp w: blocks w, w + warps, ...):
-// `at` is the lane's first element, `n` how many of its kPerLane elements
-// lie in the chunk (0 to kPerLane). Every lane of the warp calls body for the
-// same blocks, so body may use the warp's shuffles.
-template <class Body>
-__device__ __forceinline__ void for_each_warp_block(int length, Body&& body) {
-  const int lane = threadIdx.x % kLanes, warps = blockDim.x / kLanes;
-  const int blocks = (length + kQuantBlock - 1) / kQuantBlock;
-  for (int b = threadIdx.x / kLanes; b < blocks; b += warps) {
-    const int at = b * kQuantBlock + lane * kPerLane;
-    body(b, at, min(kPerLane, max(0, length - at)));
-  }
-}
-
 // Asks L2 for the line that holds p, ahead of the load that will read it:
 // no register waits for it, so a warp can have its next block's lines on
 // their way from DRAM while it computes this one (the 64-register budget of
@@ -55,8 +40,13 @@ __device__ __forceinline__ void for_each_warp_block(int length, Body&& body) {
 // registers early).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// for_each_warp_block, calling prefetch(at) first with the lane's first
-// element `ahead` blocks of this warp later (when it lies in the chunk).
+// Calls body(b, at, n) for each quantization block b of a chunk of `length`
+// elements that this thread's warp owns (warp w: blocks w, w + warps, ...):
+// `at` is the lane's first element, `n` how many of its kPerLane elements
+// lie in the chunk (0 to kPerLane). Every lane of the warp calls body for the
+// same blocks, so body may use the warp's shuffles. With `ahead` > 0, it
+// first calls prefetch(at') with the lane's first element `ahead` blocks of
+// this warp later, when that lies in the chunk.
 template <class Prefetch, class Body>
 __device__ __forceinline__ void for_each_warp_block(int length, int ahead, Prefetch&& prefetch, Body&& body) {
   const int lane = threadIdx.x % kLanes, warps = blockDim.x / kLanes;
@@ -67,6 +57,11 @@ __device__ __forceinline__ void for_each_warp_block(int length, int ahead, Prefe
     if (ahead > 0 && later < length) prefetch(later);
     body(b, at, min(kPerLane, max(0, length - at)));
   }
+}
+
+template <class Body>
+__device__ __forceinline__ void for_each_warp_block(int length, Body&& body) {
+  for_each_warp_block(length, 0, [](int) {}, body);
 }
 
 // Copies a form's tables (backend::QuantTables, QuantTables4) into `to`

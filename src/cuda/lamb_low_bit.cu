@@ -39,10 +39,11 @@ template <class Codec, class G>
 struct NormsLowBitOp {
   using Tables = typename Codec::Tables;
   static constexpr int kChunkBlocks = static_cast<int>(MultiTensorPlan::kDefaultChunkElements / Codec::kBlock);
-  static constexpr int kCodeBytes = kPerLane / Codec::kCodesPerByte;
+  static constexpr int kCodeBytes = Codec::kCodeBytes;
   // Two blocks per multiprocessor (registers <= 64, a few bytes of them
-  // spilled): at one (90 registers), the pass took 1.87 ms over the GPT-2
-  // list on an H100, at two 1.41 ms (bench/RESULTS.md, 2026-11-26).
+  // spilled): at one (90 registers), the whole 8-bit LAMB step (both passes
+  // and the ratios) took 1.87 ms over the GPT-2 list on an H100, at two 1.41
+  // ms (bench/RESULTS.md, 2026-11-26, run 2).
   static constexpr int kMinBlocks = 2;
   // L2 asked for the warp's next block (cuda/adam_low_bit.cu says why):
   // 0.3-1.7% faster in the same measurement.
@@ -69,12 +70,7 @@ struct NormsLowBitOp {
     // The lanes of this lane's block, as a mask of the warp's.
     constexpr unsigned kBlockMask = Codec::kLanesPerBlock == kLanes ? 0xffffffffu : (1u << Codec::kLanesPerBlock) - 1;
     const unsigned block_lanes = kBlockMask << (lane / Codec::kLanesPerBlock * Codec::kLanesPerBlock);
-    const auto prefetch = [&](int later) {
-      cuda::prefetch_l2(w + later);
-      cuda::prefetch_l2(g + later);
-      cuda::prefetch_l2(qm + later / Codec::kCodesPerByte);
-      cuda::prefetch_l2(qv + later / Codec::kCodesPerByte);
-    };
+    const auto prefetch = [&](int later) { cuda::prefetch_span<Codec>(later, w, g, qm, qv); };
     cuda::for_each_warp_block(chunk.length, kPrefetchAhead, prefetch, [&](int span, int at, int n) {
       // The lane's quantization block: the warp's (8-bit), or its half's (4-bit).
       const int b = span * (kQuantBlock / Codec::kBlock) + lane / Codec::kLanesPerBlock;
@@ -163,7 +159,7 @@ template <class Codec, class Copy, class Update>
 struct UpdateLowBitOp {
   static constexpr bool kCopy = !std::is_same_v<Copy, None>;
   static constexpr bool kUpdate = !std::is_same_v<Update, None>;
-  static constexpr int kCodeBytes = kPerLane / Codec::kCodesPerByte;
+  static constexpr int kCodeBytes = Codec::kCodeBytes;
   static constexpr int kMinBlocks = 2;  // registers <= 64 (cuda/adam_low_bit.cu says why)
   LambLaunch launch;
 
