@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backend/exact_math.h"
+#include "backend/master_math.h"  // float_bits
 #include "gradkit/ops/lamb.h"
 
 namespace gradkit::backend {
@@ -73,6 +74,13 @@ GRADKIT_HD C lamb_apply(C w, C step, C d) {
 template <class C>
 GRADKIT_HD bool finite(C x) {
   return x - x == C(0);  // false for Inf and NaN, and unaffected by fast-math flags
+}
+
+// !finite(x) as an integer, 1 for Inf and NaN (an exponent of all ones): an
+// OR of these over a loop vectorizes, where a bool reduction over finite()
+// stays scalar (cpu/lamb_low_bit.h).
+GRADKIT_HD uint32_t non_finite_bit(float x) {
+  return static_cast<uint32_t>((float_bits(x) & 0x7f800000u) == 0x7f800000u);
 }
 
 // The trust ratio from the two squared norms.

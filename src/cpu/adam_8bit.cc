@@ -104,11 +104,11 @@ void run_codec(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa i
 }  // namespace cpu_adam
 
 void adam_8bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
-  cpu_adam::run_codec(plan, launch, isa, cpu_adam::Codec8{launch.tables, isa == cpu::Isa::avx512});
+  cpu_adam::run_codec(plan, launch, isa, cpu_adam::Codec8::of(launch, isa));
 }
 
 void adam_4bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
-  cpu_adam::run_codec(plan, launch, isa, cpu_adam::Codec4{launch.tables4, isa == cpu::Isa::avx512});
+  cpu_adam::run_codec(plan, launch, isa, cpu_adam::Codec4::of(launch, isa));
 }
 
 }  // namespace gradkit::backend

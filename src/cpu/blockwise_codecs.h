@@ -12,6 +12,7 @@
 
 #include "backend/blockwise4_math.h"
 #include "backend/quant_tables.h"
+#include "cpu/isa.h"
 #include "cpu/quant_avx512.h"
 
 namespace gradkit::backend::cpu_blockwise {
@@ -22,6 +23,11 @@ struct Codec8 {
   static constexpr int kCodesPerByte = 1;
   const QuantTables* tables;
   bool avx512;
+  // The codec of a launch (AdamLaunch, LambLaunch: its `tables`) run in `isa`'s copy.
+  template <class Launch>
+  static Codec8 of(const Launch& l, cpu::Isa isa) {
+    return {l.tables, isa == cpu::Isa::avx512};
+  }
   // n values of the block from element `base` of `codes`.
   void decode(int moment, const uint8_t* codes, int64_t base, float absmax, int n, float* out) const {
     const QuantTable& t = tables->table[moment];
@@ -47,6 +53,10 @@ struct Codec4 {
   static constexpr int kCodesPerByte = 2;
   const QuantTables4* tables;
   bool avx512;
+  template <class Launch>
+  static Codec4 of(const Launch& l, cpu::Isa isa) {
+    return {l.tables4, isa == cpu::Isa::avx512};
+  }
   void decode(int moment, const uint8_t* codes, int64_t base, float absmax, int n, float* out) const {
     const QuantTable4& t = tables->table[moment];
 #if GRADKIT_CPU_MULTI_ISA

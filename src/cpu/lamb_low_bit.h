@@ -54,13 +54,12 @@ struct Pass1 {
       // The direction from the stored (encoded) moments.
       codec.decode(0, qm_new, 0, amax_m, n, m_stored);
       codec.decode(1, qv_new, 0, amax_v, n, v_stored);
-      // Whether any d is Inf or NaN, as an integer OR of its exponent
-      // being all ones (a bool reduction over finite() stays scalar).
+      // Whether any d is Inf or NaN.
       uint32_t non_finite = 0;
       for (int k = 0; k < n; ++k) {
         const float wk = w[base + k];
         const float d = lamb_direction(wk, m_stored[k], v_stored[k], c);
-        non_finite |= static_cast<uint32_t>((float_bits(d) & 0x7f800000u) == 0x7f800000u);
+        non_finite |= non_finite_bit(d);
         w_squares[k] = static_cast<double>(wk) * wk;
         d_squares[k] = static_cast<double>(d) * d;
       }
@@ -140,10 +139,6 @@ struct Pass2 {
 template <class G, class Codec>
 struct BlockwiseMoments {
   using C = float;
-  static Codec codec(const LambLaunch& l, cpu::Isa isa) {
-    if constexpr (Codec::kCodesPerByte == 2) return Codec{l.tables4, isa == cpu::Isa::avx512};
-    else return Codec{l.tables, isa == cpu::Isa::avx512};
-  }
 
   static void norms(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<float>& c, double* sums,
                     cpu::Isa isa) {
@@ -151,7 +146,7 @@ struct BlockwiseMoments {
         isa, int64_t{chunk.chunk.length}, static_cast<const float*>(chunk.tensor<float>(0)),
         static_cast<const G*>(chunk.tensor<G>(1)), chunk.block_tensor<uint8_t>(2, Codec::kCodesPerByte),
         chunk.block_tensor<uint8_t>(3, Codec::kCodesPerByte), chunk.block_tensor<float>(l.absmax_list, Codec::kBlock),
-        chunk.block_tensor<float>(l.absmax_list + 1, Codec::kBlock), codec(l, isa), c, sums);
+        chunk.block_tensor<float>(l.absmax_list + 1, Codec::kBlock), Codec::of(l, isa), c, sums);
   }
 
   template <class Copy, bool Update>
@@ -164,7 +159,7 @@ struct BlockwiseMoments {
         static_cast<const uint8_t*>(chunk.block_tensor<uint8_t>(3, Codec::kCodesPerByte)),
         chunk.block_tensor<float>(l.absmax_list, Codec::kBlock),
         static_cast<const float*>(chunk.block_tensor<float>(l.absmax_list + 1, Codec::kBlock)),
-        cpu_master::copy_of<Copy>(chunk, l), codec(l, isa), c, step);
+        cpu_master::copy_of<Copy>(chunk, l), Codec::of(l, isa), c, step);
   }
 };
 
