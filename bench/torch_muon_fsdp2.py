@@ -3,18 +3,22 @@
 against the same optimizer on one GPU, in the same run (issue 39's target:
 the 2-GPU step at most 0.6x the one-GPU step, communication included):
 
-    torchrun --nproc-per-node 2 bench/torch_muon_fsdp2.py [--lists gpt2,llama1b] [--reps N] [--markdown FILE]
+    torchrun --nproc-per-node 2 bench/torch_muon_fsdp2.py [--lists gpt2,llama1b] [--reps N]
+        [--buckets 1,2,4,8] [--rounds 3] [--markdown FILE]
 
 The lists are bench/torch_muon.py's hidden matrices (GPT-2 small, 48 matrices;
 Llama-shaped 1B, 112). Cases per list:
 - one GPU: gradkit.torch.Muon on whole tensors (rank 0 alone, the others wait),
   and torch.optim.Muon beside it;
 - N GPUs: gradkit.torch.Muon on DTensors sharded by rows (distribute_tensor,
-  Shard(0): FSDP2's layout) with their sharded gradients: the whole step, and
-  its parts on each rank: the owners' Newton-Schulz (MuonShardedPlan's
-  orthogonalize alone: the balance), the two all-to-alls alone (NCCL
-  through torch.distributed, the bytes the step sends), and the five parts
-  timed with events between them within whole steps.
+  Shard(0): FSDP2's layout) with their sharded gradients: the whole step with
+  the exchanges in each of --buckets buckets (exchange_buckets; each its own
+  optimizer on the same parameters, timed in --rounds interleaved rounds, the
+  best round's median kept), and the one-bucket step's parts on each rank:
+  the owners' Newton-Schulz (MuonShardedPlan's orthogonalize alone: the
+  balance), the two all-to-alls alone (NCCL through torch.distributed, the
+  bytes the step sends), and the five parts timed with events between them
+  within whole steps, one after another: what the buckets overlap.
 Device time is the median over --reps of CUDA events on rank 0 (every part
 runs on every rank; rank r's own figures are printed as "rank r").
 """
@@ -46,7 +50,7 @@ def sharded_params(shapes, mesh, seed=0):
 
 
 def sharded_cohort(opt):
-    cohorts = [c for c in opt._cohorts if hasattr(c.plan, "owner_counts")]
+    cohorts = [c for c in opt._cohorts if hasattr(c.plan, "exchange")]
     assert len(cohorts) == 1, "expected one sharded Muon cohort"
     return cohorts[0].plan
 
@@ -54,15 +58,20 @@ def sharded_cohort(opt):
 PARTS = ("momentum", "all-to-all", "orthogonalize", "all-to-all back", "update")
 
 
+def exchanges(sharded, back):
+    for k in range(sharded.plan.num_buckets):
+        sharded.exchange(k, back=back)
+
+
 def step_parts(sharded, reps):
-    """The step's five parts as gradkit.torch.Muon runs them, with CUDA events
-    between them: each part's median time within whole steps (a wait for the
-    other rank shows in the all-to-alls)."""
+    """The step's five parts one after another (every bucket's exchange between two
+    parts), with CUDA events between them: each part's median time within whole
+    steps (a wait for the other rank shows in the all-to-alls)."""
     stream = torch.cuda.current_stream().cuda_stream
     calls = (lambda: sharded.plan.momentum(stream=stream),
-             lambda: dist.all_to_all_single(sharded.owner, sharded.shard, sharded.owner_counts, sharded.shard_counts),
+             lambda: exchanges(sharded, back=False),
              lambda: sharded.plan.orthogonalize(stream=stream),
-             lambda: dist.all_to_all_single(sharded.shard, sharded.owner, sharded.shard_counts, sharded.owner_counts),
+             lambda: exchanges(sharded, back=True),
              lambda: sharded.plan.update(stream=stream))
     times = [[] for _ in calls]
     for rep in range(reps + 3):
@@ -78,7 +87,7 @@ def step_parts(sharded, reps):
     return [sorted(t)[len(t) // 2] for t in times]
 
 
-def bench_list(key, reps, rows):
+def bench_list(key, reps, rows, buckets, rounds):
     title, matrices = LISTS[key]
     shapes = matrices()
     rank, ranks = dist.get_rank(), dist.get_world_size()
@@ -99,23 +108,23 @@ def bench_list(key, reps, rows):
     dist.barrier()
     mesh = init_device_mesh("cuda", (ranks,))
     params = sharded_params(shapes, mesh)
-    opt = gt.Muon(params, lr=LR)
-    opt.step()  # plans
+    opts = {b: gt.Muon(params, lr=LR, exchange_buckets=b) for b in buckets}
+    for opt in opts.values():
+        opt.step()  # plans
     torch.cuda.synchronize()
-    step_ms = median_ms(opt.step, reps)
-    sharded = sharded_cohort(opt)
+    step_ms = {b: float("inf") for b in buckets}
+    for _ in range(rounds):  # interleaved: a slow spell of the machine falls on every count
+        for b, opt in opts.items():
+            step_ms[b] = min(step_ms[b], median_ms(opt.step, reps))
+    made = {b: sharded_cohort(opt).plan.num_buckets for b, opt in opts.items()}
+    sharded = sharded_cohort(opts[min(buckets)])
     ortho_ms = median_ms(lambda: sharded.plan.orthogonalize(stream=torch.cuda.current_stream().cuda_stream), reps)
-
-    def exchange():
-        dist.all_to_all_single(sharded.owner, sharded.shard, sharded.owner_counts, sharded.shard_counts)
-        dist.all_to_all_single(sharded.shard, sharded.owner, sharded.shard_counts, sharded.owner_counts)
-
-    comm_ms = median_ms(exchange, reps)
+    comm_ms = median_ms(lambda: (exchanges(sharded, False), exchanges(sharded, True)), reps)
     parts = step_parts(sharded, reps)
     # Bytes this rank sends to the others: its rows to their owners, its matrices' rows back.
-    sent = sum(sharded.shard_counts) - sharded.shard_counts[rank] + sum(sharded.owner_counts) - sharded.owner_counts[rank]
-    mine = torch.tensor([step_ms, ortho_ms, comm_ms, sharded.plan.owned_flops, float(sent), *parts], device="cuda",
-                        dtype=torch.float64)
+    sent = sum(sum(c) - c[rank] for c in sharded.shard_counts + sharded.owner_counts)
+    mine = torch.tensor([ortho_ms, comm_ms, sharded.plan.owned_flops, float(sent), *parts, *step_ms.values()],
+                        device="cuda", dtype=torch.float64)
     every = [torch.empty_like(mine) for _ in range(ranks)]
     dist.all_gather(every, mine)
     if rank != 0:
@@ -125,23 +134,30 @@ def bench_list(key, reps, rows):
     def row(case, ms, extra=""):
         r = (title, case, f"{ms:.3f}", f"{base / ms:.2f}x" if ms else "", f"{ms / base:.2f}" if ms else "", extra)
         rows.append(r)
-        print("  ".join(f"{c:>{w}}" for c, w in zip(r, (16, 40, 9, 8, 7, 30))), flush=True)
+        print("  ".join(f"{c:>{w}}" for c, w in zip(r, (16, 44, 9, 8, 7, 30))), flush=True)
 
     print(f"\n{title}: {len(shapes)} matrices, {params_n / 1e6:.1f}M parameters, Newton-Schulz {flops / 1e12:.1f} TFLOP")
     row("one GPU: gradkit.torch.Muon", base, f"{flops / base / 1e9:.0f} TFLOP/s")
     if "torch" in one:
         row("one GPU: torch.optim.Muon", one["torch"])
-    row(f"{ranks} GPUs: gradkit.torch.Muon (FSDP2 rows)", step_ms, "target <= 0.60 x one GPU")
-    for r, (s, o, c, f, b, *within) in enumerate(t.tolist() for t in every):
+    for b in buckets:
+        row(f"{ranks} GPUs: gradkit.torch.Muon, exchange_buckets={b}", step_ms[b],
+            f"{made[b]} bucket(s); target <= 0.60 x one GPU")
+    for r, (o, c, f, sent_r, *rest) in enumerate(t.tolist() for t in every):
+        within = rest[:len(PARTS)]
         row(f"  rank {r}: owners' Newton-Schulz", o, f"{5 * f / o / 1e9:.0f} TFLOP/s, {100 * 5 * f / flops:.0f}% of the FLOPs")
-        row(f"  rank {r}: the two all-to-alls", c, f"{b / 1e9:.3f} GB sent, {b / c / 1e6:.0f} GB/s")
-        row(f"  rank {r}: within one step", sum(within), " + ".join(f"{n} {ms:.3f}" for n, ms in zip(PARTS, within)))
+        row(f"  rank {r}: the all-to-alls ({made[min(buckets)]} bucket(s))", c,
+            f"{sent_r / 1e9:.3f} GB sent, {sent_r / c / 1e6:.0f} GB/s")
+        row(f"  rank {r}: the parts one after another", sum(within),
+            " + ".join(f"{n} {ms:.3f}" for n, ms in zip(PARTS, within)))
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lists", default="gpt2,llama1b")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--buckets", default="1,2,4,8", help="exchange_buckets values, each timed")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--markdown")
     args = ap.parse_args()
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -151,9 +167,9 @@ def main():
     if dist.get_rank() == 0:
         print(f"{torch.cuda.get_device_name()} x {dist.get_world_size()}, torch {torch.__version__}")
         print("  ".join(f"{c:>{w}}" for c, w in zip(("list", "case", "ms", "speedup", "x one", "notes"),
-                                                     (16, 40, 9, 8, 7, 30))))
+                                                     (16, 44, 9, 8, 7, 30))))
     for key in args.lists.split(","):
-        bench_list(key, args.reps, rows)
+        bench_list(key, args.reps, rows, [int(b) for b in args.buckets.split(",")], args.rounds)
         dist.barrier()
     if args.markdown and dist.get_rank() == 0:
         with open(args.markdown, "w") as f:

@@ -85,22 +85,22 @@ struct Rank {
   }
 };
 
-// What an all-to-all does: section r of each rank's `from` buffer lands in
-// section (the sender) of rank r's `to` buffer.
-void all_to_all(std::vector<Rank>& ranks, bool back) {
+// What an all-to-all of one bucket does: section r of each rank's `from`
+// buffer lands in section (the sender) of rank r's `to` buffer.
+void all_to_all(std::vector<Rank>& ranks, size_t bucket, bool back) {
   const size_t n = ranks.size();
   std::vector<std::vector<uint16_t>> sent(n);
   for (size_t s = 0; s < n; ++s) {
-    const TensorView from = back ? ranks[s].plan.owner_buffer() : ranks[s].plan.shard_buffer();
+    const TensorView from = back ? ranks[s].plan.owner_buffer(bucket) : ranks[s].plan.shard_buffer(bucket);
     sent[s].resize(static_cast<size_t>(from.numel));
     copy_to_host(sent[s].data(), from.data, sent[s].size() * 2, from.device);
   }
   for (size_t r = 0; r < n; ++r) {
-    const TensorView to = back ? ranks[r].plan.shard_buffer() : ranks[r].plan.owner_buffer();
+    const TensorView to = back ? ranks[r].plan.shard_buffer(bucket) : ranks[r].plan.owner_buffer(bucket);
     std::vector<uint16_t> received;
     for (size_t s = 0; s < n; ++s) {
-      const auto counts = back ? ranks[s].plan.owner_counts() : ranks[s].plan.shard_counts();
-      const auto expected = back ? ranks[r].plan.shard_counts() : ranks[r].plan.owner_counts();
+      const auto counts = back ? ranks[s].plan.owner_counts(bucket) : ranks[s].plan.shard_counts(bucket);
+      const auto expected = back ? ranks[r].plan.shard_counts(bucket) : ranks[r].plan.owner_counts(bucket);
       ASSERT_EQ(counts[r], expected[s]) << "rank " << s << " sends rank " << r << " what it expects";
       int64_t at = 0;
       for (size_t k = 0; k < r; ++k) at += counts[k];
@@ -111,12 +111,32 @@ void all_to_all(std::vector<Rank>& ranks, bool back) {
   }
 }
 
+// Every part for all buckets at once, each bucket exchanged between two.
 void sharded_step(std::vector<Rank>& ranks, const MuonStepInputs& in = {}) {
+  const size_t buckets = ranks[0].plan.num_buckets();
   for (Rank& r : ranks) r.plan.momentum(in);
-  all_to_all(ranks, false);
+  for (size_t k = 0; k < buckets; ++k) all_to_all(ranks, k, false);
   for (Rank& r : ranks) r.plan.orthogonalize(in);
-  all_to_all(ranks, true);
+  for (size_t k = 0; k < buckets; ++k) all_to_all(ranks, k, true);
   for (Rank& r : ranks) r.plan.update(in);
+}
+
+// Bucket by bucket, in the order gradkit.torch overlaps them: every
+// bucket's momentum and exchange, then each one orthogonalised and sent
+// back, then each one's update.
+void bucketed_step(std::vector<Rank>& ranks, const MuonStepInputs& in = {}) {
+  const size_t buckets = ranks[0].plan.num_buckets();
+  for (size_t k = 0; k < buckets; ++k) {
+    for (Rank& r : ranks) r.plan.momentum(k, in);
+    all_to_all(ranks, k, false);
+  }
+  for (size_t k = 0; k < buckets; ++k) {
+    for (Rank& r : ranks) r.plan.orthogonalize(k, in);
+    all_to_all(ranks, k, true);
+  }
+  for (size_t k = 0; k < buckets; ++k) {
+    for (Rank& r : ranks) r.plan.update(k, in);
+  }
 }
 
 // The unsharded plan's tensors, from the same model.
@@ -141,10 +161,10 @@ struct Whole {
 };
 
 std::vector<Rank> make_ranks(Device device, const Model& m, int n, std::span<const MuonHyperparameters> h,
-                             std::span<const int32_t> groups = {}) {
+                             std::span<const int32_t> groups = {}, MuonPlanOptions options = {}) {
   std::vector<Rank> ranks;
   ranks.reserve(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) ranks.emplace_back(device, m, r, n, h, groups);
+  for (int r = 0; r < n; ++r) ranks.emplace_back(device, m, r, n, h, groups, options);
   return ranks;
 }
 
@@ -322,12 +342,58 @@ TEST_P(MuonSharded, SetGradsRepointsTheRows) {
   const std::vector<TensorView> one(ranks[0].gv.begin(), ranks[0].gv.begin() + 1);
   expect_error([&] { ranks[0].plan.set_grads(one); }, ErrorCode::size_mismatch, {"grads"});
   // Gradients in the plan's own exchange buffer: refused before any table changes.
-  const TensorView exchange = ranks[0].plan.shard_buffer();
+  const TensorView exchange = ranks[0].plan.shard_buffer(0);
   std::vector<TensorView> inside = ranks[0].gv;
   inside[0].data = exchange.data;
   inside[0].dtype = DType::bf16;
   inside[0].numel = std::min(inside[0].numel, exchange.numel);
   expect_error([&] { ranks[0].plan.set_grads(inside); }, ErrorCode::aliasing, {"grads[0]", "shard_buffer"});
+}
+
+// Buckets change which launch and which exchange carries a matrix, not its
+// numbers: 1, 2, 3 and 8 buckets, all at once or bucket by bucket, give the
+// one-bucket step's bits, on every backend. The buckets are runs of whole
+// shape classes, at most as many as asked, none empty, their FLOPs the
+// plan's.
+TEST_P(MuonSharded, BucketsGiveTheSameBits) {
+  uint64_t seed = 60;
+  for (const Case& c : cases()) {
+    std::mt19937_64 rng(seed++);
+    const Model m = make_model(rng, c.shapes, c.ranks, c.d);
+    const std::vector<std::vector<std::vector<double>>> grads = {m.gradients(rng), m.gradients(rng)};  // two steps'
+    std::vector<std::vector<double>> first;  // the one-bucket run's weights and momentum, tensor by tensor
+    for (const int32_t buckets : {1, 2, 3, 8}) {
+      for (const bool by_bucket : {false, true}) {
+        if (buckets == 1 && by_bucket) continue;
+        MuonPlanOptions options;
+        options.buckets = buckets;
+        std::vector<Rank> ranks = make_ranks(device(), m, c.ranks, c.h, c.groups, options);
+        const std::string what = c.name + ", " + std::to_string(buckets) + " buckets" + (by_bucket ? " one by one" : "");
+        const MuonShardedPlan& plan = ranks[0].plan;
+        ASSERT_GE(plan.num_buckets(), 1u) << what;
+        ASSERT_LE(plan.num_buckets(), static_cast<size_t>(buckets)) << what;
+        double flops = 0;
+        for (size_t k = 0; k < plan.num_buckets(); ++k) {
+          EXPECT_GT(plan.bucket_flops(k), 0.0) << what << " bucket " << k;
+          flops += plan.bucket_flops(k);
+        }
+        double owned = 0;
+        for (const Rank& r : ranks) owned += r.plan.owned_flops();
+        EXPECT_DOUBLE_EQ(flops, owned) << what;
+        for (const auto& g : grads) {
+          for (int r = 0; r < c.ranks; ++r) ranks[static_cast<size_t>(r)].set_gradients(m, r, g);
+          by_bucket ? bucketed_step(ranks) : sharded_step(ranks);
+        }
+        std::vector<std::vector<double>> now;
+        for (size_t i = 0; i < m.shapes.size(); ++i) {
+          now.push_back(gathered(ranks, i, false));
+          now.push_back(gathered(ranks, i, true));
+        }
+        if (first.empty()) first = now;
+        EXPECT_EQ(now, first) << what;
+      }
+    }
+  }
 }
 
 TEST_P(MuonSharded, RefusesBadSplitsAndRanks) {
@@ -360,6 +426,16 @@ TEST_P(MuonSharded, RefusesBadSplitsAndRanks) {
   expect_error([&] { MuonShardedPlan({rank0.wv, rank0.gv, rank0.bv, m.shapes, good, 0, 2}, std::span(&nan_lr, 1)); },
                ErrorCode::invalid_argument, {"hyperparameters[0].lr"});
   expect_error([&] { rank0.plan.momentum({nullptr, 0.0f}); }, ErrorCode::invalid_argument, {"grad_scale"});
+  MuonPlanOptions no_buckets;
+  no_buckets.buckets = 0;
+  expect_error([&] { MuonShardedPlan({rank0.wv, rank0.gv, rank0.bv, m.shapes, good, 0, 2}, std::span(&h, 1), {}, no_buckets); },
+               ErrorCode::invalid_argument, {"options.buckets", ">= 1"});
+  const size_t past = rank0.plan.num_buckets();
+  const auto before = rank0.buf[0].bytes();
+  expect_error([&] { rank0.plan.momentum(past); }, ErrorCode::invalid_argument, {"bucket", "buckets"});
+  expect_error([&] { (void)rank0.plan.shard_buffer(past); }, ErrorCode::invalid_argument, {"bucket"});
+  expect_error([&] { (void)rank0.plan.owner_counts(past); }, ErrorCode::invalid_argument, {"bucket"});
+  EXPECT_EQ(rank0.buf[0].bytes(), before);
 }
 
 GRADKIT_INSTANTIATE_ON_EACH_DEVICE(MuonSharded);

@@ -66,14 +66,14 @@ struct PyMuonShardedPlan {
   PyMuonShardedPlan(const Arrays& p, const Arrays& g, const Arrays& m, const std::vector<Shape>& s,
                     const std::vector<std::vector<int64_t>>& row_splits, int32_t rank, int32_t ranks,
                     const std::vector<MuonHyperparameters>& hyper, const std::vector<int32_t>& groups,
-                    bool hold_grads, int64_t split_from, int32_t streams, bool graphs)
+                    bool hold_grads, int64_t split_from, int32_t streams, bool graphs, int32_t buckets)
       : params(to_views(p, "params")),
         grads(to_views(g, "grads")),
         momentum(to_views(m, "momentum")),
         shapes(to_shapes(s)),
         splits(flat_splits(row_splits)),
         plan({params.views, grads.views, momentum.views, shapes, splits, rank, ranks}, hyper, groups,
-             MuonPlanOptions{.split_from = split_from, .graphs = graphs, .streams = streams}) {
+             MuonPlanOptions{.split_from = split_from, .graphs = graphs, .streams = streams, .buckets = buckets}) {
     if (!hold_grads) grads.arrays.clear();
   }
 };
@@ -162,49 +162,78 @@ void bind_muon(nb::module_& m) {
   auto sharded = nb::class_<PyMuonShardedPlan>(
       m, "MuonShardedPlan",
       "Muon over this rank's rows of each tensor (FSDP2's Shard(0); docs/ops.md, muon_step over row shards): "
-      "row_splits[i] holds tensor i's ranks + 1 row boundaries (of batch * rows rows). The step is momentum(), an "
-      "all-to-all from shard_buffer (shard_counts) into owner_buffer (owner_counts), orthogonalize(), the "
-      "all-to-all back, update().")
+      "row_splits[i] holds tensor i's ranks + 1 row boundaries (of batch * rows rows). The matrices go in "
+      "num_buckets buckets (at most `buckets`). The step is momentum(), for each bucket k an all-to-all from "
+      "shard_buffer(k) (shard_counts(k)) into owner_buffer(k) (owner_counts(k)), orthogonalize(), the all-to-alls "
+      "back, update(); or each part bucket by bucket (momentum(k), ...), so that exchanges overlap products.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const std::vector<Shape>&,
                     const std::vector<std::vector<int64_t>>&, int32_t, int32_t, const std::vector<MuonHyperparameters>&,
-                    const std::vector<int32_t>&, bool, int64_t, int32_t, bool>(),
+                    const std::vector<int32_t>&, bool, int64_t, int32_t, bool, int32_t>(),
            nb::arg("params"), nb::arg("grads"), nb::arg("momentum"), nb::arg("shapes"), nb::arg("row_splits"),
            nb::arg("rank"), nb::arg("ranks"), nb::arg("hyperparameters"), nb::arg("groups") = std::vector<int32_t>{},
            nb::arg("hold_grads") = true, nb::arg("split_from") = MuonPlanOptions{}.split_from,
-           nb::arg("streams") = MuonPlanOptions{}.streams, nb::arg("graphs") = MuonPlanOptions{}.graphs)
+           nb::arg("streams") = MuonPlanOptions{}.streams, nb::arg("graphs") = MuonPlanOptions{}.graphs,
+           nb::arg("buckets") = MuonPlanOptions{}.buckets)
       .def(
           "momentum",
-          [](const PyMuonShardedPlan& p, nb::handle found_inf, float grad_scale, nb::handle grad_scale_device,
-             uintptr_t stream) { p.plan.momentum(step_inputs(found_inf, grad_scale, grad_scale_device), to_stream(stream)); },
-          nb::arg("found_inf") = nb::none(), nb::arg("grad_scale") = 1.0f, nb::arg("grad_scale_device") = nb::none(),
-          nb::arg("stream") = 0, "1. The momentum pass; this rank's rows of the updates to shard_buffer, by owner.")
+          [](const PyMuonShardedPlan& p, std::optional<size_t> bucket, nb::handle found_inf, float grad_scale,
+             nb::handle grad_scale_device, uintptr_t stream) {
+            const MuonStepInputs in = step_inputs(found_inf, grad_scale, grad_scale_device);
+            if (bucket) p.plan.momentum(*bucket, in, to_stream(stream));
+            else p.plan.momentum(in, to_stream(stream));
+          },
+          nb::arg("bucket") = nb::none(), nb::arg("found_inf") = nb::none(), nb::arg("grad_scale") = 1.0f,
+          nb::arg("grad_scale_device") = nb::none(), nb::arg("stream") = 0,
+          "1. The momentum pass of `bucket`'s matrices (None: every bucket's); this rank's rows of the updates to "
+          "shard_buffer(bucket), by owner.")
       .def(
           "orthogonalize",
-          [](const PyMuonShardedPlan& p, nb::handle found_inf, uintptr_t stream) {
-            p.plan.orthogonalize(step_inputs(found_inf, 1.0f, nb::none()), to_stream(stream));
+          [](const PyMuonShardedPlan& p, std::optional<size_t> bucket, nb::handle found_inf, uintptr_t stream) {
+            const MuonStepInputs in = step_inputs(found_inf, 1.0f, nb::none());
+            if (bucket) p.plan.orthogonalize(*bucket, in, to_stream(stream));
+            else p.plan.orthogonalize(in, to_stream(stream));
           },
-          nb::arg("found_inf") = nb::none(), nb::arg("stream") = 0,
-          "2. This rank's matrices from owner_buffer, orthogonalised, their rows back to owner_buffer.")
+          nb::arg("bucket") = nb::none(), nb::arg("found_inf") = nb::none(), nb::arg("stream") = 0,
+          "2. This rank's matrices of `bucket` (None: every bucket) from owner_buffer, orthogonalised, their rows "
+          "back to owner_buffer.")
       .def(
           "update",
-          [](const PyMuonShardedPlan& p, nb::handle found_inf, uintptr_t stream) {
-            p.plan.update(step_inputs(found_inf, 1.0f, nb::none()), to_stream(stream));
+          [](const PyMuonShardedPlan& p, std::optional<size_t> bucket, nb::handle found_inf, uintptr_t stream) {
+            const MuonStepInputs in = step_inputs(found_inf, 1.0f, nb::none());
+            if (bucket) p.plan.update(*bucket, in, to_stream(stream));
+            else p.plan.update(in, to_stream(stream));
           },
-          nb::arg("found_inf") = nb::none(), nb::arg("stream") = 0, "3. The weight update from shard_buffer.")
-      .def_prop_ro("shard_buffer",
-                   [](nb::handle self) { return to_array(nb::cast<PyMuonShardedPlan&>(self).plan.shard_buffer(), self); },
-                   "This rank's rows of the updates, by owner rank (bf16, 1-D; the plan's memory).")
-      .def_prop_ro("owner_buffer",
-                   [](nb::handle self) { return to_array(nb::cast<PyMuonShardedPlan&>(self).plan.owner_buffer(), self); },
-                   "Every rank's rows of this rank's matrices, by rank (bf16, 1-D; the plan's memory).")
-      .def_prop_ro("shard_counts",
-                   [](const PyMuonShardedPlan& p) {
-                     return std::vector<int64_t>(p.plan.shard_counts().begin(), p.plan.shard_counts().end());
-                   })
-      .def_prop_ro("owner_counts",
-                   [](const PyMuonShardedPlan& p) {
-                     return std::vector<int64_t>(p.plan.owner_counts().begin(), p.plan.owner_counts().end());
-                   })
+          nb::arg("bucket") = nb::none(), nb::arg("found_inf") = nb::none(), nb::arg("stream") = 0,
+          "3. The weight update of `bucket`'s rows (None: every bucket's) from shard_buffer.")
+      .def_prop_ro("num_buckets", [](const PyMuonShardedPlan& p) { return p.plan.num_buckets(); })
+      .def(
+          "shard_buffer",
+          [](nb::handle self, size_t bucket) {
+            return to_array(nb::cast<PyMuonShardedPlan&>(self).plan.shard_buffer(bucket), self);
+          },
+          nb::arg("bucket"), "This rank's rows of the bucket's updates, by owner rank (bf16, 1-D; the plan's memory).")
+      .def(
+          "owner_buffer",
+          [](nb::handle self, size_t bucket) {
+            return to_array(nb::cast<PyMuonShardedPlan&>(self).plan.owner_buffer(bucket), self);
+          },
+          nb::arg("bucket"), "Every rank's rows of this rank's matrices of the bucket, by rank (bf16, 1-D; the plan's memory).")
+      .def(
+          "shard_counts",
+          [](const PyMuonShardedPlan& p, size_t bucket) {
+            const auto c = p.plan.shard_counts(bucket);
+            return std::vector<int64_t>(c.begin(), c.end());
+          },
+          nb::arg("bucket"))
+      .def(
+          "owner_counts",
+          [](const PyMuonShardedPlan& p, size_t bucket) {
+            const auto c = p.plan.owner_counts(bucket);
+            return std::vector<int64_t>(c.begin(), c.end());
+          },
+          nb::arg("bucket"))
+      .def("bucket_flops", [](const PyMuonShardedPlan& p, size_t bucket) { return p.plan.bucket_flops(bucket); },
+           nb::arg("bucket"))
       .def("owner", [](const PyMuonShardedPlan& p, size_t tensor, int64_t matrix) { return p.plan.owner(tensor, matrix); },
            nb::arg("tensor"), nb::arg("matrix") = 0)
       .def_prop_ro("owned_flops", [](const PyMuonShardedPlan& p) { return p.plan.owned_flops(); })

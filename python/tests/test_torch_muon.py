@@ -277,6 +277,9 @@ def test_refuses_what_muon_cannot_take():
         gt.Muon([w], momentum=1.0)
     with pytest.raises(ValueError, match="ns_coefficients"):
         gt.Muon([w], ns_coefficients=(1.0, 2.0))
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match=r"exchange_buckets is .*, expected an int >= 1"):
+            gt.Muon([w], exchange_buckets=bad)
     opt = gt.Muon([{"params": [w]}, {"params": [b], "use_muon": False}])  # the 1-D tensor goes to AdamW
     with pytest.raises(ValueError, match=r"param_groups\[2\].*has shape \(8,\)"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(8))]})

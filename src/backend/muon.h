@@ -60,8 +60,10 @@ void muon_cpu(const MuonLaunch& launch);
 // Every batch of a step on CUDA: at once on the side streams (`concurrent`,
 // forked from and joined into `stream`) or one after another; recorded into
 // a CUDA graph and replayed when `graphs` and `stream` is not recording.
+// `slot` names the recording: a plan that runs different sets of launches
+// (MuonShardedPlan's buckets) keeps one recording for each.
 void muon_cuda_step(const void* gemm, std::span<const MuonLaunch> launches, bool concurrent, bool graphs,
-                    Stream stream);
+                    Stream stream, size_t slot = 0);
 // Chooses every product's cuBLASLt algorithm for these launches, launching
 // nothing: a plan does it when it is made, so that a step cannot fail
 // half-way on a product cuBLASLt has no algorithm for.

@@ -124,17 +124,23 @@ struct GemmState {
   void* workspace = nullptr;
   std::vector<Lane> lanes;
   cudaEvent_t fork = nullptr;
+  // A recorded step, one per slot (muon_cuda_step).
+  struct Recording {
+    cudaGraphExec_t graph = nullptr;  // the recorded step, for `key`
+    GraphKey key;
+    bool stepped = false;  // it has run eagerly once (lazy initialisations are done)
+  };
   cudaStream_t capture = nullptr;   // the stream a step is recorded on
-  cudaGraphExec_t graph = nullptr;  // the recorded step, for `key`
-  GraphKey key;
-  bool stepped = false;      // a step has run eagerly (lazy initialisations are done)
+  std::vector<Recording> recordings;
   bool graphs_off = false;   // recording failed once: eager from then on
   std::mutex mutex;
   std::map<decltype(gemm_key(GemmShape{}, GemmAlignment{}, 0)), std::unique_ptr<PreparedGemm>> prepared;
 
   ~GemmState() {
     cuda::DeviceGuard guard(device);
-    if (graph) cudaGraphExecDestroy(graph);
+    for (const Recording& r : recordings) {
+      if (r.graph) cudaGraphExecDestroy(r.graph);
+    }
     if (capture) cudaStreamDestroy(capture);
     prepared.clear();
     for (Lane& lane : lanes) {
@@ -490,32 +496,34 @@ void muon_cuda_prepare(const void* gemm, std::span<const MuonLaunch> launches) {
 }
 
 void muon_cuda_step(const void* gemm, std::span<const MuonLaunch> launches, bool concurrent, bool graphs,
-                    Stream stream) {
+                    Stream stream, size_t slot) {
   auto& state = *static_cast<GemmState*>(const_cast<void*>(gemm));
   cuda::DeviceGuard guard(state.device);
   const cudaStream_t user = cuda::native(stream);
   cudaStreamCaptureStatus recording = cudaStreamCaptureStatusNone;
   GRADKIT_CUDA_CHECK(cudaStreamIsCapturing(user, &recording));
+  if (state.recordings.size() <= slot) state.recordings.resize(slot + 1);
+  GemmState::Recording& mine = state.recordings[slot];
   // The first step runs eagerly: cuBLASLt's algorithms are chosen and its
   // lazy initialisations happen outside a recording.
-  if (!graphs || state.graphs_off || recording != cudaStreamCaptureStatusNone || !state.stepped) {
+  if (!graphs || state.graphs_off || recording != cudaStreamCaptureStatusNone || !mine.stepped) {
     enqueue(state, launches, concurrent, user);
-    state.stepped = true;
+    mine.stepped = true;
     return;
   }
   GemmState::GraphKey key = graph_key(launches);
-  if (state.graph == nullptr || key != state.key) {
+  if (mine.graph == nullptr || key != mine.key) {
     cudaGraphExec_t exec = record(state, launches, concurrent);
     if (exec == nullptr) {
       state.graphs_off = true;
       enqueue(state, launches, concurrent, user);
       return;
     }
-    if (state.graph) cudaGraphExecDestroy(state.graph);
-    state.graph = exec;
-    state.key = std::move(key);
+    if (mine.graph) cudaGraphExecDestroy(mine.graph);
+    mine.graph = exec;
+    mine.key = std::move(key);
   }
-  GRADKIT_CUDA_CHECK(cudaGraphLaunch(state.graph, user));
+  GRADKIT_CUDA_CHECK(cudaGraphLaunch(mine.graph, user));
 }
 
 }  // namespace gradkit::backend

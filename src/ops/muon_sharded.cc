@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <tuple>
 #include <numeric>
 #include <string>
 
@@ -88,6 +90,45 @@ std::vector<int32_t> assign_owners(std::span<const double> flops, int32_t ranks)
   return owners;
 }
 
+// Each batch's bucket: the batches' shape classes (one shape, one group),
+// in the order they first appear, cut into at most `buckets` runs of about
+// equal Newton-Schulz FLOPs (a class at the run its FLOPs' middle falls
+// in); runs left empty are dropped. `flops` gets each bucket's FLOPs.
+std::vector<size_t> bucket_batches(std::span<const MatrixBatch> batches, std::span<const double> batch_flops,
+                                   int32_t buckets, std::vector<double>& flops) {
+  std::map<std::tuple<int64_t, int64_t, int32_t>, size_t> class_of;
+  std::vector<double> class_flops;
+  std::vector<size_t> batch_class;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const auto [it, added] =
+        class_of.try_emplace(std::make_tuple(batches[b].rows, batches[b].cols, batches[b].group), class_flops.size());
+    if (added) class_flops.push_back(0.0);
+    class_flops[it->second] += batch_flops[b];
+    batch_class.push_back(it->second);
+  }
+  const double total = std::accumulate(class_flops.begin(), class_flops.end(), 0.0);
+  std::vector<size_t> class_bucket;
+  double before = 0;
+  for (const double f : class_flops) {
+    const double middle = total > 0 ? (before + f / 2) / total : 0.0;
+    class_bucket.push_back(std::min(static_cast<size_t>(buckets) - 1, static_cast<size_t>(middle * buckets)));
+    before += f;
+  }
+  // Renumber the runs that hold a class 0, 1, ...: the buckets.
+  std::vector<size_t> renumbered(static_cast<size_t>(buckets), 0);
+  size_t used = 0;
+  for (size_t c = 0; c < class_bucket.size(); ++c) {
+    if (c == 0 || class_bucket[c] != class_bucket[c - 1]) renumbered[class_bucket[c]] = used++;
+  }
+  flops.assign(std::max<size_t>(used, 1), 0.0);
+  std::vector<size_t> out;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    out.push_back(renumbered[class_bucket[batch_class[b]]]);
+    flops[out.back()] += batch_flops[b];
+  }
+  return out;
+}
+
 // A tensor's rows as the ranks hold them.
 struct TensorRows {
   MatrixShape shape;
@@ -148,33 +189,45 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
     if (owners_[m] == t.rank) owned_flops_ += flops[m];
   }
   const std::vector<MatrixBatch> batches = batch_matrices(t.shapes, groups, owners_);
-
-  // The exchange buffers: shard_buffer's section o holds this rank's rows
-  // of rank o's matrices, owner_buffer's section s rank s's rows of this
-  // rank's matrices, both in the global batch order.
-  const auto R = static_cast<size_t>(t.ranks), me = static_cast<size_t>(t.rank);
-  shard_counts_.assign(R, 0);
-  owner_counts_.assign(R, 0);
+  check_value(options.buckets >= 1, kOp, "options.buckets", options.buckets, "a count >= 1");
+  std::vector<double> batch_flops;
   for (const MatrixBatch& b : batches) {
-    for (const auto& [i, m] : b.sources) {
+    batch_flops.push_back(static_cast<double>(b.sources.size()) * ns_flops(b.rows, b.cols));
+  }
+  const std::vector<size_t> bucket_of = bucket_batches(batches, batch_flops, options.buckets, bucket_flops_);
+
+  // The exchange buffers, bucket by bucket: shard_buffer's section (k, o)
+  // holds this rank's rows of rank o's matrices of bucket k, owner_buffer's
+  // section (k, s) rank s's rows of this rank's matrices of bucket k, both
+  // in the global batch order.
+  const auto R = static_cast<size_t>(t.ranks), me = static_cast<size_t>(t.rank);
+  shard_counts_.assign(num_buckets() * R, 0);
+  owner_counts_.assign(num_buckets() * R, 0);
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const size_t section = bucket_of[b] * R;
+    for (const auto& [i, m] : batches[b].sources) {
       const TensorRows& rows = tensors[static_cast<size_t>(i)];
-      shard_counts_[static_cast<size_t>(b.owner)] += rows.piece(m, me).second * b.cols;
-      if (b.owner == t.rank) {
-        for (size_t s = 0; s < R; ++s) owner_counts_[s] += rows.piece(m, s).second * b.cols;
+      shard_counts_[section + static_cast<size_t>(batches[b].owner)] += rows.piece(m, me).second * batches[b].cols;
+      if (batches[b].owner == t.rank) {
+        for (size_t s = 0; s < R; ++s) owner_counts_[section + s] += rows.piece(m, s).second * batches[b].cols;
       }
     }
   }
-  std::vector<int64_t> shard_at(R, 0), owner_at(R, 0);
-  std::exclusive_scan(shard_counts_.begin(), shard_counts_.end(), shard_at.begin(), int64_t{0});
-  std::exclusive_scan(owner_counts_.begin(), owner_counts_.end(), owner_at.begin(), int64_t{0});
+  shard_at_.assign(shard_counts_.size() + 1, 0);
+  owner_at_.assign(owner_counts_.size() + 1, 0);
+  std::inclusive_scan(shard_counts_.begin(), shard_counts_.end(), shard_at_.begin() + 1);
+  std::inclusive_scan(owner_counts_.begin(), owner_counts_.end(), owner_at_.begin() + 1);
+  std::vector<int64_t> shard_at(shard_at_.begin(), shard_at_.end() - 1), owner_at(owner_at_.begin(), owner_at_.end() - 1);
   const auto bf16_bytes = [](int64_t elements) { return std::max<size_t>(256, static_cast<size_t>(elements) * 2); };
-  shard_buffer_ = Buffer(device(), bf16_bytes(std::accumulate(shard_counts_.begin(), shard_counts_.end(), int64_t{0})));
-  owner_buffer_ = Buffer(device(), bf16_bytes(std::accumulate(owner_counts_.begin(), owner_counts_.end(), int64_t{0})));
-  const TensorView shard_all = shard_buffer();
+  shard_buffer_ = Buffer(device(), bf16_bytes(shard_at_.back()));
+  owner_buffer_ = Buffer(device(), bf16_bytes(owner_at_.back()));
+  const TensorView shard_all = shard_buffer_.view(DType::bf16, 0, shard_at_.back());
 
   std::vector<backend::MuonPiece> pieces;
   std::vector<size_t> owned_bytes;
-  for (const MatrixBatch& b : batches) {
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const MatrixBatch& b = batches[k];
+    const size_t section = bucket_of[k] * R;
     // This rank's rows of the batch's matrices, and their place in shard_buffer.
     MuonPlan::Batch rows_batch{{}, static_cast<int64_t>(b.sources.size()), b.rows, b.cols, b.group, b.sources};
     std::vector<RowSlice> slices;
@@ -183,9 +236,10 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
       const TensorRows& rows = tensors[static_cast<size_t>(i)];
       const auto [first, count] = rows.piece(m, me);
       const int64_t elements = count * b.cols;
+      int64_t& at = shard_at[section + static_cast<size_t>(b.owner)];
       slices.push_back({i, elements ? (m * b.rows + first - rows.splits[me]) * b.cols : 0, elements});
-      x.push_back(slice(shard_all, shard_at[static_cast<size_t>(b.owner)], elements));
-      shard_at[static_cast<size_t>(b.owner)] += elements;
+      x.push_back(slice(shard_all, at, elements));
+      at += elements;
     }
     const std::vector<TensorView> p = slice_views(slices, t.params), g = slice_views(slices, t.grads),
                                   mo = slice_views(slices, t.momentum);
@@ -193,6 +247,7 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
                                              {"shard_buffer", x, true}};
     rows_batch.plan = MultiTensorPlan(kOp, row_lists);
     rows_.push_back(std::move(rows_batch));
+    rows_bucket_.push_back(bucket_of[k]);
     row_slices_.push_back(std::move(slices));
     if (b.owner != t.rank) continue;
     // An owned batch: every rank's rows of each matrix in owner_buffer.
@@ -201,8 +256,8 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
     for (const auto& [i, m] : b.sources) {
       for (size_t s = 0; s < R; ++s) {
         const auto [first, count] = tensors[static_cast<size_t>(i)].piece(m, s);
-        pieces.push_back({first * b.cols, owner_at[s]});
-        owner_at[s] += count * b.cols;
+        pieces.push_back({first * b.cols, owner_at[section + s]});
+        owner_at[section + s] += count * b.cols;
       }
     }
     const int64_t elements = b.rows * b.cols, chunk = MultiTensorPlan::kDefaultChunkElements;
@@ -211,6 +266,7 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
                               ? backend::muon_cuda_workspace_bytes(owned.count, b.rows, b.cols, chunks)
                               : backend::muon_cpu_workspace_bytes(owned.count, b.rows, b.cols, chunks));
     owned_.push_back(std::move(owned));
+    owned_bucket_.push_back(bucket_of[k]);
   }
   Concurrency together = plan_concurrency(device(), owned_bytes, options.streams);
   offsets_ = std::move(together.offsets);
@@ -237,7 +293,7 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
     rows_gemm_ = backend::muon_cuda_gemm(device(), 0, false);
     update_gemm_ = backend::muon_cuda_gemm(device(), 0, false);
     owned_gemm_ = backend::muon_cuda_gemm(device(), lanes_);
-    backend::muon_cuda_prepare(owned_gemm_.get(), launches({}, kOrthogonalize));
+    backend::muon_cuda_prepare(owned_gemm_.get(), launches({}, kOrthogonalize, kAllBuckets));
   }
 }
 
@@ -249,13 +305,36 @@ std::vector<TensorView> MuonShardedPlan::slice_views(std::span<const RowSlice> s
   return views;
 }
 
-TensorView MuonShardedPlan::shard_buffer() const {
-  return shard_buffer_.view(DType::bf16, 0, std::accumulate(shard_counts_.begin(), shard_counts_.end(), int64_t{0}));
+size_t MuonShardedPlan::checked(size_t bucket) const {
+  if (bucket >= num_buckets()) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "bucket",
+                         "is " + std::to_string(bucket) + ", expected one of the plan's " +
+                             std::to_string(num_buckets()) + " buckets (0 to " + std::to_string(num_buckets() - 1) + ")");
+  }
+  return bucket;
 }
 
-TensorView MuonShardedPlan::owner_buffer() const {
-  return owner_buffer_.view(DType::bf16, 0, std::accumulate(owner_counts_.begin(), owner_counts_.end(), int64_t{0}));
+TensorView MuonShardedPlan::shard_buffer(size_t bucket) const {
+  const size_t R = static_cast<size_t>(ranks_), first = checked(bucket) * R;
+  return shard_buffer_.view(DType::bf16, static_cast<size_t>(shard_at_[first]) * 2,
+                            shard_at_[first + R] - shard_at_[first]);
 }
+
+TensorView MuonShardedPlan::owner_buffer(size_t bucket) const {
+  const size_t R = static_cast<size_t>(ranks_), first = checked(bucket) * R;
+  return owner_buffer_.view(DType::bf16, static_cast<size_t>(owner_at_[first]) * 2,
+                            owner_at_[first + R] - owner_at_[first]);
+}
+
+std::span<const int64_t> MuonShardedPlan::shard_counts(size_t bucket) const {
+  return std::span(shard_counts_).subspan(checked(bucket) * static_cast<size_t>(ranks_), static_cast<size_t>(ranks_));
+}
+
+std::span<const int64_t> MuonShardedPlan::owner_counts(size_t bucket) const {
+  return std::span(owner_counts_).subspan(checked(bucket) * static_cast<size_t>(ranks_), static_cast<size_t>(ranks_));
+}
+
+double MuonShardedPlan::bucket_flops(size_t bucket) const { return bucket_flops_[checked(bucket)]; }
 
 int32_t MuonShardedPlan::owner(size_t tensor, int64_t matrix) const {
   if (tensor + 1 >= first_matrix_.size() || matrix < 0 || first_matrix_[tensor] + matrix >= first_matrix_[tensor + 1]) {
@@ -266,7 +345,7 @@ int32_t MuonShardedPlan::owner(size_t tensor, int64_t matrix) const {
   return owners_[static_cast<size_t>(first_matrix_[tensor] + matrix)];
 }
 
-std::vector<backend::MuonLaunch> MuonShardedPlan::launches(const MuonStepInputs& in, int stage) const {
+std::vector<backend::MuonLaunch> MuonShardedPlan::launches(const MuonStepInputs& in, int stage, size_t bucket) const {
   std::vector<backend::MuonLaunch> out;
   const auto add = [&](const MuonPlan::Batch& batch, backend::MuonStage s) -> backend::MuonLaunch& {
     const auto group = static_cast<size_t>(batch.group);
@@ -276,9 +355,11 @@ std::vector<backend::MuonLaunch> MuonShardedPlan::launches(const MuonStepInputs&
     l.ranks = ranks_;
     return out.emplace_back(l);
   };
+  const auto wanted = [&](size_t in_bucket) { return bucket == kAllBuckets || in_bucket == bucket; };
   if (stage == kOrthogonalize) {
     const auto* pieces = static_cast<const backend::MuonPiece*>(pieces_.data());
     for (size_t b = 0; b < owned_.size(); ++b) {
+      if (!wanted(owned_bucket_[b])) continue;
       backend::MuonLaunch& l = add(owned_[b], backend::MuonStage::orthogonalize);
       l.gemm = owned_gemm_.get();
       l.workspace = static_cast<unsigned char*>(workspace_.data()) + (offsets_.empty() ? 0 : offsets_[b]);
@@ -288,42 +369,45 @@ std::vector<backend::MuonLaunch> MuonShardedPlan::launches(const MuonStepInputs&
     }
     return out;
   }
-  for (const MuonPlan::Batch& batch : rows_) {
-    if (!batch.plan.empty()) add(batch, stage == kMomentum ? backend::MuonStage::momentum : backend::MuonStage::update);
+  for (size_t b = 0; b < rows_.size(); ++b) {
+    if (!rows_[b].plan.empty() && wanted(rows_bucket_[b])) {
+      add(rows_[b], stage == kMomentum ? backend::MuonStage::momentum : backend::MuonStage::update);
+    }
   }
   return out;
 }
 
 void MuonShardedPlan::validate_inputs(const MuonStepInputs& in) const { check_step_inputs(kOp, in, device()); }
 
-namespace {
-
-void run_part(const std::vector<backend::MuonLaunch>& all, const void* gemm, bool concurrent, bool graphs,
-              Device device, Stream stream) {
+void MuonShardedPlan::run(int stage, size_t bucket, const MuonStepInputs& in, Stream stream) const {
+  validate_inputs(in);
+  const std::vector<backend::MuonLaunch> all = launches(in, stage, bucket);
   if (all.empty()) return;
-  if (device.is_cuda()) {
-    backend::muon_cuda_step(gemm, all, concurrent, graphs, stream);
-  } else {
+  if (!device().is_cuda()) {
     for (const backend::MuonLaunch& launch : all) backend::muon_cpu(launch);
+    return;
   }
+  // A recording per bucket, and one for every bucket at once (the last slot).
+  const size_t slot = bucket == kAllBuckets ? num_buckets() : bucket;
+  const void* gemm = stage == kMomentum ? rows_gemm_.get() : stage == kUpdate ? update_gemm_.get() : owned_gemm_.get();
+  const bool concurrent = stage == kOrthogonalize && !offsets_.empty();
+  backend::muon_cuda_step(gemm, all, concurrent, options_.graphs, stream, slot);
 }
 
-}  // namespace
-
-void MuonShardedPlan::momentum(const MuonStepInputs& in, Stream stream) const {
-  validate_inputs(in);
-  run_part(launches(in, kMomentum), rows_gemm_.get(), false, options_.graphs, device(), stream);
+void MuonShardedPlan::momentum(size_t bucket, const MuonStepInputs& in, Stream stream) const {
+  run(kMomentum, checked(bucket), in, stream);
 }
-
+void MuonShardedPlan::orthogonalize(size_t bucket, const MuonStepInputs& in, Stream stream) const {
+  run(kOrthogonalize, checked(bucket), in, stream);
+}
+void MuonShardedPlan::update(size_t bucket, const MuonStepInputs& in, Stream stream) const {
+  run(kUpdate, checked(bucket), in, stream);
+}
+void MuonShardedPlan::momentum(const MuonStepInputs& in, Stream stream) const { run(kMomentum, kAllBuckets, in, stream); }
 void MuonShardedPlan::orthogonalize(const MuonStepInputs& in, Stream stream) const {
-  validate_inputs(in);
-  run_part(launches(in, kOrthogonalize), owned_gemm_.get(), !offsets_.empty(), options_.graphs, device(), stream);
+  run(kOrthogonalize, kAllBuckets, in, stream);
 }
-
-void MuonShardedPlan::update(const MuonStepInputs& in, Stream stream) const {
-  validate_inputs(in);
-  run_part(launches(in, kUpdate), update_gemm_.get(), false, options_.graphs, device(), stream);
-}
+void MuonShardedPlan::update(const MuonStepInputs& in, Stream stream) const { run(kUpdate, kAllBuckets, in, stream); }
 
 void MuonShardedPlan::set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters) {
   hyper_.set(kOp, hyperparameters, device());

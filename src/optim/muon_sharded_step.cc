@@ -17,10 +17,16 @@ void muon_sharded_step(const MuonShardedPlan& plan, Communicator& comm, const Mu
   }
   plan.validate_inputs(inputs);
   comm.require_usable(name);  // before the momentum moves: a failed communicator would leave it half-stepped
+  // Every bucket's exchange between two parts: one stream orders them all,
+  // so each part runs once for every bucket.
   plan.momentum(inputs, stream);
-  comm.all_to_all(plan.shard_buffer(), plan.shard_counts(), plan.owner_buffer(), plan.owner_counts(), stream);
+  for (size_t k = 0; k < plan.num_buckets(); ++k) {
+    comm.all_to_all(plan.shard_buffer(k), plan.shard_counts(k), plan.owner_buffer(k), plan.owner_counts(k), stream);
+  }
   plan.orthogonalize(inputs, stream);
-  comm.all_to_all(plan.owner_buffer(), plan.owner_counts(), plan.shard_buffer(), plan.shard_counts(), stream);
+  for (size_t k = 0; k < plan.num_buckets(); ++k) {
+    comm.all_to_all(plan.owner_buffer(k), plan.owner_counts(k), plan.shard_buffer(k), plan.shard_counts(k), stream);
+  }
   plan.update(inputs, stream);
 }
 

@@ -30,8 +30,8 @@ std::vector<double> minus(const std::vector<double>& a, const std::vector<double
 
 using MuonShardedStep = OnEachBackend;
 
-TEST_P(MuonShardedStep, MatchesTheUnshardedStepOnEveryRank) {
-  Communicator& c = comm();
+// Three steps of a plan of `buckets` buckets against the unsharded plan.
+void expect_unsharded_steps(Communicator& c, int32_t buckets) {
   const Device device = c.device();
   const int ranks = c.size(), me = c.rank();
   // Rows that split unevenly, a stack of 3 experts (on 4 ranks one holds none), tall and wide.
@@ -61,7 +61,9 @@ TEST_P(MuonShardedStep, MatchesTheUnshardedStepOnEveryRank) {
     wv.push_back(w[i].view()), gv.push_back(g[i].view()), bv.push_back(buf[i].view());
     whole_wv.push_back(whole_w[i].view()), whole_gv.push_back(whole_g[i].view()), whole_bv.push_back(whole_buf[i].view());
   }
-  const MuonShardedPlan plan({wv, gv, bv, shapes, splits, me, ranks}, std::span(&h, 1));
+  MuonPlanOptions options;
+  options.buckets = buckets;
+  const MuonShardedPlan plan({wv, gv, bv, shapes, splits, me, ranks}, std::span(&h, 1), {}, options);
   const MuonPlan whole({whole_wv, whole_gv, whole_bv, shapes}, std::span(&h, 1));
   for (int step = 0; step < 3; ++step) {
     for (size_t i = 0; i < shapes.size(); ++i) {
@@ -78,7 +80,8 @@ TEST_P(MuonShardedStep, MatchesTheUnshardedStepOnEveryRank) {
   for (size_t i = 0; i < shapes.size(); ++i) {
     const size_t at = i * static_cast<size_t>(ranks + 1) + static_cast<size_t>(me);
     const int64_t cols = shapes[i].cols, lo = splits[at], hi = splits[at + 1];
-    const std::string what = "rank " + std::to_string(me) + " tensor " + std::to_string(i);
+    const std::string what = "rank " + std::to_string(me) + " tensor " + std::to_string(i) + ", " +
+                             std::to_string(plan.num_buckets()) + " buckets";
     EXPECT_EQ(buf[i].read(), rows_of(whole_buf[i].read(), cols, lo, hi)) << what << " momentum";
     const auto got = w[i].read(), want = rows_of(whole_w[i].read(), cols, lo, hi);
     if (device.is_cuda()) {
@@ -90,6 +93,11 @@ TEST_P(MuonShardedStep, MatchesTheUnshardedStepOnEveryRank) {
       EXPECT_EQ(got, want) << what << " weights";
     }
   }
+}
+
+// One bucket, and three (the shapes make four classes): an exchange per bucket.
+TEST_P(MuonShardedStep, MatchesTheUnshardedStepOnEveryRank) {
+  for (const int32_t buckets : {1, 3}) expect_unsharded_steps(comm(), buckets);
 }
 
 TEST_P(MuonShardedStep, RefusesAnotherRanksCommunicator) {

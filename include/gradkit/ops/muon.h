@@ -91,6 +91,12 @@ struct MuonPlanOptions {
   // batches run at once on up to this many side streams, each with its own
   // workspace, joined back into the caller's stream. 1: one after another.
   int32_t streams = 4;
+  // MuonShardedPlan: its matrices in up to this many buckets, each a run of
+  // whole shape classes (one shape, one group: every owner's share of them),
+  // balanced by Newton-Schulz FLOPs. Each bucket has its own exchange
+  // sections and parts, so that a caller can exchange one bucket while
+  // another is being orthogonalised. MuonPlan ignores it.
+  int32_t buckets = 1;
 };
 
 struct MuonStepInputs {

@@ -4,7 +4,9 @@
 // owner orthogonalises its matrices, and the rows travel back. The step is
 // three parts with an all-to-all between each two; the caller runs the
 // all-to-alls with its own engine (torch.distributed, NCCL, MPI), on the
-// plan's two exchange buffers. docs/ops.md ("muon_step over row shards")
+// plan's two exchange buffers. The matrices go in buckets
+// (MuonPlanOptions::buckets), each with its own parts and exchange
+// sections, so that one bucket can travel while another is orthogonalised. docs/ops.md ("muon_step over row shards")
 // states what it computes: the unsharded MuonPlan's step, bit for bit.
 #pragma once
 
@@ -44,18 +46,28 @@ class MuonShardedPlan {
   MuonShardedPlan(const MuonShardedTensors& tensors, std::span<const MuonHyperparameters> hyperparameters,
                   std::span<const int32_t> groups = {}, MuonPlanOptions options = {});
 
-  // 1. The momentum pass over this rank's rows; each row of the update
-  //    (bf16, the Newton-Schulz input) goes to shard_buffer(), in the
-  //    section of the matrix's owner.
+  // The step's parts, bucket by bucket (MuonPlanOptions::buckets); each
+  // bucket's matrices are a fixed set, and its exchanges carry only them:
+  // 1. The momentum pass over this rank's rows of the bucket's matrices;
+  //    each row of the update (bf16, the Newton-Schulz input) goes to
+  //    shard_buffer(bucket), in the section of the matrix's owner.
+  void momentum(size_t bucket, const MuonStepInputs& inputs = {}, Stream stream = {}) const;
+  //    All-to-all: shard_buffer(bucket)'s section r (shard_counts(bucket)[r]
+  //    elements) to rank r, owner_buffer(bucket)'s section r
+  //    (owner_counts(bucket)[r]) from rank r.
+  // 2. The owner's matrices of the bucket, assembled from owner_buffer(bucket),
+  //    normalised and orthogonalised; the result's rows go back where each
+  //    rank's came from.
+  void orthogonalize(size_t bucket, const MuonStepInputs& inputs = {}, Stream stream = {}) const;
+  //    All-to-all back: owner_buffer(bucket)'s sections to the ranks, into
+  //    shard_buffer(bucket).
+  // 3. The weight update of this rank's rows of the bucket's matrices from
+  //    shard_buffer(bucket).
+  void update(size_t bucket, const MuonStepInputs& inputs = {}, Stream stream = {}) const;
+  // Each part for every bucket at once (one launch sequence): what a caller
+  // that exchanges every bucket between two parts runs.
   void momentum(const MuonStepInputs& inputs = {}, Stream stream = {}) const;
-  //    All-to-all: shard_buffer()'s section r (shard_counts()[r] elements)
-  //    to rank r, owner_buffer()'s section r (owner_counts()[r]) from rank r.
-  // 2. The owner's matrices, assembled from owner_buffer(), normalised and
-  //    orthogonalised; the result's rows go back where each rank's came from.
   void orthogonalize(const MuonStepInputs& inputs = {}, Stream stream = {}) const;
-  //    All-to-all back: owner_buffer()'s sections to the ranks, into
-  //    shard_buffer().
-  // 3. The weight update of this rank's rows from shard_buffer().
   void update(const MuonStepInputs& inputs = {}, Stream stream = {}) const;
 
   void validate_inputs(const MuonStepInputs& inputs) const;
@@ -64,12 +76,16 @@ class MuonShardedPlan {
   // As MuonPlan::set_grads, for this rank's rows.
   void set_grads(std::span<const TensorView> grads, Stream stream = {});
 
-  // The exchange buffers (bf16, on the plan's device) and their sections'
+  // The buckets, and each one's exchange buffers (bf16, on the plan's
+  // device; the buckets' buffers lie one after another) and their sections'
   // element counts, one per rank in rank order.
-  TensorView shard_buffer() const;
-  TensorView owner_buffer() const;
-  std::span<const int64_t> shard_counts() const { return shard_counts_; }
-  std::span<const int64_t> owner_counts() const { return owner_counts_; }
+  size_t num_buckets() const { return bucket_flops_.size(); }
+  TensorView shard_buffer(size_t bucket) const;
+  TensorView owner_buffer(size_t bucket) const;
+  std::span<const int64_t> shard_counts(size_t bucket) const;
+  std::span<const int64_t> owner_counts(size_t bucket) const;
+  // Newton-Schulz FLOPs (per iteration) of the bucket's matrices, all owners'.
+  double bucket_flops(size_t bucket) const;
 
   Device device() const { return all_.device(); }
   int32_t rank() const { return rank_; }
@@ -84,7 +100,11 @@ class MuonShardedPlan {
   size_t workspace_bytes() const { return workspace_.bytes(); }
 
  private:
-  std::vector<backend::MuonLaunch> launches(const MuonStepInputs& inputs, int stage) const;
+  // A part's launches for one bucket, or every bucket's (kAllBuckets).
+  static constexpr size_t kAllBuckets = ~size_t{0};
+  std::vector<backend::MuonLaunch> launches(const MuonStepInputs& inputs, int stage, size_t bucket) const;
+  void run(int stage, size_t bucket, const MuonStepInputs& inputs, Stream stream) const;
+  size_t checked(size_t bucket) const;  // the bucket, refused if there is none such
 
   MultiTensorPlan all_;  // this rank's rows of the whole tensors, validated once
   detail::GroupTable<MuonHyperparameters> hyper_;
@@ -93,6 +113,7 @@ class MuonShardedPlan {
   std::vector<int32_t> owners_;        // each matrix's owner, in the global list
   std::vector<MuonPlan::Batch> rows_;  // this rank's rows, a batch per global batch (lists: params, grads,
                                        // momentum, their place in shard_buffer)
+  std::vector<size_t> rows_bucket_, owned_bucket_;  // each rows_ and owned_ batch's bucket
   // Each rows batch's matrices: which tensor, and the rows' first element
   // and element count in this rank's shard of it.
   struct RowSlice {
@@ -108,7 +129,9 @@ class MuonShardedPlan {
   double owned_flops_ = 0;
   MuonPlanOptions options_;
   Buffer shard_buffer_, owner_buffer_, pieces_, workspace_;
-  std::vector<int64_t> shard_counts_, owner_counts_;
+  // Per bucket, then per rank (bucket-major: the buffers' order).
+  std::vector<int64_t> shard_counts_, owner_counts_, shard_at_, owner_at_;
+  std::vector<double> bucket_flops_;
   std::shared_ptr<void> rows_gemm_, update_gemm_, owned_gemm_;  // CUDA: a recorded step per part
 };
 

@@ -1,7 +1,9 @@
 // MuonShardedPlan's whole step over a gradkit communicator: its three
-// parts with the two all-to-alls between them (Communicator::all_to_all),
-// in order on one stream. For C++ frameworks; gradkit.torch runs the same
-// parts with torch.distributed's all_to_all_single.
+// parts with the two all-to-alls between them (Communicator::all_to_all,
+// one per bucket), in order on one stream. For C++ frameworks; gradkit.torch
+// runs the same parts bucket by bucket with torch.distributed's
+// all_to_all_single on its own stream, so that the exchanges overlap the
+// owners' products.
 #pragma once
 
 #include "gradkit/comm/communicator.h"

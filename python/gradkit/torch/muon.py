@@ -13,10 +13,12 @@ plan theirs.
 
 FSDP2's DTensor parameters (rows sharded, Shard(0)) take MuonShardedPlan: each
 matrix has an owner rank (balanced by Newton-Schulz FLOPs); the step is the
-momentum pass on each rank's rows, one all-to-all of the updates' bf16 rows to
+momentum pass on each rank's rows, all-to-alls of the updates' bf16 rows to
 the owners over the shards' process group, the owners' Newton-Schulz on whole
-matrices, one all-to-all back, and the weight update on the rows: the
-unsharded step's numbers. The momentum stays sharded like the parameters.
+matrices, all-to-alls back, and the weight update on the rows: the unsharded
+step's numbers. The momentum stays sharded like the parameters. The matrices
+go in buckets (exchange_buckets), each exchanged on torch's communication
+stream while the owners orthogonalise another.
 
 bfloat16 parameters keep float32 masters ("master_param"), as gradkit.torch.AdamW's
 do: Muon steps the masters and each parameter becomes its master's rounding (one
@@ -106,16 +108,24 @@ class Muon(AdamW):
     torch.optim.AdamW's; state_dict() loads into either, and their state dicts load
     here. Parameters are float32 or bfloat16; bfloat16 ones keep float32 masters
     ("master_param"), which the step updates, each parameter then its master's
-    rounding."""
+    rounding.
+
+    Over DTensors sharded by rows, the matrices' exchanges go in up to
+    exchange_buckets buckets (whole shape classes, balanced by Newton-Schulz FLOPs),
+    each sent while the one before is orthogonalised; the numbers do not depend on
+    it."""
 
     _decay = gradkit.WeightDecay.decoupled
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
-                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, moments="float32"):
+                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, moments="float32", exchange_buckets=4):
         if moments not in _MOMENTS:
             raise ValueError(f"moments is {moments!r}, expected 'float32' or 'bfloat16' (Muon has no 8- or 4-bit "
                              "momentum)")
+        if isinstance(exchange_buckets, bool) or not isinstance(exchange_buckets, int) or exchange_buckets < 1:
+            raise ValueError(f"exchange_buckets is {exchange_buckets!r}, expected an int >= 1")
+        self._exchange_buckets = exchange_buckets
         self._form = StateForm(moments)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
@@ -170,7 +180,7 @@ class Muon(AdamW):
         if shards is None:
             plan = gradkit.MuonPlan(*lists, hyper, groups, hold_grads=False)
         else:
-            plan = _ShardedMuon(shards, [params[i] for i in indices], lists, hyper, groups)
+            plan = _ShardedMuon(shards, [params[i] for i in indices], lists, hyper, groups, self._exchange_buckets)
         return plan if masters is None else _MasterMuon(plan, weights, masters)
 
     def _current_hyper_key(self):
@@ -245,13 +255,15 @@ class _Wrapping:
 
 
 class _ShardedMuon(_Wrapping):
-    """A Muon cohort of row-sharded DTensors: MuonShardedPlan's three parts with the two
-    all-to-alls between them on the shards' process group (enqueued in stream order:
-    torch's NCCL collectives wait for the current stream and make it wait for them).
-    The exchange buffers are the plan's; they travel as bytes (the bf16 values' bits:
-    every backend moves uint8, gloo included)."""
+    """A Muon cohort of row-sharded DTensors: MuonShardedPlan's three parts with the
+    all-to-alls between them on the shards' process group, bucket by bucket. Each
+    bucket's exchange is issued as soon as its momentum is written and waited for only
+    when its products begin (torch's NCCL collectives run on their own stream: the
+    exchange of bucket k + 1 travels while bucket k is orthogonalised, and bucket k's
+    rows travel back while k + 1 is). The exchange buffers are the plan's; they travel
+    as bytes (the bf16 values' bits: every backend moves uint8, gloo included)."""
 
-    def __init__(self, group, params, lists, hyper, groups):
+    def __init__(self, group, params, lists, hyper, groups, buckets):
         import torch.distributed as dist
 
         self._dist = dist
@@ -264,18 +276,37 @@ class _ShardedMuon(_Wrapping):
                 raise ValueError(f"a DTensor of shape {tuple(p.shape)} holds {shard.numel()} elements on rank {rank}, "
                                  f"expected torch.chunk's rows {s[rank]} to {s[rank + 1]} ({held}); Muon takes "
                                  "Shard(0) as DTensor and FSDP2 split it")
-        self.plan = gradkit.MuonShardedPlan(*lists, splits, rank, ranks, hyper, groups, hold_grads=False)
-        self.shard = torch.from_dlpack(self.plan.shard_buffer).view(torch.uint8)
-        self.owner = torch.from_dlpack(self.plan.owner_buffer).view(torch.uint8)
-        self.shard_counts = [2 * n for n in self.plan.shard_counts]
-        self.owner_counts = [2 * n for n in self.plan.owner_counts]
+        self.plan = gradkit.MuonShardedPlan(*lists, splits, rank, ranks, hyper, groups, hold_grads=False,
+                                            buckets=buckets)
+        each = range(self.plan.num_buckets)
+        self.shard = [torch.from_dlpack(self.plan.shard_buffer(k)).view(torch.uint8) for k in each]
+        self.owner = [torch.from_dlpack(self.plan.owner_buffer(k)).view(torch.uint8) for k in each]
+        self.shard_counts = [[2 * n for n in self.plan.shard_counts(k)] for k in each]
+        self.owner_counts = [[2 * n for n in self.plan.owner_counts(k)] for k in each]
+
+    def exchange(self, k, back=False, async_op=False):
+        """Bucket k's all-to-all: the rows to their owners, or (back) the owners' results
+        to the rows' ranks."""
+        if back:
+            return self._dist.all_to_all_single(self.shard[k], self.owner[k], self.shard_counts[k],
+                                                self.owner_counts[k], group=self.group, async_op=async_op)
+        return self._dist.all_to_all_single(self.owner[k], self.shard[k], self.owner_counts[k], self.shard_counts[k],
+                                            group=self.group, async_op=async_op)
 
     def step(self, found_inf=None, grad_scale_device=None, stream=0):
-        self.plan.momentum(found_inf=found_inf, grad_scale_device=grad_scale_device, stream=stream)
-        self._dist.all_to_all_single(self.owner, self.shard, self.owner_counts, self.shard_counts, group=self.group)
-        self.plan.orthogonalize(found_inf=found_inf, stream=stream)
-        self._dist.all_to_all_single(self.shard, self.owner, self.shard_counts, self.owner_counts, group=self.group)
-        self.plan.update(found_inf=found_inf, stream=stream)
+        plan, buckets = self.plan, range(self.plan.num_buckets)
+        sent = []
+        for k in buckets:
+            plan.momentum(k, found_inf=found_inf, grad_scale_device=grad_scale_device, stream=stream)
+            sent.append(self.exchange(k, async_op=True))
+        returned = []
+        for k in buckets:
+            sent[k].wait()  # the current stream waits for the exchange, not the host
+            plan.orthogonalize(k, found_inf=found_inf, stream=stream)
+            returned.append(self.exchange(k, back=True, async_op=True))
+        for k in buckets:
+            returned[k].wait()
+            plan.update(k, found_inf=found_inf, stream=stream)
 
 
 def muon_param_groups(model, *, exclude=(), **adamw_group):

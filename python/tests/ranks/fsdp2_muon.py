@@ -10,6 +10,7 @@ over NCCL, a GPU per rank (GRADKIT_TEST_CUDA_DEVICE: all on that one).
                               same weights (bit for bit on the CPU; on CUDA
                               within MUON_TORCH, an owner's batch of matrices
                               being tiled otherwise than the whole batch);
+                              the exchanges in one bucket and in several;
                               a skipped step (found_inf) on every rank;
                               a column-sharded DTensor refused by Muon;
                               the state saved with torch.distributed.checkpoint
@@ -87,15 +88,20 @@ def train(model, opt, batch_list):
         opt.step()
 
 
-def check_against_unsharded(kind, device):
+def check_against_unsharded(kind, device, buckets=4):
     """Every rank trains on the same data, so FSDP2's averaged gradients are the
-    unsharded model's, and so are Muon's updates."""
+    unsharded model's, and so are Muon's updates, however many buckets the
+    exchanges go in."""
     sharded, plain = models(kind, device, seed=11)
     start = [q.detach().clone() for q in plain.parameters()]
-    opts = [gt.Muon(gt.muon_param_groups(m), lr=0.02) for m in (sharded, plain)]
+    opts = [gt.Muon(gt.muon_param_groups(m), lr=0.02, exchange_buckets=buckets) for m in (sharded, plain)]
     data = list(batches(kind, device, 6, seed=12))
     train(sharded, opts[0], data)
     train(plain, opts[1], data)
+    made = [c.plan.plan.num_buckets for c in opts[0]._cohorts if hasattr(c.plan, "exchange")]
+    # One sharded cohort, in several buckets when several are asked (both models have 3 or 4 shape classes).
+    assert len(made) == 1 and (made[0] == 1 if buckets == 1 else 1 < made[0] <= buckets), \
+        f"{kind}: buckets {made}, asked for {buckets}"
     muon_ids = {id(p) for g in opts[0].param_groups if g["use_muon"] for p in g["params"]}
     assert muon_ids, "no parameter went to Muon"
     assert all(isinstance(opts[0].state[p]["momentum_buffer"], DTensor) for p in sharded.parameters()
@@ -172,6 +178,7 @@ def main():
     rank = dist.get_rank()
     if what == "train":
         check_against_unsharded("odd", device)
+        check_against_unsharded("odd", device, buckets=1)
         check_skip(device)
         check_refusals(device)
         save(directory, device, rank)
