@@ -117,6 +117,7 @@ def bench_list(key, reps, rows, buckets, rounds):
         for b, opt in opts.items():
             step_ms[b] = min(step_ms[b], median_ms(opt.step, reps))
     made = {b: sharded_cohort(opt).plan.num_buckets for b, opt in opts.items()}
+    at_once = {b: sharded_cohort(opt).plan.buckets_at_once for b, opt in opts.items()}
     sharded = sharded_cohort(opts[min(buckets)])
     ortho_ms = median_ms(lambda: sharded.plan.orthogonalize(stream=torch.cuda.current_stream().cuda_stream), reps)
     comm_ms = median_ms(lambda: (exchanges(sharded, False), exchanges(sharded, True)), reps)
@@ -142,7 +143,8 @@ def bench_list(key, reps, rows, buckets, rounds):
         row("one GPU: torch.optim.Muon", one["torch"])
     for b in buckets:
         row(f"{ranks} GPUs: gradkit.torch.Muon, exchange_buckets={b}", step_ms[b],
-            f"{made[b]} bucket(s); target <= 0.60 x one GPU")
+            f"{made[b]} bucket(s){', products at once' if at_once[b] and made[b] > 1 else ''}; "
+            "target <= 0.60 x one GPU")
     for r, (o, c, f, sent_r, *rest) in enumerate(t.tolist() for t in every):
         within = rest[:len(PARTS)]
         row(f"  rank {r}: owners' Newton-Schulz", o, f"{5 * f / o / 1e9:.0f} TFLOP/s, {100 * 5 * f / flops:.0f}% of the FLOPs")

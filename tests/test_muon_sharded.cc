@@ -121,17 +121,25 @@ void sharded_step(std::vector<Rank>& ranks, const MuonStepInputs& in = {}) {
   for (Rank& r : ranks) r.plan.update(in);
 }
 
-// Bucket by bucket, in the order gradkit.torch overlaps them: every
-// bucket's momentum and exchange, then each one orthogonalised and sent
-// back, then each one's update.
-void bucketed_step(std::vector<Rank>& ranks, const MuonStepInputs& in = {}) {
+// Bucket by bucket: every bucket's momentum and exchange, then each one
+// orthogonalised and sent back, then each one's update; `beside`: in the
+// order gradkit.torch overlaps them, every bucket's products started beside
+// the stream, then each one joined and sent back.
+void bucketed_step(std::vector<Rank>& ranks, bool beside, const MuonStepInputs& in = {}) {
   const size_t buckets = ranks[0].plan.num_buckets();
   for (size_t k = 0; k < buckets; ++k) {
     for (Rank& r : ranks) r.plan.momentum(k, in);
     all_to_all(ranks, k, false);
   }
   for (size_t k = 0; k < buckets; ++k) {
-    for (Rank& r : ranks) r.plan.orthogonalize(k, in);
+    for (Rank& r : ranks) {
+      if (beside) r.plan.orthogonalize_beside(k, in);
+      else r.plan.orthogonalize(k, in);
+    }
+    if (!beside) all_to_all(ranks, k, true);
+  }
+  for (size_t k = 0; beside && k < buckets; ++k) {
+    for (Rank& r : ranks) r.plan.join(k);
     all_to_all(ranks, k, true);
   }
   for (size_t k = 0; k < buckets; ++k) {
@@ -351,8 +359,8 @@ TEST_P(MuonSharded, SetGradsRepointsTheRows) {
 }
 
 // Buckets change which launch and which exchange carries a matrix, not its
-// numbers: 1, 2, 3 and 8 buckets, all at once or bucket by bucket, give the
-// one-bucket step's bits, on every backend. The buckets are runs of whole
+// numbers: 1, 2, 3 and 8 buckets, all at once, bucket by bucket or beside
+// the stream, give the one-bucket step's bits, on every backend. The buckets are runs of whole
 // shape classes, at most as many as asked, none empty, their FLOPs the
 // plan's.
 TEST_P(MuonSharded, BucketsGiveTheSameBits) {
@@ -363,12 +371,13 @@ TEST_P(MuonSharded, BucketsGiveTheSameBits) {
     const std::vector<std::vector<std::vector<double>>> grads = {m.gradients(rng), m.gradients(rng)};  // two steps'
     std::vector<std::vector<double>> first;  // the one-bucket run's weights and momentum, tensor by tensor
     for (const int32_t buckets : {1, 2, 3, 8}) {
-      for (const bool by_bucket : {false, true}) {
-        if (buckets == 1 && by_bucket) continue;
+      for (const int order : {0, 1, 2}) {  // all at once, bucket by bucket, beside
+        if (buckets == 1 && order == 1) continue;
         MuonPlanOptions options;
         options.buckets = buckets;
         std::vector<Rank> ranks = make_ranks(device(), m, c.ranks, c.h, c.groups, options);
-        const std::string what = c.name + ", " + std::to_string(buckets) + " buckets" + (by_bucket ? " one by one" : "");
+        const std::string what = c.name + ", " + std::to_string(buckets) + " buckets" +
+                                 (order == 1 ? " one by one" : order == 2 ? " beside" : "");
         const MuonShardedPlan& plan = ranks[0].plan;
         ASSERT_GE(plan.num_buckets(), 1u) << what;
         ASSERT_LE(plan.num_buckets(), static_cast<size_t>(buckets)) << what;
@@ -382,7 +391,8 @@ TEST_P(MuonSharded, BucketsGiveTheSameBits) {
         EXPECT_DOUBLE_EQ(flops, owned) << what;
         for (const auto& g : grads) {
           for (int r = 0; r < c.ranks; ++r) ranks[static_cast<size_t>(r)].set_gradients(m, r, g);
-          by_bucket ? bucketed_step(ranks) : sharded_step(ranks);
+          if (order == 0) sharded_step(ranks);
+          else bucketed_step(ranks, order == 2);
         }
         std::vector<std::vector<double>> now;
         for (size_t i = 0; i < m.shapes.size(); ++i) {
@@ -435,6 +445,8 @@ TEST_P(MuonSharded, RefusesBadSplitsAndRanks) {
   expect_error([&] { rank0.plan.momentum(past); }, ErrorCode::invalid_argument, {"bucket", "buckets"});
   expect_error([&] { (void)rank0.plan.shard_buffer(past); }, ErrorCode::invalid_argument, {"bucket"});
   expect_error([&] { (void)rank0.plan.owner_counts(past); }, ErrorCode::invalid_argument, {"bucket"});
+  expect_error([&] { rank0.plan.orthogonalize_beside(past); }, ErrorCode::invalid_argument, {"bucket"});
+  expect_error([&] { rank0.plan.join(past); }, ErrorCode::invalid_argument, {"bucket"});
   EXPECT_EQ(rank0.buf[0].bytes(), before);
 }
 

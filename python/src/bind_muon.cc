@@ -197,6 +197,18 @@ void bind_muon(nb::module_& m) {
           "2. This rank's matrices of `bucket` (None: every bucket) from owner_buffer, orthogonalised, their rows "
           "back to owner_buffer.")
       .def(
+          "orthogonalize_beside",
+          [](const PyMuonShardedPlan& p, size_t bucket, nb::handle found_inf, uintptr_t stream) {
+            p.plan.orthogonalize_beside(bucket, step_inputs(found_inf, 1.0f, nb::none()), to_stream(stream));
+          },
+          nb::arg("bucket"), nb::arg("found_inf") = nb::none(), nb::arg("stream") = 0,
+          "2'. orthogonalize(bucket) on a side stream of the plan's, started after what `stream` holds; "
+          "join(bucket, stream) makes `stream` wait for it (CPU: at once).")
+      .def(
+          "join", [](const PyMuonShardedPlan& p, size_t bucket, uintptr_t stream) { p.plan.join(bucket, to_stream(stream)); },
+          nb::arg("bucket"), nb::arg("stream") = 0)
+      .def_prop_ro("buckets_at_once", [](const PyMuonShardedPlan& p) { return p.plan.buckets_at_once(); })
+      .def(
           "update",
           [](const PyMuonShardedPlan& p, std::optional<size_t> bucket, nb::handle found_inf, uintptr_t stream) {
             const MuonStepInputs in = step_inputs(found_inf, 1.0f, nb::none());

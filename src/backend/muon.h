@@ -69,10 +69,20 @@ void muon_cuda_step(const void* gemm, std::span<const MuonLaunch> launches, bool
 // half-way on a product cuBLASLt has no algorithm for.
 void muon_cuda_prepare(const void* gemm, std::span<const MuonLaunch> launches);
 
-// The CUDA backend's per-plan state (a cuBLASLt handle and workspace, and
-// `lanes` side streams with a workspace each; without `products`, only
-// what recording a step needs), made once per plan.
-std::shared_ptr<void> muon_cuda_gemm(Device device, int lanes, bool products = true);
+// muon_cuda_step, recording `slot`, on the plan's side stream `side`
+// (muon_cuda_gemm's `sides`), started after what `stream` holds so far;
+// `stream` goes on without it until muon_cuda_join(gemm, stream, slot)
+// makes it wait for that slot's launches. Two slots on two sides run at
+// once: the caller gives them launches that share no workspace and no lane.
+void muon_cuda_beside(const void* gemm, std::span<const MuonLaunch> launches, bool concurrent, bool graphs,
+                      Stream stream, size_t slot, size_t side);
+void muon_cuda_join(const void* gemm, Stream stream, size_t slot);
+
+// The CUDA backend's per-plan state (a cuBLASLt handle and workspace,
+// `lanes` side streams with a workspace each, and `sides` streams and
+// `slots` slots for muon_cuda_beside; without `products`, only what
+// recording a step needs), made once per plan.
+std::shared_ptr<void> muon_cuda_gemm(Device device, int lanes, bool products = true, int sides = 0, int slots = 0);
 
 
 }  // namespace gradkit::backend

@@ -66,7 +66,11 @@ size_t muon_cuda_workspace_bytes(int64_t, int64_t, int64_t, size_t) {
   upload(Device::cuda(0), nullptr, 0);
   return 0;
 }
-std::shared_ptr<void> muon_cuda_gemm(Device device, int, bool) { return upload(device, nullptr, 0); }
+std::shared_ptr<void> muon_cuda_gemm(Device device, int, bool, int, int) { return upload(device, nullptr, 0); }
+void muon_cuda_beside(const void*, std::span<const MuonLaunch>, bool, bool, Stream, size_t, size_t) {
+  upload(Device::cuda(0), nullptr, 0);
+}
+void muon_cuda_join(const void*, Stream, size_t) { upload(Device::cuda(0), nullptr, 0); }
 void muon_cuda_step(const void*, std::span<const MuonLaunch>, bool, bool, Stream, size_t) { upload(Device::cuda(0), nullptr, 0); }
 void muon_cuda_prepare(const void*, std::span<const MuonLaunch>) { upload(Device::cuda(0), nullptr, 0); }
 

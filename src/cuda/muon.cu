@@ -119,10 +119,19 @@ struct GemmState {
   // the per-step inputs' values and each batch's product coefficients.
   using GraphKey = std::vector<double>;
 
+  // What muon_cuda_beside runs a slot on: one of the side streams, an
+  // event that starts it after the caller's work so far, and one that the
+  // caller joins.
+  struct Beside {
+    cudaEvent_t fork = nullptr, done = nullptr;
+  };
+
   int device = 0;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::vector<Lane> lanes;
+  std::vector<cudaStream_t> sides;
+  std::vector<Beside> beside;  // per slot
   cudaEvent_t fork = nullptr;
   // A recorded step, one per slot (muon_cuda_step).
   struct Recording {
@@ -143,6 +152,13 @@ struct GemmState {
     }
     if (capture) cudaStreamDestroy(capture);
     prepared.clear();
+    for (const Beside& b : beside) {
+      if (b.done) cudaEventDestroy(b.done);
+      if (b.fork) cudaEventDestroy(b.fork);
+    }
+    for (cudaStream_t side : sides) {
+      if (side) cudaStreamDestroy(side);
+    }
     for (Lane& lane : lanes) {
       if (lane.workspace) cudaFree(lane.workspace);
       if (lane.done) cudaEventDestroy(lane.done);
@@ -399,10 +415,18 @@ size_t muon_cuda_workspace_bytes(int64_t count, int64_t rows, int64_t cols, size
   return CudaWorkspace::bytes(count, rows, cols, chunks);
 }
 
-std::shared_ptr<void> muon_cuda_gemm(Device device, int lanes, bool products) {
+std::shared_ptr<void> muon_cuda_gemm(Device device, int lanes, bool products, int sides, int slots) {
   cuda::DeviceGuard guard(device.index);
   auto state = std::make_shared<GemmState>();
   state->device = device.index;
+  for (int i = 0; i < sides; ++i) {
+    GRADKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&state->sides.emplace_back(), cudaStreamNonBlocking));
+  }
+  for (int i = 0; i < (sides > 0 ? slots : 0); ++i) {
+    GemmState::Beside& b = state->beside.emplace_back();
+    GRADKIT_CUDA_CHECK(cudaEventCreateWithFlags(&b.fork, cudaEventDisableTiming));
+    GRADKIT_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+  }
   if (!products) return state;  // element passes only: what recording them needs
   GRADKIT_CUBLAS_CHECK(cublasLtCreate(&state->handle));
   GRADKIT_CUDA_CHECK(cudaMalloc(&state->workspace, kGemmWorkspace));
@@ -524,6 +548,24 @@ void muon_cuda_step(const void* gemm, std::span<const MuonLaunch> launches, bool
     mine.key = std::move(key);
   }
   GRADKIT_CUDA_CHECK(cudaGraphLaunch(mine.graph, user));
+}
+
+void muon_cuda_beside(const void* gemm, std::span<const MuonLaunch> launches, bool concurrent, bool graphs,
+                      Stream stream, size_t slot, size_t side) {
+  const auto& state = *static_cast<const GemmState*>(gemm);
+  cuda::DeviceGuard guard(state.device);
+  const cudaStream_t on = state.sides.at(side);
+  const GemmState::Beside& b = state.beside.at(slot);
+  GRADKIT_CUDA_CHECK(cudaEventRecord(b.fork, cuda::native(stream)));
+  GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(on, b.fork, 0));
+  if (!launches.empty()) muon_cuda_step(gemm, launches, concurrent, graphs, Stream{on}, slot);
+  GRADKIT_CUDA_CHECK(cudaEventRecord(b.done, on));
+}
+
+void muon_cuda_join(const void* gemm, Stream stream, size_t slot) {
+  const auto& state = *static_cast<const GemmState*>(gemm);
+  cuda::DeviceGuard guard(state.device);
+  GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(cuda::native(stream), state.beside.at(slot).done, 0));
 }
 
 }  // namespace gradkit::backend

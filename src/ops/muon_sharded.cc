@@ -289,10 +289,14 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
   pieces_ = Buffer(device(), std::max<size_t>(256, pieces.size() * sizeof(backend::MuonPiece)));
   if (!pieces.empty()) copy_from_host(pieces_.data(), device(), pieces.data(), pieces.size() * sizeof(backend::MuonPiece));
   hyper_.set(kOp, hyperparameters, device());
+  // Buckets' products at once when no two owned batches share a workspace
+  // or a lane (b % lanes_); else one side stream takes them in order.
+  at_once_ = device().is_cuda() && !offsets_.empty() && owned_.size() <= static_cast<size_t>(lanes_);
   if (device().is_cuda()) {
     rows_gemm_ = backend::muon_cuda_gemm(device(), 0, false);
     update_gemm_ = backend::muon_cuda_gemm(device(), 0, false);
-    owned_gemm_ = backend::muon_cuda_gemm(device(), lanes_);
+    const auto buckets = static_cast<int>(num_buckets());
+    owned_gemm_ = backend::muon_cuda_gemm(device(), lanes_, true, at_once_ ? buckets : 1, buckets);
     backend::muon_cuda_prepare(owned_gemm_.get(), launches({}, kOrthogonalize, kAllBuckets));
   }
 }
@@ -402,6 +406,17 @@ void MuonShardedPlan::orthogonalize(size_t bucket, const MuonStepInputs& in, Str
 }
 void MuonShardedPlan::update(size_t bucket, const MuonStepInputs& in, Stream stream) const {
   run(kUpdate, checked(bucket), in, stream);
+}
+void MuonShardedPlan::orthogonalize_beside(size_t bucket, const MuonStepInputs& in, Stream stream) const {
+  checked(bucket);
+  if (!device().is_cuda()) return run(kOrthogonalize, bucket, in, stream);
+  validate_inputs(in);
+  backend::muon_cuda_beside(owned_gemm_.get(), launches(in, kOrthogonalize, bucket), !offsets_.empty(),
+                            options_.graphs, stream, bucket, at_once_ ? bucket : 0);
+}
+void MuonShardedPlan::join(size_t bucket, Stream stream) const {
+  checked(bucket);
+  if (device().is_cuda()) backend::muon_cuda_join(owned_gemm_.get(), stream, bucket);
 }
 void MuonShardedPlan::momentum(const MuonStepInputs& in, Stream stream) const { run(kMomentum, kAllBuckets, in, stream); }
 void MuonShardedPlan::orthogonalize(const MuonStepInputs& in, Stream stream) const {

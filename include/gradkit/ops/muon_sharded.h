@@ -59,6 +59,15 @@ class MuonShardedPlan {
   //    normalised and orthogonalised; the result's rows go back where each
   //    rank's came from.
   void orthogonalize(size_t bucket, const MuonStepInputs& inputs = {}, Stream stream = {}) const;
+  // 2'. The same without holding `stream` up: the products start after what
+  //    `stream` holds so far, on a side stream of the plan's, and
+  //    join(bucket, stream) makes `stream` wait for them. Buckets run at
+  //    once when each of this rank's owned batches has a workspace and a
+  //    side stream of its own (small matrices: MuonPlanOptions::streams),
+  //    else one after another, each still beside `stream`. On the CPU it
+  //    orthogonalises at once and join does nothing.
+  void orthogonalize_beside(size_t bucket, const MuonStepInputs& inputs = {}, Stream stream = {}) const;
+  void join(size_t bucket, Stream stream = {}) const;
   //    All-to-all back: owner_buffer(bucket)'s sections to the ranks, into
   //    shard_buffer(bucket).
   // 3. The weight update of this rank's rows of the bucket's matrices from
@@ -86,6 +95,8 @@ class MuonShardedPlan {
   std::span<const int64_t> owner_counts(size_t bucket) const;
   // Newton-Schulz FLOPs (per iteration) of the bucket's matrices, all owners'.
   double bucket_flops(size_t bucket) const;
+  // Whether orthogonalize_beside runs different buckets at once.
+  bool buckets_at_once() const { return at_once_; }
 
   Device device() const { return all_.device(); }
   int32_t rank() const { return rank_; }
@@ -126,6 +137,7 @@ class MuonShardedPlan {
   std::vector<size_t> owned_pieces_;   // each owned batch's first entry in pieces_
   std::vector<size_t> offsets_;        // concurrent owned batches: each one's workspace offset
   int lanes_ = 0;
+  bool at_once_ = false;  // orthogonalize_beside: each bucket on its own side stream
   double owned_flops_ = 0;
   MuonPlanOptions options_;
   Buffer shard_buffer_, owner_buffer_, pieces_, workspace_;

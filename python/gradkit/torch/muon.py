@@ -257,11 +257,12 @@ class _Wrapping:
 class _ShardedMuon(_Wrapping):
     """A Muon cohort of row-sharded DTensors: MuonShardedPlan's three parts with the
     all-to-alls between them on the shards' process group, bucket by bucket. Each
-    bucket's exchange is issued as soon as its momentum is written and waited for only
-    when its products begin (torch's NCCL collectives run on their own stream: the
-    exchange of bucket k + 1 travels while bucket k is orthogonalised, and bucket k's
-    rows travel back while k + 1 is). The exchange buffers are the plan's; they travel
-    as bytes (the bf16 values' bits: every backend moves uint8, gloo included)."""
+    bucket's exchange is issued as soon as its momentum is written; its products start
+    on the plan's side stream once it has arrived, beside the other buckets'; its rows
+    go back as soon as they are done. torch's NCCL collectives run on their own
+    stream, so the exchanges travel while other buckets are orthogonalised. The
+    exchange buffers are the plan's; they travel as bytes (the bf16 values' bits:
+    every backend moves uint8, gloo included)."""
 
     def __init__(self, group, params, lists, hyper, groups, buckets):
         import torch.distributed as dist
@@ -299,10 +300,12 @@ class _ShardedMuon(_Wrapping):
         for k in buckets:
             plan.momentum(k, found_inf=found_inf, grad_scale_device=grad_scale_device, stream=stream)
             sent.append(self.exchange(k, async_op=True))
-        returned = []
         for k in buckets:
             sent[k].wait()  # the current stream waits for the exchange, not the host
-            plan.orthogonalize(k, found_inf=found_inf, stream=stream)
+            plan.orthogonalize_beside(k, found_inf=found_inf, stream=stream)
+        returned = []
+        for k in buckets:
+            plan.join(k, stream=stream)
             returned.append(self.exchange(k, back=True, async_op=True))
         for k in buckets:
             returned[k].wait()
