@@ -17,14 +17,17 @@ void muon_sharded_step(const MuonShardedPlan& plan, Communicator& comm, const Mu
   }
   plan.validate_inputs(inputs);
   comm.require_usable(name);  // before the momentum moves: a failed communicator would leave it half-stepped
-  // Every bucket's exchange between two parts: one stream orders them all,
-  // so each part runs once for every bucket.
+  // Each bucket's products start beside the stream once its exchange is
+  // enqueued (MuonShardedPlan::orthogonalize_beside), so the stream goes on
+  // to the next bucket's exchange while they run; each bucket's rows go
+  // back once its products are joined.
   plan.momentum(inputs, stream);
   for (size_t k = 0; k < plan.num_buckets(); ++k) {
     comm.all_to_all(plan.shard_buffer(k), plan.shard_counts(k), plan.owner_buffer(k), plan.owner_counts(k), stream);
+    plan.orthogonalize_beside(k, inputs, stream);
   }
-  plan.orthogonalize(inputs, stream);
   for (size_t k = 0; k < plan.num_buckets(); ++k) {
+    plan.join(k, stream);
     comm.all_to_all(plan.owner_buffer(k), plan.owner_counts(k), plan.shard_buffer(k), plan.shard_counts(k), stream);
   }
   plan.update(inputs, stream);

@@ -1,9 +1,10 @@
 // MuonShardedPlan's whole step over a gradkit communicator: its three
-// parts with the two all-to-alls between them (Communicator::all_to_all,
-// one per bucket), in order on one stream. For C++ frameworks; gradkit.torch
-// runs the same parts bucket by bucket with torch.distributed's
-// all_to_all_single on its own stream, so that the exchanges overlap the
-// owners' products.
+// parts with the all-to-alls between them (Communicator::all_to_all, one
+// each way per bucket), on one stream: each bucket's products run beside it
+// (orthogonalize_beside) while the stream carries the next bucket's
+// exchange, and are joined before their rows go back. For C++ frameworks;
+// gradkit.torch runs the same parts with torch.distributed's
+// all_to_all_single on torch's communication stream.
 #pragma once
 
 #include "gradkit/comm/communicator.h"
