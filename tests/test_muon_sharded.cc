@@ -300,45 +300,6 @@ TEST_P(MuonSharded, OwnersBalanceTheProducts) {
   expect_error([&] { (void)ranks[0].plan.owner(4, 0); }, ErrorCode::invalid_argument, {"tensor, matrix"});
 }
 
-// A shape class goes whole to one owner where that keeps the owner within
-// 5% of an even share (its matrices one batch there), else matrix by
-// matrix: GPT-2's four classes in miniature (12 matrices each; two of equal
-// cost, a smaller and a small one) over 2 ranks give each rank one large
-// class whole and half of each other; over 4 ranks every class is dealt
-// out. Either way the loads are even.
-TEST_P(MuonSharded, OwnersKeepShapeClassesWhole) {
-  std::mt19937_64 rng(55);
-  const std::vector<MatrixShape> shapes = {{12, 8, 32}, {12, 32, 8}, {12, 8, 24}, {12, 8, 8}};
-  const MuonHyperparameters h;
-  const auto owners = [](const Rank& r, size_t tensor) {
-    std::vector<int32_t> out;
-    for (int64_t k = 0; k < 12; ++k) out.push_back(r.plan.owner(tensor, k));
-    return out;
-  };
-  {
-    const Model m = make_model(rng, shapes, 2);
-    std::vector<Rank> ranks = make_ranks(device(), m, 2, std::span(&h, 1));
-    EXPECT_EQ(owners(ranks[0], 0), std::vector<int32_t>(12, 0));
-    EXPECT_EQ(owners(ranks[0], 1), std::vector<int32_t>(12, 1));
-    for (const size_t i : {size_t{2}, size_t{3}}) {
-      const auto o = owners(ranks[0], i);
-      EXPECT_EQ(std::count(o.begin(), o.end(), 0), 6) << "tensor " << i;
-    }
-    EXPECT_EQ(ranks[0].plan.owned_flops(), ranks[1].plan.owned_flops());
-    EXPECT_EQ(ranks[0].plan.num_owned_batches(), 3u);
-    EXPECT_EQ(ranks[1].plan.num_owned_batches(), 3u);
-  }
-  {
-    const Model m = make_model(rng, shapes, 4);
-    std::vector<Rank> ranks = make_ranks(device(), m, 4, std::span(&h, 1));
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      const auto o = owners(ranks[0], i);
-      for (int32_t r = 0; r < 4; ++r) EXPECT_EQ(std::count(o.begin(), o.end(), r), 3) << "tensor " << i << " rank " << r;
-    }
-    for (const Rank& r : ranks) EXPECT_EQ(r.plan.owned_flops(), ranks[0].plan.owned_flops());
-  }
-}
-
 // found_inf (on every rank, as a gradient check all-reduced gives it)
 // writes nothing in any part; grad_scale divides the gradients as the whole
 // plan's does.

@@ -74,44 +74,23 @@ void check_tensor(size_t i, const MatrixShape& s, std::span<const int64_t> split
   }
 }
 
-// A shape class whole to the rank with the fewest FLOPs so far, when that
-// keeps it within kClassSlack of an even share: its matrices then make one
-// batch there, twice or more the size of a share of every class on every
-// rank, and the products of a larger batch fill more of the GPU (GPT-2's
-// 768-wide batches ran at 415 TFLOP/s halved over 2 owners, against 555
-// whole on one GPU: bench/RESULTS.md). Classes go largest first; one that
-// would overflow its share is dealt out matrix by matrix, each to the rank
-// with the fewest FLOPs so far (the lowest on a tie). Everything depends on
-// the shapes alone: the same answer on every rank.
-constexpr double kClassSlack = 0.05;
-
-std::vector<int32_t> assign_owners(std::span<const double> flops, std::span<const size_t> class_of, int32_t ranks) {
-  const size_t classes = class_of.empty() ? 0 : *std::max_element(class_of.begin(), class_of.end()) + 1;
-  std::vector<double> class_flops(classes, 0.0);
-  std::vector<std::vector<size_t>> members(classes);
-  for (size_t m = 0; m < flops.size(); ++m) {
-    class_flops[class_of[m]] += flops[m];
-    members[class_of[m]].push_back(m);
-  }
-  std::vector<size_t> order(classes);
+// Each matrix to the rank with the fewest FLOPs so far, largest first (the
+// lowest rank on a tie): the same answer on every rank. Every shape class
+// is thus shared by the ranks, so each exchange bucket gives every owner
+// its share of work. Giving classes whole to owners (twice the batch) was
+// measured and dropped: GPT-2's owners' products ran at the same 415
+// TFLOP/s, and the 1B list's bucketed step went from 49 to 55 ms, a bucket
+// owned by one rank holding up the other (bench/RESULTS.md, 2026-11-26).
+std::vector<int32_t> assign_owners(std::span<const double> flops, int32_t ranks) {
+  std::vector<size_t> order(flops.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return class_flops[a] > class_flops[b]; });
-  const double share = std::accumulate(flops.begin(), flops.end(), 0.0) / ranks;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return flops[a] > flops[b]; });
   std::vector<double> load(static_cast<size_t>(ranks), 0.0);
-  const auto least = [&] { return static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin()); };
   std::vector<int32_t> owners(flops.size());
-  for (const size_t c : order) {
-    const size_t whole = least();
-    if (load[whole] + class_flops[c] <= share * (1 + kClassSlack)) {
-      for (const size_t m : members[c]) owners[m] = static_cast<int32_t>(whole);
-      load[whole] += class_flops[c];
-      continue;
-    }
-    for (const size_t m : members[c]) {
-      const size_t r = least();
-      owners[m] = static_cast<int32_t>(r);
-      load[r] += flops[m];
-    }
+  for (const size_t m : order) {
+    const auto least = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    owners[m] = static_cast<int32_t>(least);
+    load[least] += flops[m];
   }
   return owners;
 }
@@ -202,21 +181,15 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
     tensors.push_back({t.shapes[i], splits});
   }
 
-  // Every matrix, its shape class (one shape, one group), its owner, and the
-  // batches: one shape, one group, one owner, in the global order (the same
-  // on every rank).
+  // Every matrix, its owner, and the batches: one shape, one group, one
+  // owner, in the global order (the same on every rank).
   std::vector<double> flops;
-  std::vector<size_t> class_of;
-  std::map<std::tuple<int64_t, int64_t, int32_t>, size_t> classes;
   for (size_t i = 0; i < n; ++i) {
     first_matrix_.push_back(static_cast<int64_t>(flops.size()));
     flops.insert(flops.end(), static_cast<size_t>(t.shapes[i].batch), ns_flops(t.shapes[i].rows, t.shapes[i].cols));
-    const auto key = std::make_tuple(t.shapes[i].rows, t.shapes[i].cols, groups.empty() ? 0 : groups[i]);
-    class_of.insert(class_of.end(), static_cast<size_t>(t.shapes[i].batch),
-                    classes.try_emplace(key, classes.size()).first->second);
   }
   first_matrix_.push_back(static_cast<int64_t>(flops.size()));
-  owners_ = assign_owners(flops, class_of, t.ranks);
+  owners_ = assign_owners(flops, t.ranks);
   for (size_t m = 0; m < flops.size(); ++m) {
     if (owners_[m] == t.rank) owned_flops_ += flops[m];
   }

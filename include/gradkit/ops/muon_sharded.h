@@ -39,11 +39,10 @@ class MuonShardedPlan {
  public:
   MuonShardedPlan() = default;
   // Validates everything (as MuonPlan, plus the splits against each shard's
-  // size); gives each matrix an owner (a shape class whole to the rank with
-  // the fewest Newton-Schulz FLOPs so far where that stays within 5% of an
-  // even share, else matrix by matrix; largest classes first: the same on
-  // every rank); plans this rank's rows and its owned matrices; allocates
-  // the exchange buffers and the owned batches' workspace.
+  // size); gives each matrix an owner (the rank with the fewest
+  // Newton-Schulz FLOPs so far, largest matrices first: the same on every
+  // rank); plans this rank's rows and its owned matrices; allocates the two
+  // exchange buffers and the owned batches' workspace.
   MuonShardedPlan(const MuonShardedTensors& tensors, std::span<const MuonHyperparameters> hyperparameters,
                   std::span<const int32_t> groups = {}, MuonPlanOptions options = {});
 

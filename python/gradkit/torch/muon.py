@@ -119,7 +119,7 @@ class Muon(AdamW):
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
-                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, moments="float32", exchange_buckets=4):
+                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, moments="float32", exchange_buckets=2):
         if moments not in _MOMENTS:
             raise ValueError(f"moments is {moments!r}, expected 'float32' or 'bfloat16' (Muon has no 8- or 4-bit "
                              "momentum)")
