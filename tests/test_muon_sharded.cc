@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gradkit/core/error.h"
@@ -128,13 +130,13 @@ void sharded_step(std::vector<Rank>& ranks, const MuonStepInputs& in = {}) {
 void bucketed_step(std::vector<Rank>& ranks, bool beside, const MuonStepInputs& in = {}) {
   const size_t buckets = ranks[0].plan.num_buckets();
   for (size_t k = 0; k < buckets; ++k) {
-    for (Rank& r : ranks) r.plan.momentum(k, in);
+    for (Rank& r : ranks) r.plan.momentum(k, in, {});
     all_to_all(ranks, k, false);
   }
   for (size_t k = 0; k < buckets; ++k) {
     for (Rank& r : ranks) {
       if (beside) r.plan.orthogonalize_beside(k, in);
-      else r.plan.orthogonalize(k, in);
+      else r.plan.orthogonalize(k, in, {});
     }
     if (!beside) all_to_all(ranks, k, true);
   }
@@ -143,7 +145,7 @@ void bucketed_step(std::vector<Rank>& ranks, bool beside, const MuonStepInputs& 
     all_to_all(ranks, k, true);
   }
   for (size_t k = 0; k < buckets; ++k) {
-    for (Rank& r : ranks) r.plan.update(k, in);
+    for (Rank& r : ranks) r.plan.update(k, in, {});
   }
 }
 
@@ -360,9 +362,13 @@ TEST_P(MuonSharded, SetGradsRepointsTheRows) {
 
 // Buckets change which launch and which exchange carries a matrix, not its
 // numbers: 1, 2, 3 and 8 buckets, all at once, bucket by bucket or beside
-// the stream, give the one-bucket step's bits, on every backend. The buckets are runs of whole
-// shape classes, at most as many as asked, none empty, their FLOPs the
-// plan's.
+// the stream, give the one-bucket step's bits, on every backend. The
+// buckets are runs of whole shape classes in the order the classes first
+// appear, more than one when more are asked and there are several
+// classes, at most as many as asked, none empty, their FLOPs the plan's.
+// (Here the exchanges go through the host, which waits for the device: a
+// join that waited for nothing would pass; the multi-GPU runs of
+// gpu-check-ranks test the streams' order.)
 TEST_P(MuonSharded, BucketsGiveTheSameBits) {
   uint64_t seed = 60;
   for (const Case& c : cases()) {
@@ -381,6 +387,24 @@ TEST_P(MuonSharded, BucketsGiveTheSameBits) {
         const MuonShardedPlan& plan = ranks[0].plan;
         ASSERT_GE(plan.num_buckets(), 1u) << what;
         ASSERT_LE(plan.num_buckets(), static_cast<size_t>(buckets)) << what;
+        // Each class in one bucket; classes in first-appearance order, buckets not going down.
+        std::vector<std::tuple<int64_t, int64_t, int32_t>> seen;
+        std::vector<size_t> class_bucket;
+        for (size_t i = 0; i < c.shapes.size(); ++i) {
+          const auto key = std::make_tuple(c.shapes[i].rows, c.shapes[i].cols, c.groups.empty() ? 0 : c.groups[i]);
+          const auto at = std::find(seen.begin(), seen.end(), key);
+          for (int64_t k = 0; k < c.shapes[i].batch; ++k) {
+            if (at == seen.end() && k == 0) {
+              EXPECT_TRUE(class_bucket.empty() || plan.bucket(i, 0) >= class_bucket.back()) << what << " tensor " << i;
+              seen.push_back(key);
+              class_bucket.push_back(plan.bucket(i, 0));
+            } else {
+              const size_t cls = static_cast<size_t>(std::find(seen.begin(), seen.end(), key) - seen.begin());
+              EXPECT_EQ(plan.bucket(i, k), class_bucket[cls]) << what << " tensor " << i << " matrix " << k;
+            }
+          }
+        }
+        if (buckets > 1 && seen.size() > 1) EXPECT_GT(plan.num_buckets(), 1u) << what;
         double flops = 0;
         for (size_t k = 0; k < plan.num_buckets(); ++k) {
           EXPECT_GT(plan.bucket_flops(k), 0.0) << what << " bucket " << k;
@@ -438,16 +462,32 @@ TEST_P(MuonSharded, RefusesBadSplitsAndRanks) {
   expect_error([&] { rank0.plan.momentum({nullptr, 0.0f}); }, ErrorCode::invalid_argument, {"grad_scale"});
   MuonPlanOptions no_buckets;
   no_buckets.buckets = 0;
-  expect_error([&] { MuonShardedPlan({rank0.wv, rank0.gv, rank0.bv, m.shapes, good, 0, 2}, std::span(&h, 1), {}, no_buckets); },
-               ErrorCode::invalid_argument, {"options.buckets", ">= 1"});
+  expect_error(
+      [&] { MuonShardedPlan({rank0.wv, rank0.gv, rank0.bv, m.shapes, good, 0, 2}, std::span(&h, 1), {}, no_buckets); },
+      ErrorCode::invalid_argument, {"options.buckets", ">= 1"});
+  // A huge count asks for no more buckets than there are classes.
+  MuonPlanOptions huge;
+  huge.buckets = std::numeric_limits<int32_t>::max();
+  EXPECT_EQ(MuonShardedPlan({rank0.wv, rank0.gv, rank0.bv, m.shapes, good, 0, 2}, std::span(&h, 1), {}, huge)
+                .num_buckets(), 2u);
   const size_t past = rank0.plan.num_buckets();
-  const auto before = rank0.buf[0].bytes();
-  expect_error([&] { rank0.plan.momentum(past); }, ErrorCode::invalid_argument, {"bucket", "buckets"});
-  expect_error([&] { (void)rank0.plan.shard_buffer(past); }, ErrorCode::invalid_argument, {"bucket"});
-  expect_error([&] { (void)rank0.plan.owner_counts(past); }, ErrorCode::invalid_argument, {"bucket"});
+  const auto before = rank0.buf[0].bytes(), weights = rank0.w[0].bytes();
+  expect_error([&] { rank0.plan.momentum(past, {}, {}); }, ErrorCode::invalid_argument, {"bucket", "buckets"});
+  expect_error([&] { rank0.plan.orthogonalize(past, {}, {}); }, ErrorCode::invalid_argument, {"bucket"});
+  expect_error([&] { rank0.plan.update(past, {}, {}); }, ErrorCode::invalid_argument, {"bucket"});
   expect_error([&] { rank0.plan.orthogonalize_beside(past); }, ErrorCode::invalid_argument, {"bucket"});
   expect_error([&] { rank0.plan.join(past); }, ErrorCode::invalid_argument, {"bucket"});
+  expect_error([&] { (void)rank0.plan.shard_buffer(past); }, ErrorCode::invalid_argument, {"bucket"});
+  expect_error([&] { (void)rank0.plan.owner_buffer(past); }, ErrorCode::invalid_argument, {"bucket"});
+  expect_error([&] { (void)rank0.plan.shard_counts(past); }, ErrorCode::invalid_argument, {"bucket"});
+  expect_error([&] { (void)rank0.plan.owner_counts(past); }, ErrorCode::invalid_argument, {"bucket"});
+  expect_error([&] { (void)rank0.plan.bucket_flops(past); }, ErrorCode::invalid_argument, {"bucket"});
+  expect_error([&] { (void)rank0.plan.bucket(2, 0); }, ErrorCode::invalid_argument, {"tensor, matrix"});
+  // A valid bucket with bad inputs: refused, nothing written.
+  expect_error([&] { rank0.plan.momentum(0, {nullptr, 0.0f}, {}); }, ErrorCode::invalid_argument, {"grad_scale"});
+  expect_error([&] { rank0.plan.update(0, {nullptr, -1.0f}, {}); }, ErrorCode::invalid_argument, {"grad_scale"});
   EXPECT_EQ(rank0.buf[0].bytes(), before);
+  EXPECT_EQ(rank0.w[0].bytes(), weights);
 }
 
 GRADKIT_INSTANTIATE_ON_EACH_DEVICE(MuonSharded);

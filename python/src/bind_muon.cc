@@ -206,7 +206,8 @@ void bind_muon(nb::module_& m) {
           "join(bucket, stream) makes `stream` wait for it (CPU: at once).")
       .def(
           "join", [](const PyMuonShardedPlan& p, size_t bucket, uintptr_t stream) { p.plan.join(bucket, to_stream(stream)); },
-          nb::arg("bucket"), nb::arg("stream") = 0)
+          nb::arg("bucket"), nb::arg("stream") = 0,
+          "`stream` waits for orthogonalize_beside(bucket)'s products (CPU: nothing to wait for).")
       .def_prop_ro("buckets_at_once", [](const PyMuonShardedPlan& p) { return p.plan.buckets_at_once(); })
       .def(
           "update",
@@ -229,7 +230,8 @@ void bind_muon(nb::module_& m) {
           [](nb::handle self, size_t bucket) {
             return to_array(nb::cast<PyMuonShardedPlan&>(self).plan.owner_buffer(bucket), self);
           },
-          nb::arg("bucket"), "Every rank's rows of this rank's matrices of the bucket, by rank (bf16, 1-D; the plan's memory).")
+          nb::arg("bucket"),
+          "Every rank's rows of this rank's matrices of the bucket, by rank (bf16, 1-D; the plan's memory).")
       .def(
           "shard_counts",
           [](const PyMuonShardedPlan& p, size_t bucket) {
@@ -246,6 +248,8 @@ void bind_muon(nb::module_& m) {
           nb::arg("bucket"))
       .def("bucket_flops", [](const PyMuonShardedPlan& p, size_t bucket) { return p.plan.bucket_flops(bucket); },
            nb::arg("bucket"))
+      .def("bucket", [](const PyMuonShardedPlan& p, size_t tensor, int64_t matrix) { return p.plan.bucket(tensor, matrix); },
+           nb::arg("tensor"), nb::arg("matrix") = 0)
       .def("owner", [](const PyMuonShardedPlan& p, size_t tensor, int64_t matrix) { return p.plan.owner(tensor, matrix); },
            nb::arg("tensor"), nb::arg("matrix") = 0)
       .def_prop_ro("owned_flops", [](const PyMuonShardedPlan& p) { return p.plan.owned_flops(); })

@@ -277,9 +277,11 @@ def test_refuses_what_muon_cannot_take():
         gt.Muon([w], momentum=1.0)
     with pytest.raises(ValueError, match="ns_coefficients"):
         gt.Muon([w], ns_coefficients=(1.0, 2.0))
-    for bad in (0, 2.0, True):
-        with pytest.raises(ValueError, match=r"exchange_buckets is .*, expected an int >= 1"):
+    for bad in (0, 2.0, True, None, 2 ** 31):
+        with pytest.raises(ValueError, match=r"exchange_buckets is .*, expected an int in \[1, 2\^31\)"):
             gt.Muon([w], exchange_buckets=bad)
+    import numpy as np
+    assert gt.Muon([w], exchange_buckets=np.int64(3))._exchange_buckets == 3
     opt = gt.Muon([{"params": [w]}, {"params": [b], "use_muon": False}])  # the 1-D tensor goes to AdamW
     with pytest.raises(ValueError, match=r"param_groups\[2\].*has shape \(8,\)"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(8))]})
@@ -329,3 +331,21 @@ def test_training_the_test_gpt_reaches_adamws_loss(device):
           f"({(muon / adamw - 1) * 100:+.2f}%)")
     bound = tolerances.MUON_TRAINING if STEPS >= 300 else tolerances.MUON_TRAINING_SHORT
     assert muon <= adamw * (1 + bound), (muon, adamw)
+
+
+def test_a_copy_keeps_the_exchange_buckets():
+    """copy.deepcopy and pickle keep exchange_buckets (a setting outside param_groups),
+    and the copy steps."""
+    import copy
+    import pickle
+    w = torch.nn.Parameter(torch.randn(8, 6, generator=torch.Generator().manual_seed(3)))
+    w.grad = torch.randn(8, 6, generator=torch.Generator().manual_seed(4))
+    opt = gt.Muon([w], lr=0.02, exchange_buckets=3)
+    opt.step()
+    for twin in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        assert twin._exchange_buckets == 3
+        (p,) = twin.param_groups[0]["params"]
+        before = p.detach().clone()
+        p.grad = w.grad.clone()
+        twin.step()
+        assert not torch.equal(before, p.detach())

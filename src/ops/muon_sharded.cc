@@ -75,12 +75,14 @@ void check_tensor(size_t i, const MatrixShape& s, std::span<const int64_t> split
 }
 
 // Each matrix to the rank with the fewest FLOPs so far, largest first (the
-// lowest rank on a tie): the same answer on every rank. Every shape class
-// is thus shared by the ranks, so each exchange bucket gives every owner
-// its share of work. Giving classes whole to owners (twice the batch) was
-// measured and dropped: GPT-2's owners' products ran at the same 415
-// TFLOP/s, and the 1B list's bucketed step went from 49 to 55 ms, a bucket
-// owned by one rank holding up the other (bench/RESULTS.md, 2026-11-26).
+// lowest rank on a tie): the same answer on every rank. A class of many
+// equal matrices is thus dealt out over the ranks, so an exchange bucket
+// of such classes gives every owner a share of its work (a class of fewer
+// matrices than ranks cannot be). Giving classes whole to owners (twice
+// the batch) was measured and dropped: GPT-2's owners' products ran at the
+// same 415 TFLOP/s, and the 1B list's bucketed step went from 49 to 55 ms,
+// a bucket owned by one rank holding up the other (bench/RESULTS.md,
+// 2026-11-26).
 std::vector<int32_t> assign_owners(std::span<const double> flops, int32_t ranks) {
   std::vector<size_t> order(flops.size());
   std::iota(order.begin(), order.end(), size_t{0});
@@ -111,16 +113,18 @@ std::vector<size_t> bucket_batches(std::span<const MatrixBatch> batches, std::sp
     class_flops[it->second] += batch_flops[b];
     batch_class.push_back(it->second);
   }
+  // More runs than classes would stay empty: no more are made (a huge count asks for nothing).
+  const size_t runs = std::clamp<size_t>(class_flops.size(), 1, static_cast<size_t>(buckets));
   const double total = std::accumulate(class_flops.begin(), class_flops.end(), 0.0);
   std::vector<size_t> class_bucket;
   double before = 0;
   for (const double f : class_flops) {
     const double middle = total > 0 ? (before + f / 2) / total : 0.0;
-    class_bucket.push_back(std::min(static_cast<size_t>(buckets) - 1, static_cast<size_t>(middle * buckets)));
+    class_bucket.push_back(std::min(runs - 1, static_cast<size_t>(middle * static_cast<double>(runs))));
     before += f;
   }
   // Renumber the runs that hold a class 0, 1, ...: the buckets.
-  std::vector<size_t> renumbered(static_cast<size_t>(buckets), 0);
+  std::vector<size_t> renumbered(runs, 0);
   size_t used = 0;
   for (size_t c = 0; c < class_bucket.size(); ++c) {
     if (c == 0 || class_bucket[c] != class_bucket[c - 1]) renumbered[class_bucket[c]] = used++;
@@ -156,6 +160,7 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
   }
   for (size_t i = 0; i < hyperparameters.size(); ++i) validate(hyperparameters[i], kOp, indexed("hyperparameters", i));
   check_value(options.streams >= 1, kOp, "options.streams", options.streams, "a count >= 1");
+  check_value(options.buckets >= 1, kOp, "options.buckets", options.buckets, "a count >= 1");
   check_value(t.ranks >= 1, kOp, "ranks", t.ranks, "a count >= 1");
   check_value(t.rank >= 0 && t.rank < t.ranks, kOp, "rank", t.rank, "a rank in [0, ranks)");
   const size_t n = t.params.size(), stride = static_cast<size_t>(t.ranks) + 1;
@@ -194,12 +199,17 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
     if (owners_[m] == t.rank) owned_flops_ += flops[m];
   }
   const std::vector<MatrixBatch> batches = batch_matrices(t.shapes, groups, owners_);
-  check_value(options.buckets >= 1, kOp, "options.buckets", options.buckets, "a count >= 1");
   std::vector<double> batch_flops;
   for (const MatrixBatch& b : batches) {
     batch_flops.push_back(static_cast<double>(b.sources.size()) * ns_flops(b.rows, b.cols));
   }
   const std::vector<size_t> bucket_of = bucket_batches(batches, batch_flops, options.buckets, bucket_flops_);
+  buckets_.assign(owners_.size(), 0);
+  for (size_t b = 0; b < batches.size(); ++b) {
+    for (const auto& [i, m] : batches[b].sources) {
+      buckets_[static_cast<size_t>(first_matrix_[static_cast<size_t>(i)] + m)] = bucket_of[b];
+    }
+  }
 
   // The exchange buffers, bucket by bucket: shard_buffer's section (k, o)
   // holds this rank's rows of rank o's matrices of bucket k, owner_buffer's
@@ -222,7 +232,8 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
   owner_at_.assign(owner_counts_.size() + 1, 0);
   std::inclusive_scan(shard_counts_.begin(), shard_counts_.end(), shard_at_.begin() + 1);
   std::inclusive_scan(owner_counts_.begin(), owner_counts_.end(), owner_at_.begin() + 1);
-  std::vector<int64_t> shard_at(shard_at_.begin(), shard_at_.end() - 1), owner_at(owner_at_.begin(), owner_at_.end() - 1);
+  std::vector<int64_t> shard_at(shard_at_.begin(), shard_at_.end() - 1);
+  std::vector<int64_t> owner_at(owner_at_.begin(), owner_at_.end() - 1);
   const auto bf16_bytes = [](int64_t elements) { return std::max<size_t>(256, static_cast<size_t>(elements) * 2); };
   shard_buffer_ = Buffer(device(), bf16_bytes(shard_at_.back()));
   owner_buffer_ = Buffer(device(), bf16_bytes(owner_at_.back()));
@@ -317,8 +328,10 @@ std::vector<TensorView> MuonShardedPlan::slice_views(std::span<const RowSlice> s
 size_t MuonShardedPlan::checked(size_t bucket) const {
   if (bucket >= num_buckets()) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "bucket",
-                         "is " + std::to_string(bucket) + ", expected one of the plan's " +
-                             std::to_string(num_buckets()) + " buckets (0 to " + std::to_string(num_buckets() - 1) + ")");
+                         "is " + std::to_string(bucket) +
+                             (num_buckets() == 0 ? std::string(", expected a bucket; this plan was made empty")
+                                                 : ", expected one of the plan's " + std::to_string(num_buckets()) +
+                                                       " buckets (0 to " + std::to_string(num_buckets() - 1) + ")"));
   }
   return bucket;
 }
@@ -345,14 +358,18 @@ std::span<const int64_t> MuonShardedPlan::owner_counts(size_t bucket) const {
 
 double MuonShardedPlan::bucket_flops(size_t bucket) const { return bucket_flops_[checked(bucket)]; }
 
-int32_t MuonShardedPlan::owner(size_t tensor, int64_t matrix) const {
+size_t MuonShardedPlan::matrix_index(size_t tensor, int64_t matrix) const {
   if (tensor + 1 >= first_matrix_.size() || matrix < 0 || first_matrix_[tensor] + matrix >= first_matrix_[tensor + 1]) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "tensor, matrix",
                          "is (" + std::to_string(tensor) + ", " + std::to_string(matrix) +
                              "), expected a tensor of the plan and one of its matrices");
   }
-  return owners_[static_cast<size_t>(first_matrix_[tensor] + matrix)];
+  return static_cast<size_t>(first_matrix_[tensor] + matrix);
 }
+
+int32_t MuonShardedPlan::owner(size_t tensor, int64_t matrix) const { return owners_[matrix_index(tensor, matrix)]; }
+
+size_t MuonShardedPlan::bucket(size_t tensor, int64_t matrix) const { return buckets_[matrix_index(tensor, matrix)]; }
 
 std::vector<backend::MuonLaunch> MuonShardedPlan::launches(const MuonStepInputs& in, int stage, size_t bucket) const {
   std::vector<backend::MuonLaunch> out;
@@ -423,7 +440,9 @@ void MuonShardedPlan::join(size_t bucket, Stream stream) const {
   checked(bucket);
   if (device().is_cuda()) backend::muon_cuda_join(owned_gemm_.get(), stream, bucket);
 }
-void MuonShardedPlan::momentum(const MuonStepInputs& in, Stream stream) const { run(kMomentum, kAllBuckets, in, stream); }
+void MuonShardedPlan::momentum(const MuonStepInputs& in, Stream stream) const {
+  run(kMomentum, kAllBuckets, in, stream);
+}
 void MuonShardedPlan::orthogonalize(const MuonStepInputs& in, Stream stream) const {
   run(kOrthogonalize, kAllBuckets, in, stream);
 }

@@ -2,9 +2,9 @@
 // parameters): Newton-Schulz needs each whole matrix, so every matrix gets
 // an owner rank, the ranks' rows of its update travel to the owner, the
 // owner orthogonalises its matrices, and the rows travel back. The step is
-// three parts with an all-to-all between each two; the caller runs the
+// three parts with all-to-alls between them; the caller runs the
 // all-to-alls with its own engine (torch.distributed, NCCL, MPI), on the
-// plan's two exchange buffers. The matrices go in buckets
+// plan's exchange buffers. The matrices go in buckets
 // (MuonPlanOptions::buckets), each with its own parts and exchange
 // sections, so that one bucket can travel while another is orthogonalised. docs/ops.md ("muon_step over row shards")
 // states what it computes: the unsharded MuonPlan's step, bit for bit.
@@ -47,18 +47,20 @@ class MuonShardedPlan {
                   std::span<const int32_t> groups = {}, MuonPlanOptions options = {});
 
   // The step's parts, bucket by bucket (MuonPlanOptions::buckets); each
-  // bucket's matrices are a fixed set, and its exchanges carry only them:
+  // bucket's matrices are a fixed set, and its exchanges carry only them.
+  // The bucket forms take their inputs and stream explicitly, so that
+  // momentum({}) stays the every-bucket form below:
   // 1. The momentum pass over this rank's rows of the bucket's matrices;
   //    each row of the update (bf16, the Newton-Schulz input) goes to
   //    shard_buffer(bucket), in the section of the matrix's owner.
-  void momentum(size_t bucket, const MuonStepInputs& inputs = {}, Stream stream = {}) const;
+  void momentum(size_t bucket, const MuonStepInputs& inputs, Stream stream) const;
   //    All-to-all: shard_buffer(bucket)'s section r (shard_counts(bucket)[r]
   //    elements) to rank r, owner_buffer(bucket)'s section r
   //    (owner_counts(bucket)[r]) from rank r.
   // 2. The owner's matrices of the bucket, assembled from owner_buffer(bucket),
   //    normalised and orthogonalised; the result's rows go back where each
   //    rank's came from.
-  void orthogonalize(size_t bucket, const MuonStepInputs& inputs = {}, Stream stream = {}) const;
+  void orthogonalize(size_t bucket, const MuonStepInputs& inputs, Stream stream) const;
   // 2'. The same without holding `stream` up: the products start after what
   //    `stream` holds so far, on a side stream of the plan's, and
   //    join(bucket, stream) makes `stream` wait for them. Buckets run at
@@ -72,7 +74,7 @@ class MuonShardedPlan {
   //    shard_buffer(bucket).
   // 3. The weight update of this rank's rows of the bucket's matrices from
   //    shard_buffer(bucket).
-  void update(size_t bucket, const MuonStepInputs& inputs = {}, Stream stream = {}) const;
+  void update(size_t bucket, const MuonStepInputs& inputs, Stream stream) const;
   // Each part for every bucket at once (one launch sequence): what a caller
   // that exchanges every bucket between two parts runs.
   void momentum(const MuonStepInputs& inputs = {}, Stream stream = {}) const;
@@ -103,8 +105,9 @@ class MuonShardedPlan {
   int32_t ranks() const { return ranks_; }
   size_t num_tensors() const { return all_.num_tensors(); }
   std::span<const MuonHyperparameters> hyperparameters() const { return hyper_.host(); }
-  // The owner of matrix `matrix` of tensor `tensor`.
+  // The owner of matrix `matrix` of tensor `tensor`, and its bucket.
   int32_t owner(size_t tensor, int64_t matrix) const;
+  size_t bucket(size_t tensor, int64_t matrix) const;
   // Newton-Schulz FLOPs (per iteration) of the matrices this rank owns.
   double owned_flops() const { return owned_flops_; }
   size_t num_owned_batches() const { return owned_.size(); }
@@ -116,12 +119,14 @@ class MuonShardedPlan {
   std::vector<backend::MuonLaunch> launches(const MuonStepInputs& inputs, int stage, size_t bucket) const;
   void run(int stage, size_t bucket, const MuonStepInputs& inputs, Stream stream) const;
   size_t checked(size_t bucket) const;  // the bucket, refused if there is none such
+  size_t matrix_index(size_t tensor, int64_t matrix) const;  // in the global list, refused if out of range
 
   MultiTensorPlan all_;  // this rank's rows of the whole tensors, validated once
   detail::GroupTable<MuonHyperparameters> hyper_;
   int32_t rank_ = 0, ranks_ = 1;
   std::vector<int64_t> first_matrix_;  // each tensor's first matrix in the global list
   std::vector<int32_t> owners_;        // each matrix's owner, in the global list
+  std::vector<size_t> buckets_;        // each matrix's bucket, in the global list
   std::vector<MuonPlan::Batch> rows_;  // this rank's rows, a batch per global batch (lists: params, grads,
                                        // momentum, their place in shard_buffer)
   std::vector<size_t> rows_bucket_, owned_bucket_;  // each rows_ and owned_ batch's bucket

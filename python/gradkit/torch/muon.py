@@ -25,6 +25,8 @@ do: Muon steps the masters and each parameter becomes its master's rounding (one
 gradkit.AccumulatePlan launch per cohort), so a bfloat16 model follows the float32
 model's trajectory as its gradients allow; the AdamW groups' masters are AdamW's.
 """
+import operator
+
 import torch
 
 import gradkit
@@ -37,6 +39,17 @@ from gradkit.torch.optim import AdamW, _PlannedOptimizer
 _ADJUST_LR = {None: gradkit.MuonLrAdjust.original, "original": gradkit.MuonLrAdjust.original,
               "match_rms_adamw": gradkit.MuonLrAdjust.match_rms_adamw}
 _MOMENTS = ("float32", "bfloat16")
+
+
+def _bucket_count(n):
+    """exchange_buckets as an int in [1, 2^31) (numpy integers too), else a ValueError naming it."""
+    try:
+        count = operator.index(n) if not isinstance(n, bool) else None
+    except TypeError:
+        count = None
+    if count is None or not 1 <= count < 2 ** 31:
+        raise ValueError(f"exchange_buckets is {n!r}, expected an int in [1, 2^31)")
+    return count
 
 
 def _param_name(group, j):
@@ -116,6 +129,7 @@ class Muon(AdamW):
     it."""
 
     _decay = gradkit.WeightDecay.decoupled
+    _copied_attributes = AdamW._copied_attributes + ("_exchange_buckets",)
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
@@ -123,9 +137,7 @@ class Muon(AdamW):
         if moments not in _MOMENTS:
             raise ValueError(f"moments is {moments!r}, expected 'float32' or 'bfloat16' (Muon has no 8- or 4-bit "
                              "momentum)")
-        if isinstance(exchange_buckets, bool) or not isinstance(exchange_buckets, int) or exchange_buckets < 1:
-            raise ValueError(f"exchange_buckets is {exchange_buckets!r}, expected an int >= 1")
-        self._exchange_buckets = exchange_buckets
+        self._exchange_buckets = _bucket_count(exchange_buckets)
         self._form = StateForm(moments)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
