@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <limits>
 #include <map>
-#include <tuple>
 #include <numeric>
 #include <string>
+#include <tuple>
 
 #include "backend/muon.h"
 #include "gradkit/core/error.h"
