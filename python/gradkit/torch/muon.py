@@ -307,11 +307,13 @@ class _ShardedMuon(_Wrapping):
                                             group=self.group, async_op=async_op)
 
     def step(self, found_inf=None, grad_scale_device=None, stream=0):
-        plan, buckets = self.plan, range(self.plan.num_buckets)
+        plan, buckets = self.plan, range(len(self.shard))
         if len(buckets) == 1:
             # Nothing to overlap: the parts in order on the stream, the exchanges between
-            # them (the side stream's hops cost the 1-bucket step about 0.15 ms of GPT-2's
-            # 3 ms on 2 H100s: bench/RESULTS.md, 2026-11-26, evening).
+            # them. The overlapping path (asynchronous exchanges, products on a side
+            # stream) cost the 1-bucket step about 0.15 ms of GPT-2's 3 ms on 2 H100s
+            # (bench/RESULTS.md, 2026-11-26, evening); which of the two costs it was not
+            # measured.
             plan.momentum(found_inf=found_inf, grad_scale_device=grad_scale_device, stream=stream)
             self.exchange(0)
             plan.orthogonalize(found_inf=found_inf, stream=stream)
