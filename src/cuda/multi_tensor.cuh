@@ -53,6 +53,20 @@ inline PlanArgs plan_args(const MultiTensorPlan& plan) {
 
 inline constexpr int kBlockThreads = 512;
 
+// Threads of an op's blocks (Op::kBlockThreads, default 512). With
+// Op::kMinBlocks below they set the op's register budget, 65536 /
+// (threads * blocks) rounded down to a multiple of 8: 512 threads allow only
+// 64 (two blocks) or 128 (one), so an op that needs between the two picks a
+// smaller block.
+template <class Op>
+constexpr int block_threads() {
+  if constexpr (requires { Op::kBlockThreads; }) {
+    static_assert(Op::kBlockThreads % 32 == 0 && Op::kBlockThreads <= 1024, "whole warps, at most 1024 threads");
+    return Op::kBlockThreads;
+  }
+  return kBlockThreads;
+}
+
 // Blocks an op asks to keep resident per multiprocessor (Op::kMinBlocks,
 // default 1): the compiler then holds its registers to fit them.
 template <class Op>
@@ -76,11 +90,11 @@ constexpr int chunk_parts() {
 }
 
 // One block per chunk (or per part of one): a chunk is at most 64K
-// elements, so a block of 512 threads makes a handful of passes over it, and
-// small tensors still yield many blocks for the scheduler to spread over the
-// multiprocessors.
+// elements, so a block (512 threads for most ops) makes a handful of passes
+// over it, and small tensors still yield many blocks for the scheduler to
+// spread over the multiprocessors.
 template <class Op>
-__global__ void __launch_bounds__(kBlockThreads, min_blocks<Op>()) multi_tensor_kernel(PlanArgs plan, Op op) {
+__global__ void __launch_bounds__(block_threads<Op>(), min_blocks<Op>()) multi_tensor_kernel(PlanArgs plan, Op op) {
   constexpr int parts = chunk_parts<Op>();
   if constexpr (parts == 1) {
     op(plan, plan.chunks[blockIdx.x]);
@@ -103,7 +117,7 @@ void launch_multi_tensor(const MultiTensorPlan& plan, const Op& op, Stream strea
   const PlanArgs args = plan_args(plan);
   // Grid x allows 2^31 - 1 blocks: a plan of 64K-element chunks reaches that
   // only past 10^14 / chunk_parts elements.
-  multi_tensor_kernel<<<static_cast<unsigned>(args.num_chunks * chunk_parts<Op>()), kBlockThreads, 0,
+  multi_tensor_kernel<<<static_cast<unsigned>(args.num_chunks * chunk_parts<Op>()), block_threads<Op>(), 0,
                         native(stream)>>>(args, op);
   GRADKIT_CUDA_CHECK_LAUNCH();
 }

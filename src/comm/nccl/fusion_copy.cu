@@ -74,7 +74,8 @@ void launch(const MultiTensorPlan& plan, int64_t first, int64_t last, const unsi
   args.num_chunks = last - first;
   const FusionCopyOp<T> op{reinterpret_cast<const T*>(fusion), begin, end, to_fusion};
   static_assert(cuda::chunk_parts<FusionCopyOp<T>>() == 1, "block b runs chunk first + b");
-  cuda::multi_tensor_kernel<<<static_cast<unsigned>(last - first), cuda::kBlockThreads, 0, stream>>>(args, op);
+  cuda::multi_tensor_kernel<<<static_cast<unsigned>(last - first), cuda::block_threads<FusionCopyOp<T>>(), 0, stream>>>(
+      args, op);
   GRADKIT_CUDA_CHECK_LAUNCH();
 }
 
