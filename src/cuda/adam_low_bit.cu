@@ -53,10 +53,23 @@ template <class Codec, class W, class G, class Copy, bool kRemainder>
 struct AdamLowBitOp {
   using Tables = typename Codec::Tables;
   static constexpr bool kCopy = !std::is_same_v<Copy, NoCopy>;
-  // Two blocks per multiprocessor (registers <= 64): one block's 16 warps,
-  // each owning one quantization block at a time, leave the memory system
-  // idle between their loads (Nsight Compute: 25% occupancy, DRAM 20% busy).
-  static constexpr int kMinBlocks = 2;
+  // The 8-bit forms: three blocks of 256 threads per multiprocessor, 80
+  // registers, where those without a model copy spill nothing (ptxas; with
+  // f32 gradients and a remainder 16 bytes, with a copy up to 24); two
+  // blocks of 512 held them to 64 registers with 12 to 100 bytes spilled. The 4-bit forms: two
+  // blocks of 512, 64 registers (the f32-weights form spills 4 bytes there,
+  // the remainder form 108, and still ran faster than at 80 registers). One
+  // block of 512 (16 warps, each owning one quantization block at a time)
+  // left the memory system idle between their loads (Nsight Compute: 25%
+  // occupancy, DRAM 20% busy). Measured on an H100 over the GPT-2 list, in
+  // interleaved rounds (bench/RESULTS.md, 2026-11-26, the block-size sweep):
+  // at 256 x 3 against 512 x 2, 8-bit 82.5% of copy over its floor against
+  // 81.8%, 8-bit remainder 75.2% against 68.4%; 4-bit 84.4% against 85.5%,
+  // 4-bit remainder 62.5% against 63.8%. In an earlier sweep, 384 x 2,
+  // 128 x 5 and 256 x 2 were slower than 256 x 3 in every form.
+  static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
+  static constexpr int kBlockThreads = kEightBit ? 256 : 512;
+  static constexpr int kMinBlocks = kEightBit ? 3 : 2;
   // How many of its blocks ahead a warp asks L2 for (prefetch_l2). Measured
   // on an H100 over the GPT-2 list (bench/RESULTS.md, 2026-11-26, run 1): one
   // block ahead took the 4-bit form from 79% to 81% of copy bandwidth over

@@ -35,9 +35,9 @@ __device__ __forceinline__ void store_lane(T* p, const T (&src)[kPerLane], int n
 
 // Asks L2 for the line that holds p, ahead of the load that will read it:
 // no register waits for it, so a warp can have its next block's lines on
-// their way from DRAM while it computes this one (the 64-register budget of
-// two 512-thread blocks per multiprocessor leaves no room to load them into
-// registers early).
+// their way from DRAM while it computes this one (the low-bit ops' register
+// budgets, 64 or 80 a thread, leave no room to load them into registers
+// early).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // Calls body(b, at, n) for each quantization block b of a chunk of `length`

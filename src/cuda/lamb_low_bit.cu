@@ -40,11 +40,16 @@ struct NormsLowBitOp {
   using Tables = typename Codec::Tables;
   static constexpr int kChunkBlocks = static_cast<int>(MultiTensorPlan::kDefaultChunkElements / Codec::kBlock);
   static constexpr int kCodeBytes = Codec::kCodeBytes;
-  // Two blocks per multiprocessor (registers <= 64, a few bytes of them
-  // spilled): at one (90 registers), the whole 8-bit LAMB step (both passes
-  // and the ratios) took 1.87 ms over the GPT-2 list on an H100, at two 1.41
-  // ms (bench/RESULTS.md, 2026-11-26, run 2).
-  static constexpr int kMinBlocks = 2;
+  // Three blocks of 256 threads per multiprocessor (registers <= 80; the
+  // block sums' order does not depend on the block's size): at one block of
+  // 512 (90 registers), the whole 8-bit LAMB step (both passes and the
+  // ratios) took 1.87 ms over the GPT-2 list on an H100, at two (64
+  // registers, a few bytes spilled) 1.41 ms (bench/RESULTS.md, 2026-11-26,
+  // run 2). In the block-size sweep (same file, interleaved rounds), three
+  // blocks of 256 against two of 512: 8-bit 67.9% of copy over its floor
+  // against 64.3%, 4-bit 59.5% against 57.6%.
+  static constexpr int kBlockThreads = 256;
+  static constexpr int kMinBlocks = 3;
   // L2 asked for the warp's next block (cuda/adam_low_bit.cu says why):
   // 0.3-1.7% faster in the same measurement.
   static constexpr int kPrefetchAhead = 1;
@@ -160,7 +165,8 @@ struct UpdateLowBitOp {
   static constexpr bool kCopy = !std::is_same_v<Copy, None>;
   static constexpr bool kUpdate = !std::is_same_v<Update, None>;
   static constexpr int kCodeBytes = Codec::kCodeBytes;
-  static constexpr int kMinBlocks = 2;  // registers <= 64 (cuda/adam_low_bit.cu says why)
+  static constexpr int kBlockThreads = 256;  // registers <= 80, as pass 1's
+  static constexpr int kMinBlocks = 3;
   LambLaunch launch;
 
   __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
