@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Builds a copy of libgradkit whose multi-tensor ops in some CUDA sources run
+at other launch constants, beside an existing build: for comparing a kernel's
+block size and register budget (scripts/gpu-sweep-low-bit) in one run, without
+a build per choice.
+
+Every `static constexpr int kMinBlocks = ...;` in the given sources becomes
+`kMinBlocks = B; kBlockThreads = T;` (cuda/multi_tensor.cuh reads both; any
+kBlockThreads the source sets is dropped). Each edited source is compiled with
+the build's own command (compile_commands.json) and the library relinked
+with the build's link line, with the edited objects in place of the
+originals; the build itself is left as it was. The variant is
+BUILD/variants/NAME/<the library's file name>; ptxas's register and spill
+report for each kernel is BUILD/variants/NAME/<source>.ptxas.
+
+Usage: scripts/kernel_variant.py BUILD NAME THREADSxBLOCKS SOURCE...
+       (SOURCE relative to src/, as cuda/adam_low_bit.cu)
+"""
+import json
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+
+def edited(text, threads, blocks):
+    """The source with every op's launch constants set."""
+    text = re.sub(r"static constexpr int kBlockThreads = [^;]+;", "", text)
+    text, n = re.subn(r"static constexpr int kMinBlocks = [^;]+;",
+                      f"static constexpr int kMinBlocks = {blocks}; static constexpr int kBlockThreads = {threads};",
+                      text)
+    return text, n
+
+
+def main():
+    if len(sys.argv) < 5:
+        sys.exit(__doc__)
+    build, name, launch, sources = pathlib.Path(sys.argv[1]).resolve(), sys.argv[2], sys.argv[3], sys.argv[4:]
+    m = re.fullmatch(r"(\d+)x(\d+)", launch)
+    if not m:
+        sys.exit(f"kernel_variant.py: launch is '{launch}', expected THREADSxBLOCKS (as 256x3)")
+    threads, blocks = int(m.group(1)), int(m.group(2))
+    commands = build / "compile_commands.json"
+    if not commands.exists():
+        sys.exit(f"kernel_variant.py: {commands} is missing; configure with -DCMAKE_EXPORT_COMPILE_COMMANDS=ON")
+    entries = json.loads(commands.read_text())
+    out = build / "variants" / name
+    out.mkdir(parents=True, exist_ok=True)
+
+    jobs = []  # (command, directory, ptxas log)
+    objects = {}  # the build's object, relative to src/'s build directory -> the variant's
+    for source in sources:
+        # The library's compile of the source (its -o names gradkit.dir), not a test's.
+        entry = next((e for e in entries if e["file"].endswith("/src/" + source) and "gradkit.dir/" in e["command"]), None)
+        if entry is None:
+            sys.exit(f"kernel_variant.py: no compile command for src/{source} in {commands}")
+        text, n = edited(pathlib.Path(entry["file"]).read_text(), threads, blocks)
+        if n == 0:
+            sys.exit(f"kernel_variant.py: src/{source} sets no kMinBlocks")
+        copy = out / pathlib.Path(source).name
+        copy.write_text(text)
+        obj = out / (copy.name + ".o")
+        args = shlex.split(entry["command"])
+        keep, skip = [], 0
+        for a in args:  # drop the dependency file flags; point -o and the source at the copies
+            if skip:
+                skip -= 1
+                continue
+            if a in ("-MT", "-MF"):
+                skip = 1
+                continue
+            if a == "-MD":
+                continue
+            keep.append(a)
+        keep = [str(copy) if a == entry["file"] else a for a in keep]
+        output = keep[keep.index("-o") + 1]
+        keep[keep.index("-o") + 1] = str(obj)
+        keep += ["-Xptxas", "-v"]
+        jobs.append((keep, entry["directory"], out / (copy.name + ".ptxas")))
+        objects[output] = str(obj)
+
+    def compile_one(job):
+        args, directory, log = job
+        with open(log, "w") as f:
+            return subprocess.run(args, cwd=directory, stdout=f, stderr=subprocess.STDOUT).returncode
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        codes = list(pool.map(compile_one, jobs))
+    for (args, _, log), code in zip(jobs, codes):
+        if code != 0:
+            sys.stderr.write(log.read_text()[-3000:])
+            sys.exit(f"kernel_variant.py: compiling {args[-1]} failed")
+
+    link_dir = build / "src"
+    link = shlex.split((link_dir / "CMakeFiles" / "gradkit.dir" / "link.txt").read_text().splitlines()[0])
+    library = link[link.index("-o") + 1]
+    replaced = 0
+    for i, a in enumerate(link):
+        for original, variant in objects.items():
+            if a == original or a.endswith("/" + original) or original.endswith("/" + a):
+                link[i] = variant
+                replaced += 1
+    if replaced != len(objects):
+        sys.exit(f"kernel_variant.py: found {replaced} of {len(objects)} objects in the link line")
+    link[link.index("-o") + 1] = str(out / library)
+    if subprocess.run(link, cwd=link_dir).returncode != 0:
+        sys.exit("kernel_variant.py: linking failed")
+    print(out / library)
+
+
+if __name__ == "__main__":
+    main()
