@@ -2,8 +2,9 @@
 // parts with the all-to-alls between them (Communicator::all_to_all, one
 // each way per bucket), on one stream: each bucket's products run beside it
 // (orthogonalize_beside) while the stream carries the next bucket's
-// exchange, and are joined before their rows go back. For C++ frameworks;
-// gradkit.torch runs the same parts with torch.distributed's
+// exchange, and are joined before their rows go back (a plan of one bucket
+// runs its parts in order on the stream: nothing to overlap). For C++
+// frameworks; gradkit.torch runs the same parts with torch.distributed's
 // all_to_all_single on torch's communication stream.
 #pragma once
 
