@@ -1,6 +1,6 @@
 // What the CPU Adam kernels share: how weights are stored, the optional
 // model copy, the per-launch values and the compile-time mode. The element
-// loops (adam.cc, adam_8bit.cc) are templates on all of these, so that no
+// loops (adam.cc, adam_low_bit.h) are templates on all of these, so that no
 // per-launch choice is left inside them and GCC vectorizes them (isa.h).
 #pragma once
 
@@ -97,7 +97,7 @@ void with_mode(const AdamCoefficients<C>& c, const F& f) {
 
 // 8-bit moments (launch.absmax_list >= 0): adam_8bit.cc.
 void adam_8bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa);
-// 4-bit moments (launch.moment_bits == 4): adam_8bit.cc, the same loop.
+// 4-bit moments (launch.moment_bits == 4): adam_8bit.cc, the same loop (adam_low_bit.h).
 void adam_4bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa);
 
 }  // namespace gradkit::backend

@@ -1,5 +1,5 @@
 // The two forms of blockwise moments as the CPU kernels meet them (the Adam
-// kernel, cpu/adam_8bit.cc; LAMB's passes, cpu/lamb_low_bit.h): a block's
+// kernel, cpu/adam_low_bit.h; LAMB's passes, cpu/lamb_low_bit.h): a block's
 // codes decoded into floats, and a block's floats encoded into codes with
 // their new absmax, with AVX-512's permutes in the AVX-512 copy
 // (quant_avx512.h) for the decodes and the 8-bit encode, else as loops that

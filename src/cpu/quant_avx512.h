@@ -1,5 +1,5 @@
 // The 8- and 4-bit moments' table lookups in AVX-512, for the AVX-512 copy
-// of the CPU Adam kernel (adam_8bit.cc). GCC 12 vectorizes these loops but, under
+// of the CPU Adam kernel (adam_low_bit.h). GCC 12 vectorizes these loops but, under
 // its generic tuning, emulates each gather with 16 scalar loads; the
 // permutes (the 256-entry tables) and the gather (the buckets' starts) here
 // compute the same codes and values as

@@ -1,0 +1,7 @@
+// The CPU Adam loop over float moments with bf16 weights with remainders: one of
+// cpu/adam_float_moments.h's two instances, in a file of its own.
+#include "cpu/adam_float_moments.h"
+
+namespace gradkit::backend::cpu_adam {
+GRADKIT_CPU_ADAM(RemainderWeights);
+}  // namespace gradkit::backend::cpu_adam
