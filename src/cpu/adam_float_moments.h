@@ -63,8 +63,7 @@ void run_copy(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa is
 }
 
 // The loop for one way of storing weights, over every gradient, moment and
-// model copy dtype: two instances, each compiled in a file of its own
-// (below).
+// model copy dtype: two instances, each compiled in a file of its own.
 template <class Weights>
 void run_weights(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa) {
   dispatch_dtype(plan.dtype(1), [&]<class G>() {
@@ -76,6 +75,9 @@ void run_weights(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa
   });
 }
 
+// The instances: declared here with extern, so that a file including this
+// header does not compile them; each is compiled by one of adam_{plain,remainder}.cc,
+// which write the same line without extern.
 #define GRADKIT_CPU_ADAM(WEIGHTS) \
   template void run_weights<WEIGHTS>(const MultiTensorPlan&, const AdamLaunch&, cpu::Isa)
 extern GRADKIT_CPU_ADAM(PlainWeights<float>);

@@ -92,8 +92,7 @@ void run_copy_low_bit(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu
 }
 
 // The loop for one codec and one way of storing weights, over every gradient
-// dtype and model copy: four instances, each compiled in a file of its own
-// (below).
+// dtype and model copy: four instances, each compiled in a file of its own.
 template <class Codec, class Weights>
 void run_low_bit(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa, Codec codec) {
   dispatch_dtype(plan.dtype(1), [&]<class G>() {
@@ -101,6 +100,9 @@ void run_low_bit(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa
   });
 }
 
+// The instances: declared here with extern, so that a file including this
+// header does not compile them; each is compiled by one of adam_{8,4}bit_{plain,remainder}.cc,
+// which write the same line without extern.
 #define GRADKIT_CPU_ADAM_LOW_BIT(CODEC, WEIGHTS) \
   template void run_low_bit<CODEC, WEIGHTS>(const MultiTensorPlan&, const AdamLaunch&, cpu::Isa, CODEC)
 extern GRADKIT_CPU_ADAM_LOW_BIT(Codec8, PlainWeights<float>);
