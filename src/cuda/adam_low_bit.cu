@@ -56,9 +56,10 @@ struct AdamLowBitOp {
   // The 8-bit forms: three blocks of 256 threads per multiprocessor, 80
   // registers, where those without a model copy spill nothing (ptxas; with
   // f32 gradients and a remainder 16 bytes, with a copy up to 24); two
-  // blocks of 512 held them to 64 registers with 12 to 100 bytes spilled. The 4-bit forms: two
-  // blocks of 512, 64 registers (the f32-weights form spills 4 bytes there,
-  // the remainder form 108, and still ran faster than at 80 registers). One
+  // blocks of 512 held them to 64 registers with 12 to 100 bytes spilled.
+  // The 4-bit forms: two blocks of 512, 64 registers (the f32-weights form
+  // spills 4 bytes there, the remainder form 108, and still ran faster than
+  // at 80 registers). One
   // block of 512 (16 warps, each owning one quantization block at a time)
   // left the memory system idle between their loads (Nsight Compute: 25%
   // occupancy, DRAM 20% busy). Measured on an H100 over the GPT-2 list, in
