@@ -270,11 +270,11 @@ class _ShardedMuon(_Wrapping):
     """A Muon cohort of row-sharded DTensors: MuonShardedPlan's three parts with the
     all-to-alls between them on the shards' process group, bucket by bucket. Each
     bucket's exchange is issued as soon as its momentum is written; its products start
-    on the plan's side stream once it has arrived, beside the other buckets'; its rows
-    go back as soon as they are done. torch's NCCL collectives run on their own
-    stream, so the exchanges travel while other buckets are orthogonalised. The
-    exchange buffers are the plan's; they travel as bytes (the bf16 values' bits:
-    every backend moves uint8, gloo included)."""
+    on the plan's side stream once it has arrived, while the next bucket's momentum
+    and exchange run; its rows go back and are updated as soon as its products are
+    done, while the next bucket's products run. The exchange buffers are the plan's;
+    they travel as bytes (the bf16 values' bits: every backend moves uint8, gloo
+    included)."""
 
     def __init__(self, group, params, lists, hyper, groups, buckets):
         import torch.distributed as dist
@@ -307,32 +307,28 @@ class _ShardedMuon(_Wrapping):
                                             group=self.group, async_op=async_op)
 
     def step(self, found_inf=None, grad_scale_device=None, stream=0):
+        # Bucket by bucket: its momentum, its exchange (the stream waits for it,
+        # the host does not), then its products on the plan's side stream, so
+        # that the next bucket's momentum and exchange run while they do; then
+        # bucket by bucket its products joined, its rows back and their update,
+        # which runs while the next bucket's products still do. A plan of one
+        # bucket has nothing to overlap: its products run on the stream (the
+        # side-stream path cost the 1-bucket step about 0.15 ms of GPT-2's 3 ms
+        # on 2 H100s, bench/RESULTS.md, 2026-11-26, evening). muon_sharded_step
+        # (C++) runs the same order over a gradkit communicator.
         plan, buckets = self.plan, range(len(self.shard))
-        if len(buckets) == 1:
-            # Nothing to overlap: the parts in order on the stream, the exchanges between
-            # them. The overlapping path (asynchronous exchanges, products on a side
-            # stream) cost the 1-bucket step about 0.15 ms of GPT-2's 3 ms on 2 H100s
-            # (bench/RESULTS.md, 2026-11-26, evening); which of the two costs it was not
-            # measured.
-            plan.momentum(found_inf=found_inf, grad_scale_device=grad_scale_device, stream=stream)
-            self.exchange(0)
-            plan.orthogonalize(found_inf=found_inf, stream=stream)
-            self.exchange(0, back=True)
-            plan.update(found_inf=found_inf, stream=stream)
-            return
-        sent = []
+        beside = len(buckets) > 1
         for k in buckets:
             plan.momentum(k, found_inf=found_inf, grad_scale_device=grad_scale_device, stream=stream)
-            sent.append(self.exchange(k, async_op=True))
+            self.exchange(k)
+            if beside:
+                plan.orthogonalize_beside(k, found_inf=found_inf, stream=stream)
+            else:
+                plan.orthogonalize(k, found_inf=found_inf, stream=stream)
         for k in buckets:
-            sent[k].wait()  # the current stream waits for the exchange, not the host
-            plan.orthogonalize_beside(k, found_inf=found_inf, stream=stream)
-        returned = []
-        for k in buckets:
-            plan.join(k, stream=stream)
-            returned.append(self.exchange(k, back=True, async_op=True))
-        for k in buckets:
-            returned[k].wait()
+            if beside:
+                plan.join(k, stream=stream)
+            self.exchange(k, back=True)
             plan.update(k, found_inf=found_inf, stream=stream)
 
 
