@@ -1,9 +1,10 @@
 // MuonShardedPlan's whole step over a gradkit communicator: its three
 // parts with the all-to-alls between them (Communicator::all_to_all, one
-// each way per bucket), on one stream: each bucket's products run beside it
-// (orthogonalize_beside) while the stream carries the next bucket's
-// exchange, and are joined before their rows go back (a plan of one bucket
-// runs its parts in order on the stream: nothing to overlap). For C++
+// each way per bucket), on one stream, bucket by bucket: its momentum, its
+// exchange, its products beside the stream (orthogonalize_beside) while the
+// stream carries the next bucket's momentum and exchange; then its products
+// joined, its rows back and their update (a plan of one bucket runs its
+// parts in order on the stream: nothing to overlap). For C++
 // frameworks; gradkit.torch runs the same parts with torch.distributed's
 // all_to_all_single on torch's communication stream.
 #pragma once
