@@ -6,6 +6,7 @@ remainder master against the float32-master path bit for bit, state_dict
 round trips and conversions, skipped steps, flat gradients, bad arguments,
 and training curves against float32 AdamW."""
 import copy
+import io
 import os
 import typing
 
@@ -341,6 +342,71 @@ def test_state_bytes_per_parameter(device):
     assert 2 < counts["int8"] <= 2.1 and 4 < counts["bf16 int8 remainder"] <= 4.1
     # issue 38's bounds: 1.1 and 3.1 (these small tensors' last blocks are short: 1.07 and 3.07)
     assert 1 < counts["int4"] <= 1.1 and 3 < counts["bf16 int4 remainder"] <= 3.1
+
+
+LOW_BIT_FORMS = [{"moments": "int8", "min_8bit_size": 0}, {"moments": "int8", "master": "remainder", "min_8bit_size": 0},
+                 {"moments": "int4", "min_4bit_size": 0}, {"moments": "int4", "master": "remainder", "min_4bit_size": 0}]
+
+
+def low_bit_tensors(opt, params):
+    """Each parameter's 8- and 4-bit codes, absmax and remainder."""
+    return [t for p in params for k, t in opt.state[p].items()
+            if torch.is_tensor(t) and (t.dtype in (torch.uint8, torch.int16) or k.endswith(("_absmax", "_absmax4")))]
+
+
+@pytest.mark.parametrize("form", LOW_BIT_FORMS, ids=lambda f: f["moments"] + " " + f.get("master", "float32"))
+def test_low_bit_state_is_cut_from_one_buffer_per_dtype(device, form):
+    """A first step's low-bit state is views of one buffer per dtype (the caching
+    allocator rounds no tensor of it on its own): disjoint, each 256 bytes past another;
+    through torch.save and torch.load it resumes bit for bit."""
+    dtype = torch.bfloat16 if form.get("master") == "remainder" else torch.float32
+    params = make_params(device, dtype)
+    opt = gt.AdamW(params, lr=LR, weight_decay=WD, **form)
+    run(params, opt, 1, device)
+    low = low_bit_tensors(opt, params)
+    assert low and any(t.dtype == torch.float32 for t in low)
+    storages = {}
+    for t in low:
+        storages.setdefault(t.dtype, set()).add(t.untyped_storage().data_ptr())
+    assert all(len(s) == 1 for s in storages.values()), storages
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.nbytes) for t in low)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert all((t.data_ptr() - t.untyped_storage().data_ptr()) % 256 == 0 for t in low)
+
+    saved = io.BytesIO()
+    torch.save(opt.state_dict(), saved)
+    resumed = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    again = gt.AdamW(resumed, lr=LR, weight_decay=WD, **form)
+    again.load_state_dict(torch.load(io.BytesIO(saved.getvalue()), weights_only=False))
+    run(params, opt, 3, device, start=1)
+    run(resumed, again, 3, device, start=1)
+    for p, q in zip(params, resumed):
+        assert torch.equal(p.detach(), q.detach())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the caching allocator's blocks are CUDA's")
+@pytest.mark.parametrize("form", LOW_BIT_FORMS[2:], ids=lambda f: "int4 " + f.get("master", "float32"))
+def test_first_step_allocates_what_the_4bit_state_counts(form):
+    """issue 38's bounds as the device sees them: the memory the first step leaves allocated,
+    per parameter, over GPT-2-sized matrices (codes of 1.2 MB, which the caching allocator
+    put in 2 MiB blocks when each was a tensor of its own)."""
+    dtype = torch.bfloat16 if form.get("master") == "remainder" else torch.float32
+    g = torch.Generator(device="cuda").manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s, generator=g, device="cuda").to(dtype))
+              for s in [(768, 3072), (3072, 768), (768, 2304), (768, 768)] * 3]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g, device="cuda").to(dtype) * 0.01
+    opt = gt.AdamW(params, lr=LR, **form)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    opt.step()
+    torch.cuda.synchronize()
+    n = sum(p.numel() for p in params)
+    allocated, counted = torch.cuda.memory_allocated() - before, opt.state_bytes()
+    # Beyond what the state counts: each buffer (codes, absmax, remainders) rounded up to
+    # torch's 2 MiB, and a 512-byte block for each step count and plan scalar.
+    assert allocated - counted <= 3 * 2 ** 21 + 512 * 4 * len(params), (allocated / n, counted / n)
+    assert allocated / n <= (3.1 if dtype == torch.bfloat16 else 1.1)
 
 
 def test_bad_arguments_are_refused_naming_them():

@@ -364,13 +364,10 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._write_steps_to_state()
         layout = self._get_layout()
         by_step = {}
+        self._init_states([p for i, p in enumerate(layout.params) if present[i] and not self.state[p]])
         for i, p in enumerate(layout.params):
-            if not present[i]:
-                continue
-            state = self.state[p]
-            if not state:
-                self._init_state(p, state)
-            by_step.setdefault((int(state["step"]), self._cohort_key(i)), []).append(i)
+            if present[i]:
+                by_step.setdefault((int(self.state[p]["step"]), self._cohort_key(i)), []).append(i)
         self._cohorts = []
         for (step, _), indices in sorted(by_step.items(), key=lambda kv: kv[1][0]):
             counter = torch.full((1,), step + self._counter_offset, dtype=torch.int64, device=layout.device)
@@ -384,9 +381,15 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         """Parameters with different keys never share a plan (LAMB: the group, whose lr is eta)."""
         return 0
 
-    def _init_state(self, p, state):
-        state["step"] = torch.tensor(0.0, dtype=torch.float32)
-        self._form.new_state(p, self._moment_names(self._group_of_param(p)), state)
+    def _init_states(self, params):
+        """Zero state for parameters stepped for the first time, made together (their
+        low-bit state from one buffer: StateForm.new_states)."""
+        entries = []
+        for p in params:
+            state = self.state[p]
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            entries.append((p, self._moment_names(self._group_of_param(p)), state))
+        self._form.new_states(entries)
 
     def master_params(self):
         """The float32 master weights of float16/bfloat16 parameters, in param_groups order
