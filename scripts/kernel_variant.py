@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
 """Builds a copy of libgradkit whose multi-tensor ops in some CUDA sources run
 at other launch constants, beside an existing build: for comparing a kernel's
-block size and register budget (scripts/gpu-sweep-low-bit) in one run, without
-a build per choice.
+block size and register budget, or another of its constants
+(scripts/gpu-sweep-low-bit), in one run, without a build per choice.
 
-Every `static constexpr int kMinBlocks = ...;` in the given sources becomes
-`kMinBlocks = B; kBlockThreads = T;` (cuda/multi_tensor.cuh reads both; any
-kBlockThreads the source sets is dropped). Each edited source is compiled with
+The choice is THREADSxBLOCKS or "same", then any number of ":NAME=VALUE".
+With THREADSxBLOCKS, every `static constexpr int kMinBlocks = ...;` in the
+given sources becomes `kMinBlocks = B; kBlockThreads = T;`
+(cuda/multi_tensor.cuh reads both; any kBlockThreads the source sets is
+dropped); "same" keeps them. Each NAME=VALUE sets every `static constexpr
+int NAME = ...;` (or bool) to VALUE; each edit must change some source, and
+a source none changes keeps its object. Each edited source is compiled with
 the build's own command (compile_commands.json) and the library relinked
 with the build's link line, with the edited objects in place of the
 originals; the build itself is left as it was. The variant is
 BUILD/variants/NAME/<the library's file name>; ptxas's register and spill
 report for each kernel is BUILD/variants/NAME/<source>.ptxas.
 
-Usage: scripts/kernel_variant.py BUILD NAME THREADSxBLOCKS SOURCE...
-       (SOURCE relative to src/, as cuda/adam_low_bit.cu)
+Usage: scripts/kernel_variant.py BUILD NAME CHOICE SOURCE...
+       (CHOICE as 256x3, same:kPrefetchAhead=1 or 256x3:kChunkParts=2;
+       SOURCE relative to src/, as cuda/adam_low_bit.cu)
 """
 import json
 import pathlib
@@ -25,23 +30,41 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 
-def edited(text, threads, blocks):
-    """The source with every op's launch constants set."""
-    text = re.sub(r"static constexpr int kBlockThreads = [^;]+;", "", text)
-    text, n = re.subn(r"static constexpr int kMinBlocks = [^;]+;",
-                      f"static constexpr int kMinBlocks = {blocks}; static constexpr int kBlockThreads = {threads};",
-                      text)
-    return text, n
+def edited(text, launch, constants):
+    """The source with every op's launch constants (launch: (threads, blocks) or None)
+    and the named constants set, and how many places each edit changed (it must
+    change some)."""
+    counts = []
+    if launch is not None:
+        threads, blocks = launch
+        text = re.sub(r"static constexpr int kBlockThreads = [^;]+;", "", text)
+        text, n = re.subn(r"static constexpr int kMinBlocks = [^;]+;",
+                          f"static constexpr int kMinBlocks = {blocks}; static constexpr int kBlockThreads = {threads};",
+                          text)
+        counts.append(("kMinBlocks", n))
+    for name, value in constants:
+        text, n = re.subn(rf"static constexpr (int|bool) {name} = [^;]+;", rf"static constexpr \1 {name} = {value};",
+                          text)
+        counts.append((name, n))
+    return text, counts
+
+
+def parse_choice(choice):
+    """((threads, blocks) or None, [(name, value)]) of a CHOICE, or exits naming it."""
+    first, *rest = choice.split(":")
+    m = re.fullmatch(r"(\d+)x(\d+)", first)
+    constants = [tuple(r.split("=", 1)) for r in rest]
+    if (first != "same" and not m) or any(len(c) != 2 or not re.fullmatch(r"k\w+", c[0]) for c in constants):
+        sys.exit(f"kernel_variant.py: the choice is '{choice}', expected THREADSxBLOCKS or 'same', then "
+                 "':kNAME=VALUE' any number of times (as 256x3 or same:kPrefetchAhead=1)")
+    return ((int(m.group(1)), int(m.group(2))) if m else None), constants
 
 
 def main():
     if len(sys.argv) < 5:
         sys.exit(__doc__)
-    build, name, launch, sources = pathlib.Path(sys.argv[1]).resolve(), sys.argv[2], sys.argv[3], sys.argv[4:]
-    m = re.fullmatch(r"(\d+)x(\d+)", launch)
-    if not m:
-        sys.exit(f"kernel_variant.py: launch is '{launch}', expected THREADSxBLOCKS (as 256x3)")
-    threads, blocks = int(m.group(1)), int(m.group(2))
+    build, name, sources = pathlib.Path(sys.argv[1]).resolve(), sys.argv[2], sys.argv[4:]
+    launch, constants = parse_choice(sys.argv[3])
     commands = build / "compile_commands.json"
     if not commands.exists():
         sys.exit(f"kernel_variant.py: {commands} is missing; configure with -DCMAKE_EXPORT_COMPILE_COMMANDS=ON")
@@ -51,14 +74,18 @@ def main():
 
     jobs = []  # (command, directory, ptxas log)
     objects = {}  # the build's object, relative to src/'s build directory -> the variant's
+    changed = {}  # each edit -> the places it changed, over every source
     for source in sources:
         # The library's compile of the source (its -o names gradkit.dir), not a test's.
         entry = next((e for e in entries if e["file"].endswith("/src/" + source) and "gradkit.dir/" in e["command"]), None)
         if entry is None:
             sys.exit(f"kernel_variant.py: no compile command for src/{source} in {commands}")
-        text, n = edited(pathlib.Path(entry["file"]).read_text(), threads, blocks)
-        if n == 0:
-            sys.exit(f"kernel_variant.py: src/{source} sets no kMinBlocks")
+        original = pathlib.Path(entry["file"]).read_text()
+        text, counts = edited(original, launch, constants)
+        for what, n in counts:
+            changed[what] = changed.get(what, 0) + n
+        if text == original:
+            continue  # the build's object serves
         copy = out / pathlib.Path(source).name
         copy.write_text(text)
         obj = out / (copy.name + ".o")
@@ -80,6 +107,10 @@ def main():
         keep += ["-Xptxas", "-v"]
         jobs.append((keep, entry["directory"], out / (copy.name + ".ptxas")))
         objects[output] = str(obj)
+
+    unset = [what for what, n in changed.items() if n == 0]
+    if unset:
+        sys.exit(f"kernel_variant.py: no source of {' '.join(sources)} sets {', '.join(unset)}")
 
     def compile_one(job):
         args, directory, log = job
