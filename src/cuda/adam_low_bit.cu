@@ -71,17 +71,21 @@ struct AdamLowBitOp {
   static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
   static constexpr int kBlockThreads = kEightBit ? 256 : 512;
   static constexpr int kMinBlocks = kEightBit ? 3 : 2;
-  // How many of its blocks ahead a warp asks L2 for (prefetch_l2). Measured
-  // on an H100 over the GPT-2 list (bench/RESULTS.md, 2026-11-26, run 1): one
-  // block ahead took the 4-bit form from 79% to 81% of copy bandwidth over
-  // its floor and the remainder forms from 66% to 70% (8-bit) and 55% to 63%
-  // (4-bit), but the 8-bit form with f32 weights from 85% to 81%; two
-  // blocks ahead was slower in every form.
-  static constexpr int kPrefetchAhead = std::is_same_v<Codec, Codec4> || kRemainder ? 1 : 0;
+  // How many of its blocks ahead a warp asks L2 for (prefetch_l2): one, in
+  // every form. Measured on an H100 over the GPT-2 list: one block ahead took
+  // the 4-bit form from 79% to 81% of copy bandwidth over its floor and the
+  // remainder forms from 66% to 70% (8-bit) and 55% to 63% (4-bit), and two
+  // blocks ahead was slower in every form (bench/RESULTS.md, 2026-11-26, run
+  // 1). The 8-bit form with f32 weights went from 85% to 81% then, at 512 x
+  // 2 and 64 registers; at 256 x 3 and 80 registers it gains: 81.7% to 84.9%
+  // in interleaved rounds (2026-11-27, the prefetch sweep).
+  static constexpr int kPrefetchAhead = 1;
   // Two blocks a chunk (cuda/multi_tensor.cuh), each on whole warp spans. In
   // run 3 (another H100 machine, the prefetch as above): 8-bit from 79% to
   // 82%, 4-bit from 81% to 86%; the remainder forms gained nothing (8-bit) or
   // lost 0.5% (4-bit), and four parts were slower than two in every form.
+  // At the present block sizes two parts still cost the remainder forms
+  // (75.0% to 74.4%, 63.8% to 63.6%; 2026-11-27, the prefetch sweep).
   static constexpr int kChunkParts = kRemainder ? 1 : 2;
   static constexpr int kPartAlign = kQuantBlock;
   AdamLaunch launch;
