@@ -33,7 +33,7 @@ from torch.distributed.tensor import init_device_mesh
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gradkit.torch as gt  # noqa: E402
 from torch_muon import LISTS  # noqa: E402
-from torch_muon_fsdp2 import LR, sharded_params  # noqa: E402
+from torch_muon_fsdp2 import LR, init_ranks, sharded_params  # noqa: E402
 
 GAP_US = 3.0  # kernels closer than this on one stream are one run
 IDLE_S = 0.005  # the host's pause between steps: the steps' kernels never touch
@@ -133,9 +133,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--trace-dir")
     args = ap.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    init_ranks()
     rank, ranks = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cuda", (ranks,))
     trace_dir = args.trace_dir or tempfile.mkdtemp()

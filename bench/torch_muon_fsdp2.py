@@ -154,6 +154,13 @@ def bench_list(key, reps, rows, buckets, rounds):
             " + ".join(f"{n} {ms:.3f}" for n, ms in zip(PARTS, within)))
 
 
+def init_ranks():
+    """torchrun's rank on the GPU of its LOCAL_RANK, in an NCCL process group bound to it."""
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lists", default="gpt2,llama1b")
@@ -162,9 +169,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--markdown")
     args = ap.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    init_ranks()
     rows = []
     if dist.get_rank() == 0:
         print(f"{torch.cuda.get_device_name()} x {dist.get_world_size()}, torch {torch.__version__}")
