@@ -297,18 +297,17 @@ class _ShardedMuon(_Wrapping):
         self.shard_counts = [[2 * n for n in self.plan.shard_counts(k)] for k in each]
         self.owner_counts = [[2 * n for n in self.plan.owner_counts(k)] for k in each]
 
-    def exchange(self, k, back=False, async_op=False):
+    def exchange(self, k, back=False):
         """Bucket k's all-to-all: the rows to their owners, or (back) the owners' results
-        to the rows' ranks."""
+        to the rows' ranks (over NCCL the current stream waits for it, not the host)."""
         if back:
             return self._dist.all_to_all_single(self.shard[k], self.owner[k], self.shard_counts[k],
-                                                self.owner_counts[k], group=self.group, async_op=async_op)
+                                                self.owner_counts[k], group=self.group)
         return self._dist.all_to_all_single(self.owner[k], self.shard[k], self.owner_counts[k], self.shard_counts[k],
-                                            group=self.group, async_op=async_op)
+                                            group=self.group)
 
     def step(self, found_inf=None, grad_scale_device=None, stream=0):
-        # Bucket by bucket: its momentum, its exchange (the stream waits for it,
-        # the host does not), then its products on the plan's side stream, so
+        # Bucket by bucket: its momentum, its exchange, then its products on the plan's side stream, so
         # that the next bucket's momentum and exchange run while they do; then
         # bucket by bucket its products joined, its rows back and their update,
         # which runs while the next bucket's products still do. A plan of one
