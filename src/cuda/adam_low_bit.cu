@@ -59,10 +59,9 @@ struct AdamLowBitOp {
   // blocks of 512 held them to 64 registers with 12 to 100 bytes spilled.
   // The 4-bit forms: two blocks of 512, 64 registers (the f32-weights form
   // spills 4 bytes there, the remainder form 108, and still ran faster than
-  // at 80 registers). One
-  // block of 512 (16 warps, each owning one quantization block at a time)
-  // left the memory system idle between their loads (Nsight Compute: 25%
-  // occupancy, DRAM 20% busy). Measured on an H100 over the GPT-2 list, in
+  // at 80 registers). One block of 512 (16 warps, each owning one
+  // quantization block at a time) left the memory system idle between their
+  // loads (Nsight Compute: 25% occupancy, DRAM 20% busy). Measured on an H100 over the GPT-2 list, in
   // interleaved rounds (bench/RESULTS.md, 2026-11-26, the block-size sweep):
   // at 256 x 3 against 512 x 2, 8-bit 82.5% of copy over its floor against
   // 81.8%, 8-bit remainder 75.2% against 68.4%; 4-bit 84.4% against 85.5%,
