@@ -8,13 +8,16 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "backend/quant_tables.h"
 #include "gradkit/core/memory.h"
 #include "gradkit/ops/adam.h"
 #include "gradkit/ops/blockwise.h"
@@ -58,6 +61,53 @@ TEST(Blockwise4, TablesAreTheirClosedForm) {
   EXPECT_EQ(quant_code4(QuantCode::unsigned_dynamic)[0], 0.00325f) << "no zero in the second moment's map";
   EXPECT_EQ(quant_code4(QuantCode::unsigned_dynamic)[1], 0.00325f) << "codes 0 and 1: the smallest value";
   EXPECT_EQ(quant_code4(QuantCode::unsigned_dynamic)[15], 1.0f);
+}
+
+// The three encodes of backend/blockwise4_math.h against the definition,
+// counted here with std::lower_bound over the table's decision points: the
+// CUDA kernels' bucketed count (quantize4), the CPU loops' 15 comparisons
+// (quantize4_count) and the binary search (quantize4_search), for each
+// bucket's edges and their neighbours, each decision point and its
+// neighbours, both signs, values past 1 (a rounding of m / absmax), NaN, and
+// a million values spread over every exponent below 2.
+TEST(Blockwise4, EveryEncodeCountsTheDecisionPointsBelowEachValue) {
+  const auto bits_float = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  std::vector<float> x;
+  const auto near = [&](uint32_t bits) {
+    for (int64_t d = -3; d <= 3; ++d) {
+      const int64_t b = static_cast<int64_t>(bits) + d;
+      if (b < 0 || b >= 0x40000000) continue;  // |x| < 2: no finite m / absmax reaches 2
+      x.push_back(bits_float(static_cast<uint32_t>(b)));
+      x.push_back(-x.back());
+    }
+  };
+  for (uint32_t bits = 0; bits < 0x40000000u; bits += 1u << 17) near(bits);  // every edge up to 6 fraction bits
+  const backend::QuantTables4& tables = backend::quant_tables4();
+  for (const backend::QuantTable4& t : tables.table) {
+    for (int i = 0; i < 15; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &t.midpoints[i], sizeof u);
+      near(u & 0x7fffffffu);
+    }
+  }
+  std::mt19937_64 rng(23);
+  std::uniform_int_distribution<uint32_t> any_bits(0, 0x3fffffffu);
+  for (int i = 0; i < 1000000; ++i) x.push_back(bits_float(any_bits(rng) | (i % 2 ? 0x80000000u : 0u)));
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  x.push_back(-std::numeric_limits<float>::quiet_NaN());
+  for (int m = 0; m < 2; ++m) {
+    const backend::QuantTable4& t = tables.table[m];
+    for (float v : x) {
+      const int want = std::isnan(v) ? 0 : static_cast<int>(std::lower_bound(t.midpoints, t.midpoints + 15, v) - t.midpoints);
+      ASSERT_EQ(backend::quantize4(t, v), want) << "bucketed, table " << m << ", x = " << v;
+      ASSERT_EQ(backend::quantize4_count(t, v), want) << "count, table " << m << ", x = " << v;
+      ASSERT_EQ(backend::quantize4_search(t, v), want) << "search, table " << m << ", x = " << v;
+    }
+  }
 }
 
 // Everything one 4-bit step reads and writes, on one device.

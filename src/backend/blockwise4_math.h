@@ -10,12 +10,22 @@
 
 namespace gradkit::backend {
 
-// One 16-entry table: the codes, ascending, and the decision points between
+// The 4-bit maps' buckets (blockwise_math.h, QuantBuckets): 3 fraction bits
+// over 12 exponents, 2^-10 .. 2^1. Their decision points lie no closer than
+// an eighth of their exponent's range (the unsigned map's five in [0.5, 1):
+// 0.55, 0.6625, 0.775, 0.8875, 0.971875), and the smallest is 0.00275
+// (above 2^-9), so each bucket holds at most one; the tables' build checks it.
+using Quant4Buckets = QuantBuckets<3, 12>;
+
+// One 16-entry table: the codes, ascending, the decision points between
 // neighbours (midpoints[i] between codes i and i + 1, the f64 midpoint
-// rounded to f32 once, on the host; midpoints[15] is +Inf, never passed).
+// rounded to f32 once, on the host; midpoints[15] is +Inf, never passed),
+// and the buckets' starts (positive x, then negative x).
 struct QuantTable4 {
+  using Buckets = Quant4Buckets;
   float codes[16];
   float midpoints[16];
+  uint8_t start[2 * Buckets::kCount];
 };
 
 // exp_avg's table (the signed dynamic map) then exp_avg_sq's (the unsigned
@@ -25,15 +35,15 @@ struct QuantTables4 {
 };
 
 // The index of the code nearest to x (x already scaled by its block's
-// 1 / absmax): the number of decision points below x, by a branch-free
-// binary search of 4 steps. A value exactly on a decision point takes the
-// lower code; NaN (greater than nothing) gives 0.
-GRADKIT_HD uint8_t quantize4(const QuantTable4& t, float x) { return count_below(t.midpoints, x); }
-
-// The same count as quantize4, as a sum of 15 comparisons: no branch and no
-// data-dependent index, so that the CPU loops vectorize it (the search's
-// compares became branches there, a mispredicted one per step). The CUDA
-// kernel keeps the search: 4 selects against 15 comparisons.
+// 1 / absmax): the number of decision points below x. A value exactly on a
+// decision point takes the lower code; NaN (greater than nothing) gives 0.
+// The definition is the binary search (quantize4_search); the CUDA kernels
+// count from the bucket's start in 2 table reads instead of 4 (quantize4),
+// and the CPU loops by 15 comparisons (quantize4_count), which have no
+// branch and no data-dependent index, so that they vectorize (the search's
+// compares became branches there, a mispredicted one per step).
+GRADKIT_HD uint8_t quantize4_search(const QuantTable4& t, float x) { return count_below(t.midpoints, x); }
+GRADKIT_HD uint8_t quantize4(const QuantTable4& t, float x) { return bucketed_count(t, x); }
 inline uint8_t quantize4_count(const QuantTable4& t, float x) {
   int q = 0;
   for (int i = 0; i < 15; ++i) q += x > t.midpoints[i] ? 1 : 0;

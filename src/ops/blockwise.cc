@@ -3,8 +3,10 @@
 #include "gradkit/ops/blockwise.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/blockwise_math.h"
@@ -53,6 +55,39 @@ std::array<float, N> rounded(const std::vector<double>& values) {
 
 std::array<float, 256> build_code(bool is_signed) { return rounded<256>(dynamic_map(is_signed, 7, 1e-6)); }
 
+// Each bucket's start (backend::bucketed_count): the binary search's count
+// at the bucket's lowest value, checking that its highest lies at most
+// kQuantSpan decision points further (else the encode would stop short: a
+// logic error). Past 1 every decision point lies below a positive x and
+// above a negative one (N - 1 and 0); from 2.0's bucket on (only NaN reaches
+// it: the encode clamps magnitudes there) 0 for both signs. One definition
+// for both forms (QuantTable, QuantTable4), each with its own buckets.
+template <class Table>
+void fill_bucket_starts(Table& t) {
+  using Buckets = typename Table::Buckets;
+  constexpr int kLast = static_cast<int>(std::extent_v<decltype(Table::midpoints)>) - 1;
+  const auto count = [&t](float x) { return static_cast<int>(backend::count_below(t.midpoints, x)); };
+  const uint32_t one = backend::float_bits(1.0f);
+  for (int b = 0; b < Buckets::kCount; ++b) {
+    const uint32_t step = 1u << Buckets::kShift;
+    const uint32_t low = b == 0 ? 0u : Buckets::kLowestBits + static_cast<uint32_t>(b) * step;
+    const uint32_t high = std::min(Buckets::kLowestBits + static_cast<uint32_t>(b + 1) * step - 1, one);
+    if (low > one) {
+      t.start[b] = low < backend::kQuantNanBits ? kLast : 0;
+      t.start[Buckets::kCount + b] = 0;
+      continue;
+    }
+    const float small = backend::bits_float(low), large = backend::bits_float(high);
+    const int positive = count(small), negative = count(-large);
+    if (count(large) - positive > backend::kQuantSpan || count(-small) - negative > backend::kQuantSpan) {
+      throw Error(ErrorCode::invalid_argument, "quant_code: a search bucket holds more than kQuantSpan decision "
+                                               "points (the table's buckets are too coarse for it)");
+    }
+    t.start[b] = static_cast<uint8_t>(positive);
+    t.start[Buckets::kCount + b] = static_cast<uint8_t>(negative);
+  }
+}
+
 // The 4-bit tables (Li et al. 2023): the signed dynamic map with 3 decimal
 // exponents (first moments); the unsigned one without zero, "DE-0" (second
 // moments): 2 + 4 + 8 values over 3 decades, then 1, with code 0 taking the
@@ -71,37 +106,8 @@ backend::QuantTable4 build_table4(const std::array<float, 16>& code) {
     t.midpoints[i] = static_cast<float>((static_cast<double>(code[i]) + static_cast<double>(code[i + 1])) / 2);
   }
   t.midpoints[15] = std::numeric_limits<float>::infinity();
+  fill_bucket_starts(t);
   return t;
-}
-
-// Each bucket's start (backend::quantize): the binary search's count at the
-// bucket's lowest value, checking that its highest lies at most kQuantSpan
-// decision points further (else quantize would stop short: a logic error).
-// Past 1 every decision point lies below a positive x and above a negative
-// one (255 and 0); from 2.0's bucket on (only NaN reaches it: quantize
-// clamps magnitudes there) 0 for both signs.
-void fill_bucket_starts(backend::QuantTable& t) {
-  using backend::kQuantBuckets;
-  const uint32_t one = backend::float_bits(1.0f);
-  for (int b = 0; b < kQuantBuckets; ++b) {
-    const uint32_t step = 1u << (23 - backend::kQuantMantissaBits);
-    const uint32_t low = b == 0 ? 0u : backend::kQuantLowestBits + static_cast<uint32_t>(b) * step;
-    const uint32_t high = std::min(backend::kQuantLowestBits + static_cast<uint32_t>(b + 1) * step - 1, one);
-    if (low > one) {
-      t.start[b] = low < backend::kQuantNanBits ? 255 : 0;
-      t.start[kQuantBuckets + b] = 0;
-      continue;
-    }
-    const float small = backend::bits_float(low), large = backend::bits_float(high);
-    const int positive = backend::quantize_search(t, small), negative = backend::quantize_search(t, -large);
-    if (backend::quantize_search(t, large) - positive > backend::kQuantSpan ||
-        backend::quantize_search(t, -small) - negative > backend::kQuantSpan) {
-      throw Error(ErrorCode::invalid_argument, "quant_code: a search bucket holds more than kQuantSpan decision "
-                                               "points (kQuantMantissaBits is too small for the table)");
-    }
-    t.start[b] = static_cast<uint8_t>(positive);
-    t.start[kQuantBuckets + b] = static_cast<uint8_t>(negative);
-  }
 }
 
 // `positive_floor`: the unsigned map's rule (backend::QuantTable): its
