@@ -3,7 +3,7 @@
 // away from zero (in the magnitude); the remainder is the master's bit
 // pattern minus the weight's (shifted up 16 bits), a signed 16-bit integer in
 // [-32768, 32767]. Together they give the master back bit for bit, for every
-// value but NaN (docs/ops.md, "the remainder master").
+// value but NaN, which stays a NaN (docs/ops.md, "the remainder master").
 //
 // Why ties away from zero, not to even: a bf16 weight w has 65536 f32 values
 // that round to it under this rule (low halves 0x8000 below to 0x7fff above),
@@ -49,12 +49,16 @@ GRADKIT_HD void split_master(float master, uint16_t& weight, int16_t& remainder)
   remainder = static_cast<int16_t>(static_cast<uint16_t>(bits - (static_cast<uint32_t>(weight) << 16)));
 }
 
-// The master from its weight and remainder: the inverse of split_master
-// (a NaN weight gives a NaN, quiet, with the remainder as its low bits).
+// The master from its weight and remainder: the inverse of split_master.
+// One integer add, with no rule for NaN: a NaN weight (its exponent all
+// ones, its fraction at least the quiet bit when split_master wrote it, and
+// nonzero in any case) plus any remainder in [-32768, 32767] keeps its
+// exponent and a nonzero fraction, so it joins to a NaN (not always quiet:
+// a negative remainder may clear the quiet bit; the next split quiets it
+// again). An Inf weight with a negative remainder gives the finite master it
+// was split from.
 GRADKIT_HD float join_master(uint16_t weight, int16_t remainder) {
-  const uint32_t high = static_cast<uint32_t>(weight) << 16;
-  const bool nan = (weight & 0x7fffu) > 0x7f80u;
-  return bits_float(nan ? high | static_cast<uint16_t>(remainder) : high + static_cast<uint32_t>(static_cast<int32_t>(remainder)));
+  return bits_float((static_cast<uint32_t>(weight) << 16) + static_cast<uint32_t>(static_cast<int32_t>(remainder)));
 }
 
 }  // namespace gradkit::backend
