@@ -269,9 +269,28 @@ def test_lightning_configure_optimizers(tmp_path, clip):
 
 # -- accelerate --------------------------------------------------------------------------------
 
+@pytest.fixture
+def fresh_accelerator_state():
+    """accelerate keeps one AcceleratorState per process, and Trainer builds an Accelerator
+    too: on a GPU machine the offloaded Trainer test's took the GPU, and Accelerator(cpu=True)
+    then refuses to change it ("AcceleratorState has already been initialized"). A script
+    has one accelerator; each test here starts from none, as accelerate's own tests do
+    (AccelerateTestCase resets the state so between tests)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    def reset():
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+    reset()
+    yield
+    reset()
+
+
 @pytest.mark.parametrize("accumulate", [1, 2], ids=["every_batch", "accumulate_2"])
-def test_accelerate_prepare(tmp_path, accumulate):
+def test_accelerate_prepare(tmp_path, accumulate, request):
     accelerate = pytest.importorskip("accelerate")
+    request.getfixturevalue("fresh_accelerator_state")  # after the skip: the fixture imports accelerate
 
     def train(batches, save=None, load=None):
         """`batches` batches of an epoch (those before `load`'s state skipped)."""
