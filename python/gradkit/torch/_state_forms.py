@@ -217,13 +217,11 @@ class StateForm:
         n, device = shard.numel(), shard.device
         out = []
         for name in names:
-            if bits == 4:
-                out.append((name, gradkit.quant4_bytes(n), torch.uint8, device, None))
-                out.append((absmax4_name(name), gradkit.quant4_blocks(n), torch.float32, device, None))
-            elif bits == 8:
-                if plain:
-                    out.append((name, n, torch.uint8, device, p.shape))
-                out.append((absmax_name(name), gradkit.quant_blocks(n), torch.float32, device, None))
+            if bits in (4, 8):
+                codes, blocks = _low_bit_numels(n, bits)
+                if bits == 4 or plain:
+                    out.append((name, codes, torch.uint8, device, None if bits == 4 else p.shape))
+                out.append((absmax4_name(name) if bits == 4 else absmax_name(name), blocks, torch.float32, device, None))
         if plain and self.master_key(p) == "weight_remainder":
             out.append(("weight_remainder", n, torch.int16, device, p.shape))
         return out
@@ -311,20 +309,28 @@ class StateForm:
         return is_dtensor(p) and (self.quantized(p) or self.master_key(p) == "weight_remainder")
 
 
+def _low_bit_numels(n, bits):
+    """(codes, absmax) element counts of one moment of n elements in the 8- or 4-bit form:
+    8-bit codes one a byte, 4-bit two a byte; one float32 absmax a block (a DTensor's local
+    shard has blocks of its own, starting where the shard starts)."""
+    if bits == 4:
+        return gradkit.quant4_bytes(n), gradkit.quant4_blocks(n)
+    return n, gradkit.quant_blocks(n)
+
+
 def _new_absmax(p):
-    """Zero absmax for p's 8-bit blocks: a DTensor's local shard has blocks of its own
-    (they start where the shard starts), so the absmax is a plain tensor of this rank's."""
+    """Zero absmax for p's 8-bit blocks, a plain tensor (of this rank's shard for a DTensor)."""
     shard = local(p)
-    return torch.zeros(gradkit.quant_blocks(shard.numel()), dtype=torch.float32, device=shard.device)
+    return torch.zeros(_low_bit_numels(shard.numel(), 8)[1], dtype=torch.float32, device=shard.device)
 
 
 def _new_4bit(p):
     """Zero 4-bit codes (flat, two a byte) and absmax for p, plain tensors (for a
-    DTensor, of the local shard: its blocks start where the shard starts)."""
+    DTensor, of the local shard)."""
     shard = local(p)
-    n = shard.numel()
-    return (torch.zeros(gradkit.quant4_bytes(n), dtype=torch.uint8, device=shard.device),
-            torch.zeros(gradkit.quant4_blocks(n), dtype=torch.float32, device=shard.device))
+    codes, blocks = _low_bit_numels(shard.numel(), 4)
+    return (torch.zeros(codes, dtype=torch.uint8, device=shard.device),
+            torch.zeros(blocks, dtype=torch.float32, device=shard.device))
 
 
 class _ZeroArena:
