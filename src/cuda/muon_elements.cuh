@@ -19,8 +19,18 @@ using bf16 = __nv_bfloat16;
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// Elements per thread whose loads are in flight together.
+// Elements per thread whose loads are in flight together (the passes with a
+// running sum, whose order is fixed).
 constexpr int kInFlight = 4;
+
+// The passes without a sum go in groups of kGroup consecutive elements, one
+// vector load or store of each tensor a group where every address allows it
+// (8 bf16 values are 16 bytes; an f32 tensor takes two), kUnroll groups per
+// thread in flight (cuda/multi_tensor.cuh, for_each_group), as the other
+// element kernels do. One element at a time, the GPT-2 list's update ran at
+// about 60% of copy bandwidth (bench/RESULTS.md, 2026-11-27).
+constexpr int kGroup = 8;
+constexpr int kUnroll = 2;
 
 // Runs use(i, load(i)) for the chunk's elements i = threadIdx.x, +blockDim.x,
 // ... in that order, each thread's next kInFlight loads issued before any of
@@ -49,6 +59,9 @@ __device__ __forceinline__ void for_each_element(int32_t length, Load&& load, Us
 // (x null) to the rows' places in the exchange buffer, the plan's list 3.
 template <class P, class G, class M>
 struct MomentumOp {
+  // Two blocks a multiprocessor (64 registers): the vector groups' registers
+  // would otherwise leave room for one.
+  static constexpr int kMinBlocks = 2;
   const MuonHyperparameters* hyper;  // the group's entry of the plan's table (on the device)
   int64_t rows, cols;
   bf16* x;          // the batch's matrices, one after another (or null: list 3)
@@ -66,7 +79,48 @@ struct MomentumOp {
     using NM = cuda::native_t<M>;
     const NG* grad = plan.tensor<NG>(1, chunk);
     NM* buffer = plan.tensor<NM>(2, chunk);
-    bf16* out = x != nullptr ? x + chunk.tensor * elements + chunk.begin : plan.tensor<bf16>(3, chunk);
+    // One element's pass: the buffer stored, and the Newton-Schulz input (bf16).
+    const auto element = [&](NG grad_in, NM& buffer_in_out) {
+      const float g = __fdiv_rn(cuda::to_compute<float>(grad_in), scale);
+      const NM stored = cuda::from_compute<NM>(muon_momentum(g, cuda::to_compute<float>(buffer_in_out), c));
+      buffer_in_out = stored;
+      const float s = cuda::to_compute<float>(stored);
+      const float u = c.nesterov ? cuda::to_compute<float>(cuda::from_compute<NG>(muon_nesterov(g, s, c))) : s;
+      return __float2bfloat16_rn(u);
+    };
+    if (x == nullptr) {
+      // The rows to the exchange buffer: no sum, so the elements may go in
+      // vector groups (the order of the sums below is the assembly's too).
+      bf16* out = plan.tensor<bf16>(3, chunk);
+      const bool vectorized = cuda::vector_aligned<kGroup>(grad) && cuda::vector_aligned<kGroup>(buffer) &&
+                              cuda::vector_aligned<kGroup>(out);
+      cuda::for_each_group<kGroup, kUnroll>(
+          chunk.length, vectorized,
+          [&]<int U>(int i, int stride, bool vec) {
+            NG gr[U][kGroup];
+            NM br[U][kGroup];
+            bf16 xr[U][kGroup];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+              cuda::load<kGroup>(gr[u], grad + i + u * stride, vec);
+              cuda::load<kGroup>(br[u], buffer + i + u * stride, vec);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+              for (int k = 0; k < kGroup; ++k) xr[u][k] = element(gr[u][k], br[u][k]);
+              cuda::store<kGroup>(buffer + i + u * stride, br[u], vec);
+              cuda::store<kGroup>(out + i + u * stride, xr[u], vec);
+            }
+          },
+          [&](int j) {
+            NM b = buffer[j];
+            out[j] = element(grad[j], b);
+            buffer[j] = b;
+          });
+      return;
+    }
+    bf16* out = x + chunk.tensor * elements + chunk.begin;
     float sum = 0.0f;
     struct Loaded {
       NG grad;
@@ -75,17 +129,13 @@ struct MomentumOp {
     for_each_element(
         chunk.length, [&](int32_t i) { return Loaded{grad[i], buffer[i]}; },
         [&](int32_t i, const Loaded& in) {
-          const float g = __fdiv_rn(cuda::to_compute<float>(in.grad), scale);
-          const NM stored = cuda::from_compute<NM>(muon_momentum(g, cuda::to_compute<float>(in.buffer), c));
-          buffer[i] = stored;
-          const float s = cuda::to_compute<float>(stored);
-          const float u = c.nesterov ? cuda::to_compute<float>(cuda::from_compute<NG>(muon_nesterov(g, s, c))) : s;
-          const bf16 xb = __float2bfloat16_rn(u);
+          NM b = in.buffer;
+          const bf16 xb = element(in.grad, b);
+          buffer[i] = b;
           out[i] = xb;
           const float xf = __bfloat162float(xb);
           sum = __fadd_rn(sum, __fmul_rn(xf, xf));
         });
-    if (x == nullptr) return;
     sum = cuda::block_reduce(sum, cuda::Plus{});
     if (threadIdx.x == 0) partials[blockIdx.x] = sum;
   }
@@ -174,9 +224,21 @@ struct NormaliseOp {
     for (int64_t k = first; k < last; ++k) sum += partials[k];
     const float divisor = muon_divisor(sum, hyper->eps, round_bf16);
     bf16* out = x + chunk.tensor * elements + chunk.begin;
-    for_each_element(
-        chunk.length, [&](int32_t i) { return out[i]; },
-        [&](int32_t i, bf16 v) { out[i] = __float2bfloat16_rn(__fdiv_rn(__bfloat162float(v), divisor)); });
+    const auto divided = [divisor](bf16 v) { return __float2bfloat16_rn(__fdiv_rn(__bfloat162float(v), divisor)); };
+    cuda::for_each_group<kGroup, kUnroll>(
+        chunk.length, cuda::vector_aligned<kGroup>(out),
+        [&]<int U>(int i, int stride, bool vec) {
+          bf16 v[U][kGroup];
+#pragma unroll
+          for (int u = 0; u < U; ++u) cuda::load<kGroup>(v[u], out + i + u * stride, vec);
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int k = 0; k < kGroup; ++k) v[u][k] = divided(v[u][k]);
+            cuda::store<kGroup>(out + i + u * stride, v[u], vec);
+          }
+        },
+        [&](int j) { out[j] = divided(out[j]); });
   }
 };
 
@@ -198,16 +260,27 @@ struct WeightOp {
     const bf16* o = orthogonal != nullptr ? orthogonal + chunk.tensor * elements + chunk.begin
                                           : plan.tensor<const bf16>(3, chunk);
     const auto round_weight = [](float v) { return cuda::to_compute<float>(cuda::from_compute<NP>(v)); };
-    struct Loaded {
-      NP param;
-      bf16 o;
+    const auto updated = [&](NP w, bf16 u) {
+      return cuda::from_compute<NP>(muon_weight(cuda::to_compute<float>(w), __bfloat162float(u), c, round_weight));
     };
-    for_each_element(
-        chunk.length, [&](int32_t i) { return Loaded{param[i], o[i]}; },
-        [&](int32_t i, const Loaded& in) {
-          param[i] = cuda::from_compute<NP>(
-              muon_weight(cuda::to_compute<float>(in.param), __bfloat162float(in.o), c, round_weight));
-        });
+    cuda::for_each_group<kGroup, kUnroll>(
+        chunk.length, cuda::vector_aligned<kGroup>(param) && cuda::vector_aligned<kGroup>(o),
+        [&]<int U>(int i, int stride, bool vec) {
+          NP pr[U][kGroup];
+          bf16 orr[U][kGroup];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            cuda::load<kGroup>(pr[u], param + i + u * stride, vec);
+            cuda::load<kGroup>(orr[u], o + i + u * stride, vec);
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int k = 0; k < kGroup; ++k) pr[u][k] = updated(pr[u][k], orr[u][k]);
+            cuda::store<kGroup>(param + i + u * stride, pr[u], vec);
+          }
+        },
+        [&](int j) { param[j] = updated(param[j], o[j]); });
   }
 };
 
