@@ -19,40 +19,36 @@ using bf16 = __nv_bfloat16;
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// Elements per thread whose loads are in flight together (the passes with a
-// running sum, whose order is fixed).
-constexpr int kInFlight = 4;
-
-// The passes without a sum go in groups of kGroup consecutive elements, one
+// Each pass goes in groups of kGroup consecutive elements a thread, one
 // vector load or store of each tensor a group where every address allows it
 // (8 bf16 values are 16 bytes; an f32 tensor takes two), kUnroll groups per
 // thread in flight (cuda/multi_tensor.cuh, for_each_group), as the other
-// element kernels do. One element at a time, the GPT-2 list's update ran at
-// about 60% of copy bandwidth (bench/RESULTS.md, 2026-11-27).
+// element kernels do. One element at a time (four in flight), the GPT-2
+// list's momentum and update ran at about 60% of copy bandwidth
+// (bench/RESULTS.md, 2026-11-27).
 constexpr int kGroup = 8;
 constexpr int kUnroll = 2;
 
-// Runs use(i, load(i)) for the chunk's elements i = threadIdx.x, +blockDim.x,
-// ... in that order, each thread's next kInFlight loads issued before any of
-// their uses. The kernels' pointers may alias (nothing says otherwise), so
-// the compiler cannot hoist a load above the previous element's store by
-// itself; one element at a time leaves too few loads in flight to reach the
-// memory's bandwidth. Each thread still meets its elements in the order of
-// the plain strided loop, so its running sums (the norms) are the same bits.
-template <class Load, class Use>
-__device__ __forceinline__ void for_each_element(int32_t length, Load&& load, Use&& use) {
-  using Loaded = decltype(load(int32_t{0}));
-  const int32_t step = static_cast<int32_t>(blockDim.x);
-  int32_t i = static_cast<int32_t>(threadIdx.x);
-  for (; i + (kInFlight - 1) * step < length; i += kInFlight * step) {
-    Loaded v[kInFlight];
-#pragma unroll
-    for (int k = 0; k < kInFlight; ++k) v[k] = load(i + k * step);
-#pragma unroll
-    for (int k = 0; k < kInFlight; ++k) use(i + k * step, v[k]);
+// A chunk's sum of the squares of its bf16 values: each thread adds its
+// values in the order for_each_group gives them, then the block's tree,
+// written as the chunk's partial. The momentum pass and the sharded plan's
+// assembly add the same values in the same groups, chunks and threads, so
+// a matrix's norm is the same bits either way.
+struct SumOfSquares {
+  float sum = 0.0f;
+  __device__ __forceinline__ void add(bf16 v) {
+    const float f = __bfloat162float(v);
+    sum = __fadd_rn(sum, __fmul_rn(f, f));
   }
-  for (; i < length; i += step) use(i, load(i));
-}
+  __device__ __forceinline__ void add(const bf16 (&v)[kGroup]) {
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) add(v[k]);
+  }
+  __device__ __forceinline__ void write(float* partials) {
+    const float total = cuda::block_reduce(sum, cuda::Plus{});
+    if (threadIdx.x == 0) partials[blockIdx.x] = total;
+  }
+};
 
 // The momentum pass: the buffers, and the Newton-Schulz input rounded to
 // bf16, to the batch's matrices with each chunk's sum of squares, or
@@ -88,56 +84,41 @@ struct MomentumOp {
       const float u = c.nesterov ? cuda::to_compute<float>(cuda::from_compute<NG>(muon_nesterov(g, s, c))) : s;
       return __float2bfloat16_rn(u);
     };
-    if (x == nullptr) {
-      // The rows to the exchange buffer: no sum, so the elements may go in
-      // vector groups (the order of the sums below is the assembly's too).
-      bf16* out = plan.tensor<bf16>(3, chunk);
-      const bool vectorized = cuda::vector_aligned<kGroup>(grad) && cuda::vector_aligned<kGroup>(buffer) &&
-                              cuda::vector_aligned<kGroup>(out);
-      cuda::for_each_group<kGroup, kUnroll>(
-          chunk.length, vectorized,
-          [&]<int U>(int i, int stride, bool vec) {
-            NG gr[U][kGroup];
-            NM br[U][kGroup];
-            bf16 xr[U][kGroup];
+    // To the batch's matrices with the chunk's sum of squares, or (x null)
+    // to the rows' places in the exchange buffer (no sum).
+    bf16* out = x != nullptr ? x + chunk.tensor * elements + chunk.begin : plan.tensor<bf16>(3, chunk);
+    const bool vectorized =
+        cuda::vector_aligned<kGroup>(grad) && cuda::vector_aligned<kGroup>(buffer) && cuda::vector_aligned<kGroup>(out);
+    SumOfSquares sum;
+    cuda::for_each_group<kGroup, kUnroll>(
+        chunk.length, vectorized,
+        [&]<int U>(int i, int stride, bool vec) {
+          NG gr[U][kGroup];
+          NM br[U][kGroup];
+          bf16 xr[U][kGroup];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-              cuda::load<kGroup>(gr[u], grad + i + u * stride, vec);
-              cuda::load<kGroup>(br[u], buffer + i + u * stride, vec);
-            }
+          for (int u = 0; u < U; ++u) {
+            cuda::load<kGroup>(gr[u], grad + i + u * stride, vec);
+            cuda::load<kGroup>(br[u], buffer + i + u * stride, vec);
+          }
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
+          for (int u = 0; u < U; ++u) {
 #pragma unroll
-              for (int k = 0; k < kGroup; ++k) xr[u][k] = element(gr[u][k], br[u][k]);
-              cuda::store<kGroup>(buffer + i + u * stride, br[u], vec);
-              cuda::store<kGroup>(out + i + u * stride, xr[u], vec);
-            }
-          },
-          [&](int j) {
-            NM b = buffer[j];
-            out[j] = element(grad[j], b);
-            buffer[j] = b;
-          });
-      return;
-    }
-    bf16* out = x + chunk.tensor * elements + chunk.begin;
-    float sum = 0.0f;
-    struct Loaded {
-      NG grad;
-      NM buffer;
-    };
-    for_each_element(
-        chunk.length, [&](int32_t i) { return Loaded{grad[i], buffer[i]}; },
-        [&](int32_t i, const Loaded& in) {
-          NM b = in.buffer;
-          const bf16 xb = element(in.grad, b);
-          buffer[i] = b;
-          out[i] = xb;
-          const float xf = __bfloat162float(xb);
-          sum = __fadd_rn(sum, __fmul_rn(xf, xf));
+            for (int k = 0; k < kGroup; ++k) xr[u][k] = element(gr[u][k], br[u][k]);
+            cuda::store<kGroup>(buffer + i + u * stride, br[u], vec);
+            cuda::store<kGroup>(out + i + u * stride, xr[u], vec);
+            if (x != nullptr) sum.add(xr[u]);
+          }
+        },
+        [&](int j) {
+          NM b = buffer[j];
+          const bf16 xb = element(grad[j], b);
+          buffer[j] = b;
+          out[j] = xb;
+          if (x != nullptr) sum.add(xb);
         });
-    sum = cuda::block_reduce(sum, cuda::Plus{});
-    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+    if (x == nullptr) return;
+    sum.write(partials);
   }
 };
 
@@ -165,22 +146,35 @@ struct AssembleOp {
     if (found_inf != nullptr && *found_inf) return;
     const MuonPiece* p = pieces + static_cast<int64_t>(chunk.tensor) * ranks;
     bf16* out = x + chunk.tensor * elements + chunk.begin;
-    float sum = 0.0f;
-    int32_t s = 0;  // the loads meet the elements in order, so the piece only moves on
-    for_each_element(
-        chunk.length,
-        [&](int32_t i) {
-          const int64_t e = chunk.begin + i;
-          s = next_piece(p, ranks, s, e);
-          return exchange[p[s].at + e - p[s].first];
+    SumOfSquares sum;
+    int32_t s = 0;  // a thread meets its elements in order, so the piece only moves on
+    const auto gather = [&](int64_t e) {
+      s = next_piece(p, ranks, s, e);
+      return exchange[p[s].at + e - p[s].first];
+    };
+    // The momentum pass's groups and order (a piece may begin anywhere, so
+    // the loads are one element each; the stores are vectors).
+    cuda::for_each_group<kGroup, kUnroll>(
+        chunk.length, cuda::vector_aligned<kGroup>(out),
+        [&]<int U>(int i, int stride, bool vec) {
+          bf16 v[U][kGroup];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int k = 0; k < kGroup; ++k) v[u][k] = gather(chunk.begin + i + u * stride + k);
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            cuda::store<kGroup>(out + i + u * stride, v[u], vec);
+            sum.add(v[u]);
+          }
         },
-        [&](int32_t i, bf16 xb) {
-          out[i] = xb;
-          const float xf = __bfloat162float(xb);
-          sum = __fadd_rn(sum, __fmul_rn(xf, xf));
+        [&](int j) {
+          const bf16 xb = gather(chunk.begin + j);
+          out[j] = xb;
+          sum.add(xb);
         });
-    sum = cuda::block_reduce(sum, cuda::Plus{});
-    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+    sum.write(partials);
   }
 };
 
@@ -197,14 +191,24 @@ struct DisperseOp {
     if (found_inf != nullptr && *found_inf) return;
     const MuonPiece* p = pieces + static_cast<int64_t>(chunk.tensor) * ranks;
     const bf16* in = result + chunk.tensor * elements + chunk.begin;
-    int32_t s = 0;
-    for_each_element(
-        chunk.length, [&](int32_t i) { return in[i]; },
-        [&](int32_t i, bf16 value) {
-          const int64_t e = chunk.begin + i;
-          s = next_piece(p, ranks, s, e);
-          exchange[p[s].at + e - p[s].first] = value;
-        });
+    int32_t s = 0;  // a thread meets its elements in order, so the piece only moves on
+    const auto scatter = [&](int64_t e, bf16 value) {
+      s = next_piece(p, ranks, s, e);
+      exchange[p[s].at + e - p[s].first] = value;
+    };
+    cuda::for_each_group<kGroup, kUnroll>(
+        chunk.length, cuda::vector_aligned<kGroup>(in),
+        [&]<int U>(int i, int stride, bool vec) {
+          bf16 v[U][kGroup];
+#pragma unroll
+          for (int u = 0; u < U; ++u) cuda::load<kGroup>(v[u], in + i + u * stride, vec);
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int k = 0; k < kGroup; ++k) scatter(chunk.begin + i + u * stride + k, v[u][k]);
+          }
+        },
+        [&](int j) { scatter(chunk.begin + j, in[j]); });
   }
 };
 
