@@ -41,20 +41,7 @@ struct CheckPass {
       partial = norm_accumulate(partial, static_cast<double>(raw) * inv_scale, type);
       if (write) value = cuda::from_compute<G>(raw * inv_scale_f);
     };
-    cuda::for_each_group<N, 2>(
-        chunk.length, vectorized,
-        [&]<int U>(int i, int stride, bool vec) {
-          G r[U][N];
-#pragma unroll
-          for (int u = 0; u < U; ++u) cuda::load<N>(r[u], g + i + u * stride, vec);
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-#pragma unroll
-            for (int k = 0; k < N; ++k) visit(r[u][k]);
-            if (write) cuda::store<N>(g + i + u * stride, r[u], vec);
-          }
-        },
-        [&](int j) { visit(g[j]); });
+    cuda::for_each_value<N, 2>(chunk.length, g, vectorized, write, [&](int, G& value) { visit(value); });
     partial = cuda::block_reduce(partial, [type](double a, double b) { return norm_combine(a, b, type); });
     nonfinite = __syncthreads_or(nonfinite);
     if (threadIdx.x == 0) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "gradkit/core/multi_tensor_plan.h"
@@ -176,6 +177,38 @@ __device__ __forceinline__ void for_each_group(int length, bool vectorized, Body
   }
   for (; i < full; i += stride) body.template operator()<1>(i, stride, vectorized);
   for (int j = full + threadIdx.x; j < length; j += blockDim.x) body_tail(j);
+}
+
+// for_each_group over one tensor: loads each N-element group of p (kUnroll
+// groups in flight a thread), calls f(i, value) on each of its values in
+// element order (i counted from p), and stores the group back when `write`
+// (never for a const p); past the last full group, element by element.
+// What a pass that reads one tensor, and may rewrite it, needs.
+template <int N, int kUnroll, class T, class F>
+__device__ __forceinline__ void for_each_value(int length, T* p, bool vectorized, bool write, F&& f) {
+  using V = std::remove_const_t<T>;
+  for_each_group<N, kUnroll>(
+      length, vectorized,
+      [&]<int U>(int i, int stride, bool vec) {
+        V v[U][N];
+#pragma unroll
+        for (int u = 0; u < U; ++u) load<N>(v[u], p + i + u * stride, vec);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int k = 0; k < N; ++k) f(i + u * stride + k, v[u][k]);
+          if constexpr (!std::is_const_v<T>) {
+            if (write) store<N>(p + i + u * stride, v[u], vec);
+          }
+        }
+      },
+      [&](int j) {
+        V x = p[j];
+        f(j, x);
+        if constexpr (!std::is_const_v<T>) {
+          if (write) p[j] = x;
+        }
+      });
 }
 
 }  // namespace gradkit::cuda

@@ -196,19 +196,8 @@ struct DisperseOp {
       s = next_piece(p, ranks, s, e);
       exchange[p[s].at + e - p[s].first] = value;
     };
-    cuda::for_each_group<kGroup, kUnroll>(
-        chunk.length, cuda::vector_aligned<kGroup>(in),
-        [&]<int U>(int i, int stride, bool vec) {
-          bf16 v[U][kGroup];
-#pragma unroll
-          for (int u = 0; u < U; ++u) cuda::load<kGroup>(v[u], in + i + u * stride, vec);
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-#pragma unroll
-            for (int k = 0; k < kGroup; ++k) scatter(chunk.begin + i + u * stride + k, v[u][k]);
-          }
-        },
-        [&](int j) { scatter(chunk.begin + j, in[j]); });
+    cuda::for_each_value<kGroup, kUnroll>(chunk.length, in, cuda::vector_aligned<kGroup>(in), false,
+                                          [&](int i, bf16 value) { scatter(chunk.begin + i, value); });
   }
 };
 
@@ -229,20 +218,8 @@ struct NormaliseOp {
     const float divisor = muon_divisor(sum, hyper->eps, round_bf16);
     bf16* out = x + chunk.tensor * elements + chunk.begin;
     const auto divided = [divisor](bf16 v) { return __float2bfloat16_rn(__fdiv_rn(__bfloat162float(v), divisor)); };
-    cuda::for_each_group<kGroup, kUnroll>(
-        chunk.length, cuda::vector_aligned<kGroup>(out),
-        [&]<int U>(int i, int stride, bool vec) {
-          bf16 v[U][kGroup];
-#pragma unroll
-          for (int u = 0; u < U; ++u) cuda::load<kGroup>(v[u], out + i + u * stride, vec);
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-#pragma unroll
-            for (int k = 0; k < kGroup; ++k) v[u][k] = divided(v[u][k]);
-            cuda::store<kGroup>(out + i + u * stride, v[u], vec);
-          }
-        },
-        [&](int j) { out[j] = divided(out[j]); });
+    cuda::for_each_value<kGroup, kUnroll>(chunk.length, out, cuda::vector_aligned<kGroup>(out), true,
+                                          [&](int, bf16& v) { v = divided(v); });
   }
 };
 

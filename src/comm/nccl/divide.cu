@@ -47,20 +47,7 @@ struct DivideOp {
   __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& c) const {
     T* data = plan.tensor<T>(0, c);
     const bool vectorized = cuda::vector_aligned<N>(data);
-    cuda::for_each_group<N, 4>(
-        c.length, vectorized,
-        [&]<int U>(int i, int stride, bool vec) {
-          T v[U][N];
-#pragma unroll
-          for (int u = 0; u < U; ++u) cuda::load<N>(v[u], data + i + u * stride, vec);
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-#pragma unroll
-            for (int k = 0; k < N; ++k) v[u][k] = divided(v[u][k], divisor);
-            cuda::store<N>(data + i + u * stride, v[u], vec);
-          }
-        },
-        [&](int j) { data[j] = divided(data[j], divisor); });
+    cuda::for_each_value<N, 4>(c.length, data, vectorized, true, [&](int, T& x) { x = divided(x, divisor); });
   }
 };
 
