@@ -367,8 +367,8 @@ TEST_P(MuonSharded, SetGradsRepointsTheRows) {
 // appear, more than one when more are asked and there are several
 // classes, at most as many as asked, none empty, their FLOPs the plan's.
 // (Here the exchanges go through the host, which waits for the device: a
-// join that waited for nothing would pass; the multi-GPU runs of
-// gpu-check-ranks test the streams' order.)
+// join that waited for nothing would pass. test_muon_sharded_streams runs
+// the exchanges on the caller's stream, where it would not.)
 TEST_P(MuonSharded, BucketsGiveTheSameBits) {
   uint64_t seed = 60;
   for (const Case& c : cases()) {
