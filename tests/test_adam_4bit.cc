@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <limits>
 #include <random>
@@ -71,11 +70,7 @@ TEST(Blockwise4, TablesAreTheirClosedForm) {
 // neighbours, both signs, values past 1 (a rounding of m / absmax), NaN, and
 // a million values spread over every exponent below 2.
 TEST(Blockwise4, EveryEncodeCountsTheDecisionPointsBelowEachValue) {
-  const auto bits_float = [](uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  };
+  using backend::bits_float;
   std::vector<float> x;
   const auto near = [&](uint32_t bits) {
     for (int64_t d = -3; d <= 3; ++d) {
@@ -88,11 +83,7 @@ TEST(Blockwise4, EveryEncodeCountsTheDecisionPointsBelowEachValue) {
   for (uint32_t bits = 0; bits < 0x40000000u; bits += 1u << 17) near(bits);  // every edge up to 6 fraction bits
   const backend::QuantTables4& tables = backend::quant_tables4();
   for (const backend::QuantTable4& t : tables.table) {
-    for (int i = 0; i < 15; ++i) {
-      uint32_t u;
-      std::memcpy(&u, &t.midpoints[i], sizeof u);
-      near(u & 0x7fffffffu);
-    }
+    for (int i = 0; i < 15; ++i) near(backend::magnitude_bits(t.midpoints[i]));
   }
   std::mt19937_64 rng(23);
   std::uniform_int_distribution<uint32_t> any_bits(0, 0x3fffffffu);
