@@ -217,11 +217,15 @@ class StateForm:
         n, device = shard.numel(), shard.device
         out = []
         for name in names:
-            if bits in (4, 8):
-                codes, blocks = _low_bit_numels(n, bits)
-                if bits == 4 or plain:
-                    out.append((name, codes, torch.uint8, device, None if bits == 4 else p.shape))
-                out.append((absmax4_name(name) if bits == 4 else absmax_name(name), blocks, torch.float32, device, None))
+            if bits == 4:
+                codes, blocks = _low_bit_numels(n, 4)
+                out.append((name, codes, torch.uint8, device, None))
+                out.append((absmax4_name(name), blocks, torch.float32, device, None))
+            elif bits == 8:
+                codes, blocks = _low_bit_numels(n, 8)
+                if plain:
+                    out.append((name, codes, torch.uint8, device, p.shape))
+                out.append((absmax_name(name), blocks, torch.float32, device, None))
         if plain and self.master_key(p) == "weight_remainder":
             out.append(("weight_remainder", n, torch.int16, device, p.shape))
         return out
