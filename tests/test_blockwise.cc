@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "backend/blockwise_math.h"
+#include "backend/quant_tables.h"
 #include "gradkit/ops/blockwise.h"
 #include "support/blockwise_reference.h"
 #include "support/device_param.h"
@@ -97,6 +99,32 @@ TEST(QuantCode, EncodingCountsTheDecisionPointsBelowEachValue) {
     const std::vector<double> got = e.codes.read();
     for (size_t i = 0; i < blocks.size(); ++i) {
       ASSERT_EQ(got[i], want[i]) << "x = " << blocks[i] << " (" << (code == QuantCode::signed_dynamic ? "signed" : "unsigned") << ")";
+    }
+  }
+}
+
+// The CUDA kernels' encode of the second moment (bucketed_count_unsigned:
+// the positive buckets only) gives the signed table walk's code and the
+// binary search's for every value of the unsigned table, whose decision
+// points are all at least 0: the same values as above, both signs, -0, NaN
+// of both signs, Inf and values past 1 (a rounding of v / absmax).
+TEST(QuantCode, TheUnsignedEncodeCountsAsTheSignedOne) {
+  const backend::QuantTable& t = backend::quant_tables().table[1];
+  for (int i = 0; i < 255; ++i) ASSERT_GE(t.midpoints[i], 0.0f) << "decision point " << i;
+  std::vector<float> x = {0.0f, -0.0f, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::infinity(), 1.0f, 1.5f, std::nextafter(2.0f, 0.0f)};
+  for (uint32_t bits = 0; bits <= 0x3F800000u; bits += 1u << 15) {
+    for (uint32_t b = bits == 0 ? 0 : bits - 2; b <= bits + 2; ++b) x.push_back(backend::bits_float(b));
+  }
+  std::mt19937_64 rng(12);
+  std::uniform_int_distribution<uint32_t> any_bits(0, 0x3FFFFFFFu);
+  for (int i = 0; i < 1000000; ++i) x.push_back(backend::bits_float(any_bits(rng)));
+  for (float v : {1.0f, -1.0f}) {
+    for (float f : x) {
+      const float y = v * f;
+      const uint32_t want = backend::quantize_search(t, y);
+      ASSERT_EQ(backend::bucketed_count_unsigned(t, y), want) << "x = " << y;
+      ASSERT_EQ(backend::bucketed_count(t, y), want) << "x = " << y;
     }
   }
 }

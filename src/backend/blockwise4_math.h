@@ -43,7 +43,7 @@ struct QuantTables4 {
 // branch and no data-dependent index, so that they vectorize (the search's
 // compares became branches there, a mispredicted one per step).
 GRADKIT_HD uint8_t quantize4_search(const QuantTable4& t, float x) { return count_below(t.midpoints, x); }
-GRADKIT_HD uint8_t quantize4(const QuantTable4& t, float x) { return bucketed_count(t, x); }
+GRADKIT_HD uint8_t quantize4(const QuantTable4& t, float x) { return static_cast<uint8_t>(bucketed_count(t, x)); }
 inline uint8_t quantize4_count(const QuantTable4& t, float x) {
   int q = 0;
   for (int i = 0; i < 15; ++i) q += x > t.midpoints[i] ? 1 : 0;

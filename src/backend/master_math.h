@@ -39,11 +39,17 @@ GRADKIT_HD float bits_float(uint32_t bits) { return bits_as<float>(bits); }
 // largest finite one rounds to Inf, as any conversion to nearest does, and
 // its remainder still holds the master. A NaN master gives a quiet NaN weight
 // (its top 16 bits with the quiet bit set) and its low 16 bits.
+//
+// rounded_weight_bits gives, in its top 16 bits, the weight of a master that
+// is not a NaN (the CUDA kernels take two at a time from there: cuda/
+// master_lanes.cuh).
+GRADKIT_HD uint32_t rounded_weight_bits(uint32_t master_bits) { return master_bits + 0x8000u; }
+
 GRADKIT_HD void split_master(float master, uint16_t& weight, int16_t& remainder) {
   const uint32_t bits = float_bits(master);
   const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
   // Selects, not branches, so that a CPU loop over elements vectorizes.
-  weight = nan ? static_cast<uint16_t>((bits >> 16) | 0x40u) : static_cast<uint16_t>((bits + 0x8000u) >> 16);
+  weight = nan ? static_cast<uint16_t>((bits >> 16) | 0x40u) : static_cast<uint16_t>(rounded_weight_bits(bits) >> 16);
   // The weight's bits end in 16 zeros, so the remainder is the master's low
   // 16 bits in both cases.
   remainder = static_cast<int16_t>(static_cast<uint16_t>(bits - (static_cast<uint32_t>(weight) << 16)));

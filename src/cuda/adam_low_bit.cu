@@ -20,6 +20,7 @@
 #include "cuda/adam_launch.cuh"
 #include "cuda/blockwise_codecs.cuh"
 #include "cuda/blockwise_lanes.cuh"
+#include "cuda/master_lanes.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
@@ -33,7 +34,9 @@ using cuda::NoCopy;
 using cuda::PlanArgs;
 using cuda::kLanes;
 using cuda::kPerLane;
-using cuda::load_lane;
+using cuda::load_bits;
+using cuda::load_lane_f32;
+using cuda::store_bits;
 using cuda::store_lane;
 
 // The update's flags for one chunk: the decay rule fixed at compile time
@@ -136,15 +139,26 @@ struct AdamLowBitOp {
       if constexpr (kRemainder) cuda::prefetch_l2(rem + later);
     };
     cuda::for_each_warp_block(chunk.length, kPrefetchAhead, prefetch, [&](int b, int at, int n) {
-      W wr[kPerLane];
-      G gr[kPerLane];
-      uint8_t mr[kPerLane], vr[kPerLane];
-      int16_t rr[kPerLane];
-      load_lane(wr, w + at, n, vectorized);
-      load_lane(gr, g + at, n, vectorized);
-      Codec::load(mr, qm, at, n, vectorized);
-      Codec::load(vr, qv, at, n, vectorized);
-      if constexpr (kRemainder) load_lane(rr, rem + at, n, vectorized);
+      // The masters in f32 (joined from bf16 weights and remainders, which
+      // stay in their words), the gradients in f32, the codes in their words.
+      float wc[kPerLane], gc[kPerLane];
+      [[maybe_unused]] cuda::Halves weight_bits, remainder_bits;
+      typename Codec::Codes mr, vr;
+      // Every load of the span under one branch, and every store under one
+      // (cuda::split_span): a branch each took 3 or 4 instructions, and
+      // the compiler kept their predicates as bits of a register.
+      cuda::split_span(vectorized && n == kPerLane, [&](bool whole) {
+        if constexpr (kRemainder) {
+          load_bits(weight_bits, w + at, n, whole);
+          load_bits(remainder_bits, rem + at, n, whole);
+        } else {
+          load_lane_f32(wc, w + at, n, whole);
+        }
+        load_lane_f32(gc, g + at, n, whole);
+        cuda::load_codes<Codec>(mr, qm, at, n, whole);
+        cuda::load_codes<Codec>(vr, qv, at, n, whole);
+      });
+      if constexpr (kRemainder) cuda::join_lane(weight_bits, remainder_bits, wc);
       // The lane's quantization block: the warp's (8-bit), or its half's (4-bit).
       const int block = b * (kQuantBlock / Codec::kBlock) + lane / Codec::kLanesPerBlock;
       const bool block_in_chunk = block * Codec::kBlock < chunk.length;  // 4-bit: a short span's second half may not be
@@ -153,9 +167,6 @@ struct AdamLowBitOp {
       float m_new[kPerLane], v_new[kPerLane];
       [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];
       uint32_t amax_m = 0, amax_v = 0;  // bit patterns (absmax_bits_fold)
-      float gc[kPerLane];
-#pragma unroll
-      for (int k = 0; k < kPerLane; ++k) gc[k] = cuda::to_compute<float>(gr[k]);
       // The gradient times the scale's reciprocal (the folded form: one
       // division per thread block, not per element), under a branch uniform
       // across the launch: written per element, the compiler computed the
@@ -166,21 +177,15 @@ struct AdamLowBitOp {
       }
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
-        float wc;
-        if constexpr (kRemainder) wc = join_master(wr[k], rr[k]);
-        else wc = cuda::to_compute<float>(wr[k]);
         float mc = Codec::decode(tables, 0, mr[k], old_m), vc = Codec::decode(tables, 1, vr[k], old_v);
         float unused = 0.0f;
-        adam_element<float, Flags, AdamForm::folded>(wc, gc[k], mc, vc, unused, c, flags);
-        if constexpr (kRemainder) split_master(wc, wr[k], rr[k]);
-        else wr[k] = cuda::from_compute<W>(wc);
-        if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(wc);
+        adam_element<float, Flags, AdamForm::folded>(wc[k], gc[k], mc, vc, unused, c, flags);
+        if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(wc[k]);
         m_new[k] = mc;
         v_new[k] = vc;
-        // Past the block's end (a short last block) a lane folds 0: no branch.
-        amax_m = absmax_bits_fold(amax_m, k < n ? magnitude_bits(mc) : 0u);
-        amax_v = absmax_bits_fold(amax_v, k < n ? magnitude_bits(vc) : 0u);
       }
+      cuda::fold_lane_absmax(amax_m, m_new, n);
+      cuda::fold_lane_absmax(amax_v, v_new, n);
       // The block's absmax in each of its lanes (an integer max: the order
       // of the shuffle tree does not change it; xor offsets below
       // kLanesPerBlock stay within the block's lanes).
@@ -191,16 +196,24 @@ struct AdamLowBitOp {
       }
       const float block_m = bits_float(amax_m), block_v = bits_float(amax_v);
       const float scale_m = quant_scale(block_m), scale_v = quant_scale(block_v);
+      uint32_t mq[kPerLane], vq[kPerLane];
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
-        mr[k] = Codec::encode(tables, 0, exact::mul(m_new[k], scale_m));
-        vr[k] = Codec::encode(tables, 1, exact::mul(v_new[k], scale_v));
+        mq[k] = Codec::encode(tables, 0, exact::mul(m_new[k], scale_m));
+        vq[k] = Codec::encode(tables, 1, exact::mul(v_new[k], scale_v));
       }
-      store_lane(w + at, wr, n, vectorized);
-      Codec::store(qm, at, mr, n, vectorized);
-      Codec::store(qv, at, vr, n, vectorized);
-      if constexpr (kRemainder) store_lane(rem + at, rr, n, vectorized);
-      if constexpr (kCopy) store_lane(copy + at, cr, n, vectorized);
+      if constexpr (kRemainder) cuda::split_lane(wc, weight_bits, remainder_bits);
+      cuda::split_span(vectorized && n == kPerLane, [&](bool whole) {
+        if constexpr (kRemainder) {
+          store_bits(w + at, weight_bits, n, whole);
+          store_bits(rem + at, remainder_bits, n, whole);
+        } else {
+          store_lane(w + at, wc, n, whole);
+        }
+        cuda::store_codes<Codec>(qm, at, mq, n, whole);
+        cuda::store_codes<Codec>(qv, at, vq, n, whole);
+        if constexpr (kCopy) store_lane(copy + at, cr, n, whole);
+      });
       if (lane % Codec::kLanesPerBlock == 0 && block_in_chunk) {
         absmax_m[block] = block_m;
         absmax_v[block] = block_v;

@@ -14,76 +14,60 @@ namespace gradkit::cuda {
 
 using backend::dequantize;
 using backend::dequantize4;
-using backend::nibble;
-using backend::pack_nibbles;
 using backend::QuantTables;
 using backend::QuantTables4;
-using backend::quantize;
-using backend::quantize4;
 
 // The 8-bit form: one 256-element block per warp, one code a byte.
 struct Codec8 {
   using Tables = QuantTables;
+  using Codes = LaneBits<8>;  // a lane's codes
   static constexpr int kBlock = kQuantBlock;
   static constexpr int kLanesPerBlock = kLanes;
   static constexpr int kCodesPerByte = 1;
-  static constexpr int kCodeBytes = kPerLane / kCodesPerByte;  // a lane's codes
+  static constexpr int kCodeBytes = Codes::kBytes;
   template <class Launch>
   static __device__ __forceinline__ const Tables* tables(const Launch& l) { return l.tables; }
-  static __device__ __forceinline__ void load(uint8_t (&codes)[kPerLane], const uint8_t* q, int at, int n, bool vec) {
-    load_lane(codes, q + at, n, vec);
+  static __device__ __forceinline__ float decode(const Tables& t, int moment, uint32_t code, float absmax) {
+    return dequantize(t.table[moment], static_cast<uint8_t>(code), absmax);
   }
-  static __device__ __forceinline__ void store(uint8_t* q, int at, const uint8_t (&codes)[kPerLane], int n, bool vec) {
-    store_lane(q + at, codes, n, vec);
-  }
-  static __device__ __forceinline__ float decode(const Tables& t, int moment, uint8_t code, float absmax) {
-    return dequantize(t.table[moment], code, absmax);
-  }
-  static __device__ __forceinline__ uint8_t encode(const Tables& t, int moment, float x) {
-    return quantize(t.table[moment], x);
+  static __device__ __forceinline__ uint32_t encode(const Tables& t, int moment, float x) {
+    // quantize's code, not narrowed; exp_avg_sq's map (moment 1) is unsigned.
+    return moment == 0 ? backend::bucketed_count(t.table[0], x) : backend::bucketed_count_unsigned(t.table[1], x);
   }
 };
 
 // The 4-bit form: two 128-element blocks per warp (lanes 0-15, 16-31), two
-// codes a byte, so a lane's 8 codes are 4 bytes from byte at / 2.
+// codes a byte (element 2k in the low nibble), so a lane's 8 codes are the
+// word at byte at / 2.
 struct Codec4 {
   using Tables = QuantTables4;
+  using Codes = LaneBits<4>;
   static constexpr int kBlock = kQuant4Block;
   static constexpr int kLanesPerBlock = kBlock / kPerLane;  // 16
   static constexpr int kCodesPerByte = 2;
-  static constexpr int kCodeBytes = kPerLane / kCodesPerByte;
+  static constexpr int kCodeBytes = Codes::kBytes;
   template <class Launch>
   static __device__ __forceinline__ const Tables* tables(const Launch& l) { return l.tables4; }
-  static __device__ __forceinline__ void load(uint8_t (&codes)[kPerLane], const uint8_t* q, int at, int n, bool vec) {
-    uint8_t bytes[kPerLane / 2];
-    const uint8_t* p = q + at / 2;
-    if (vec && n == kPerLane) {
-      cuda::load<kPerLane / 2>(bytes, p, true);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kPerLane / 2; ++k) bytes[k] = 2 * k < n ? p[k] : uint8_t{0};
-    }
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) codes[k] = nibble(bytes[k / 2], k);
+  static __device__ __forceinline__ float decode(const Tables& t, int moment, uint32_t code, float absmax) {
+    return dequantize4(t.table[moment], static_cast<uint8_t>(code), absmax);
   }
-  static __device__ __forceinline__ void store(uint8_t* q, int at, const uint8_t (&codes)[kPerLane], int n, bool vec) {
-    uint8_t bytes[kPerLane / 2];
-#pragma unroll
-    for (int k = 0; k < kPerLane / 2; ++k) bytes[k] = pack_nibbles(codes[2 * k], 2 * k + 1 < n ? codes[2 * k + 1] : 0);
-    uint8_t* p = q + at / 2;
-    if (vec && n == kPerLane) return cuda::store<kPerLane / 2>(p, bytes, true);
-#pragma unroll
-    for (int k = 0; k < kPerLane / 2; ++k) {
-      if (2 * k < n) p[k] = bytes[k];
-    }
-  }
-  static __device__ __forceinline__ float decode(const Tables& t, int moment, uint8_t code, float absmax) {
-    return dequantize4(t.table[moment], code, absmax);
-  }
-  static __device__ __forceinline__ uint8_t encode(const Tables& t, int moment, float x) {
-    return quantize4(t.table[moment], x);
+  static __device__ __forceinline__ uint32_t encode(const Tables& t, int moment, float x) {
+    // quantize4's code, not narrowed; exp_avg_sq's map (moment 1) is unsigned.
+    return moment == 0 ? backend::bucketed_count(t.table[0], x) : backend::bucketed_count_unsigned(t.table[1], x);
   }
 };
+
+// A lane's codes from a tensor's packed codes q (its first element `at`, n
+// valid, `vectorized` as for load_bits), and back from the codes an encode
+// gave.
+template <class Codec>
+__device__ __forceinline__ void load_codes(typename Codec::Codes& codes, const uint8_t* q, int at, int n, bool vec) {
+  load_bits(codes, q + at / Codec::kCodesPerByte, n, vec);
+}
+template <class Codec>
+__device__ __forceinline__ void store_codes(uint8_t* q, int at, const uint32_t (&codes)[kPerLane], int n, bool vec) {
+  store_bits(q + at / Codec::kCodesPerByte, Codec::Codes::pack(codes), n, vec);
+}
 
 // Asks L2 for the lines of the weights, gradients and both moments' codes of
 // the lane's span from element `at` (the kernels' prefetch ahead).

@@ -80,21 +80,20 @@ struct NormsLowBitOp {
       // The lane's quantization block: the warp's (8-bit), or its half's (4-bit).
       const int b = span * (kQuantBlock / Codec::kBlock) + lane / Codec::kLanesPerBlock;
       const bool block_in_chunk = b * Codec::kBlock < chunk.length;  // 4-bit: a short span's second half may not be
-      float wr[kPerLane];
-      G gr[kPerLane];
-      uint8_t mr[kPerLane], vr[kPerLane];
+      float wr[kPerLane], gr[kPerLane];
+      typename Codec::Codes mr, vr;
       load_lane(wr, w + at, n, vectorized);
-      load_lane(gr, g + at, n, vectorized);
-      Codec::load(mr, qm, at, n, vectorized);
-      Codec::load(vr, qv, at, n, vectorized);
+      cuda::load_lane_f32(gr, g + at, n, vectorized);
+      cuda::load_codes<Codec>(mr, qm, at, n, vectorized);
+      cuda::load_codes<Codec>(vr, qv, at, n, vectorized);
       const float old_m = block_in_chunk ? absmax_m[b] : 0.0f, old_v = block_in_chunk ? absmax_v[b] : 0.0f;
 
       float m_new[kPerLane], v_new[kPerLane];
       float amax_m = 0.0f, amax_v = 0.0f;
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
-        lamb_blockwise_moments(cuda::to_compute<float>(gr[k]), mr[k], vr[k], old_m, old_v, tables, c, m_new[k],
-                               v_new[k]);
+        lamb_blockwise_moments(gr[k], static_cast<uint8_t>(mr[k]), static_cast<uint8_t>(vr[k]), old_m, old_v, tables,
+                               c, m_new[k], v_new[k]);
         if (k < n) {
           amax_m = absmax_fold(amax_m, m_new[k]);
           amax_v = absmax_fold(amax_v, v_new[k]);
@@ -109,7 +108,7 @@ struct NormsLowBitOp {
         amax_v = absmax_fold(amax_v, __shfl_xor_sync(0xffffffffu, amax_v, offset));
       }
       const float scale_m = quant_scale(amax_m), scale_v = quant_scale(amax_v);
-      uint8_t mq[kPerLane], vq[kPerLane];
+      uint32_t mq[kPerLane], vq[kPerLane];
       double w2 = 0, d2 = 0;
       bool lane_finite = true;
 #pragma unroll
@@ -117,7 +116,8 @@ struct NormsLowBitOp {
         mq[k] = Codec::encode(tables, 0, exact::mul(m_new[k], scale_m));
         vq[k] = Codec::encode(tables, 1, exact::mul(v_new[k], scale_v));
         if (k < n) {
-          const float d = lamb_blockwise_direction(wr[k], mq[k], vq[k], amax_m, amax_v, tables, c);
+          const float d = lamb_blockwise_direction(wr[k], static_cast<uint8_t>(mq[k]), static_cast<uint8_t>(vq[k]),
+                                                   amax_m, amax_v, tables, c);
           lane_finite = lane_finite && finite(d);
           w2 += static_cast<double>(wr[k]) * wr[k];
           d2 += static_cast<double>(d) * d;
@@ -130,8 +130,8 @@ struct NormsLowBitOp {
         d2 += __shfl_xor_sync(0xffffffffu, d2, offset);
       }
       if (all_finite) {
-        Codec::store(qm, at, mq, n, vectorized);
-        Codec::store(qv, at, vq, n, vectorized);
+        cuda::store_codes<Codec>(qm, at, mq, n, vectorized);
+        cuda::store_codes<Codec>(qv, at, vq, n, vectorized);
       }
       if (lane % Codec::kLanesPerBlock == 0 && block_in_chunk) {
         if (all_finite) {
@@ -203,12 +203,14 @@ struct UpdateLowBitOp {
         for (int k = 0; k < kPerLane; ++k) w_new[k] = wr[k];
       } else {
         const float block_v = absmax_v[b];
-        uint8_t mr[kPerLane], vr[kPerLane];
-        Codec::load(mr, qm, at, n, vectorized);
-        Codec::load(vr, qv, at, n, vectorized);
+        typename Codec::Codes mr, vr;
+        cuda::load_codes<Codec>(mr, qm, at, n, vectorized);
+        cuda::load_codes<Codec>(vr, qv, at, n, vectorized);
 #pragma unroll
-        for (int k = 0; k < kPerLane; ++k)
-          w_new[k] = lamb_blockwise_update(wr[k], mr[k], vr[k], block_m, block_v, tables, step, c);
+        for (int k = 0; k < kPerLane; ++k) {
+          w_new[k] = lamb_blockwise_update(wr[k], static_cast<uint8_t>(mr[k]), static_cast<uint8_t>(vr[k]), block_m,
+                                           block_v, tables, step, c);
+        }
       }
       float out[kPerLane];
       [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];
