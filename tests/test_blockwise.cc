@@ -107,12 +107,13 @@ TEST(QuantCode, EncodingCountsTheDecisionPointsBelowEachValue) {
 // the positive buckets only) gives the signed table walk's code and the
 // binary search's for every value of the unsigned table, whose decision
 // points are all at least 0: the same values as above, both signs, -0, NaN
-// of both signs, Inf and values past 1 (a rounding of v / absmax).
+// of both signs and values past 1 (a rounding of v / absmax; no value the
+// kernels encode reaches 2, and an Inf absmax scales by 0).
 TEST(QuantCode, TheUnsignedEncodeCountsAsTheSignedOne) {
   const backend::QuantTable& t = backend::quant_tables().table[1];
   for (int i = 0; i < 255; ++i) ASSERT_GE(t.midpoints[i], 0.0f) << "decision point " << i;
   std::vector<float> x = {0.0f, -0.0f, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                          std::numeric_limits<float>::infinity(), 1.0f, 1.5f, std::nextafter(2.0f, 0.0f)};
+                          1.0f, 1.5f, std::nextafter(2.0f, 0.0f)};
   for (uint32_t bits = 0; bits <= 0x3F800000u; bits += 1u << 15) {
     for (uint32_t b = bits == 0 ? 0 : bits - 2; b <= bits + 2; ++b) x.push_back(backend::bits_float(b));
   }
