@@ -73,15 +73,19 @@ struct AdamLowBitOp {
   static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
   static constexpr int kBlockThreads = kEightBit ? 256 : 512;
   static constexpr int kMinBlocks = kEightBit ? 3 : 2;
-  // How many of its blocks ahead a warp asks L2 for (prefetch_l2): one, in
-  // every form. Measured on an H100 over the GPT-2 list: one block ahead took
-  // the 4-bit form from 79% to 81% of copy bandwidth over its floor and the
-  // remainder forms from 66% to 70% (8-bit) and 55% to 63% (4-bit), and two
-  // blocks ahead was slower in every form (bench/RESULTS.md, 2026-11-26, run
-  // 1). The 8-bit form with f32 weights went from 85% to 81% then, at 512 x
-  // 2 and 64 registers; at 256 x 3 and 80 registers it gains: 81.7% to 84.9%
-  // in interleaved rounds (2026-11-27, the prefetch sweep).
-  static constexpr int kPrefetchAhead = 1;
+  // How many of its blocks ahead a warp asks L2 for (prefetch_l2), per
+  // form. Before the codes and halves stayed in their words, one block ahead
+  // helped every form (bench/RESULTS.md, 2026-11-26 and 2026-11-27). With
+  // them (2026-11-28, the prefetch sweep; % of copy over each floor, one
+  // block ahead against none): 8-bit 81.8% against 74.6%, 8-bit remainder
+  // 78.0% against 84.8%, 4-bit 89.7% against 93.9%, 4-bit remainder 84.7%
+  // against 82.8%.
+  static constexpr int kPrefetch8Bit = 1;
+  static constexpr int kPrefetch8BitRemainder = 0;
+  static constexpr int kPrefetch4Bit = 0;
+  static constexpr int kPrefetch4BitRemainder = 1;
+  static constexpr int kPrefetchAhead = kEightBit ? (kRemainder ? kPrefetch8BitRemainder : kPrefetch8Bit)
+                                                  : (kRemainder ? kPrefetch4BitRemainder : kPrefetch4Bit);
   // Two blocks a chunk (cuda/multi_tensor.cuh), each on whole warp spans. In
   // run 3 (another H100 machine, the prefetch as above): 8-bit from 79% to
   // 82%, 4-bit from 81% to 86%; the remainder forms gained nothing (8-bit) or
