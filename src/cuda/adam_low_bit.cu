@@ -73,11 +73,11 @@ struct AdamLowBitOp {
   static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
   static constexpr int kBlockThreads = kEightBit ? 256 : 512;
   static constexpr int kMinBlocks = kEightBit ? 3 : 2;
-  // How many of its blocks ahead a warp asks L2 for (prefetch_l2), per
-  // form. Before the codes and halves stayed in their words, one block ahead
-  // helped every form (bench/RESULTS.md, 2026-11-26 and 2026-11-27). With
-  // them (2026-11-28, the prefetch sweep; % of copy over each floor, one
-  // block ahead against none): 8-bit 81.8% against 74.6%, 8-bit remainder
+  // How many of its blocks ahead a warp asks L2 for (prefetch_l2), per form.
+  // Before the codes and halves stayed in their words, one block ahead helped
+  // every form (bench/RESULTS.md, 2026-11-26 and 2026-11-27). With them
+  // (2026-11-27, third session, the prefetch sweep; % of copy over each floor,
+  // one block ahead against none): 8-bit 81.8% against 74.6%, 8-bit remainder
   // 78.0% against 84.8%, 4-bit 89.7% against 93.9%, 4-bit remainder 84.7%
   // against 82.8%.
   static constexpr int kPrefetch8Bit = 1;
@@ -86,13 +86,16 @@ struct AdamLowBitOp {
   static constexpr int kPrefetch4BitRemainder = 1;
   static constexpr int kPrefetchAhead = kEightBit ? (kRemainder ? kPrefetch8BitRemainder : kPrefetch8Bit)
                                                   : (kRemainder ? kPrefetch4BitRemainder : kPrefetch4Bit);
-  // Two blocks a chunk (cuda/multi_tensor.cuh), each on whole warp spans. In
-  // run 3 (another H100 machine, the prefetch as above): 8-bit from 79% to
-  // 82%, 4-bit from 81% to 86%; the remainder forms gained nothing (8-bit) or
-  // lost 0.5% (4-bit), and four parts were slower than two in every form.
-  // At the present block sizes two parts still cost the remainder forms
-  // (75.0% to 74.4%, 63.8% to 63.6%; 2026-11-27, the prefetch sweep).
-  static constexpr int kChunkParts = kRemainder ? 1 : 2;
+  // Thread blocks per chunk (cuda/multi_tensor.cuh), each on whole warp spans,
+  // per form. Before the words change, two parts helped the forms with f32
+  // weights and cost the remainder forms (bench/RESULTS.md, 2026-11-26 run 3,
+  // 2026-11-27). After it (2026-11-27, third session, the chunk sweep; % of
+  // copy over each floor at 1, 2 and 4 parts, the prefetch as above): 8-bit
+  // 85.8%, 81.5%, 81.4%; 8-bit remainder 84.9% at 1, 81.3% at 4; 4-bit 90.1%,
+  // 94.2%, 95.8%; 4-bit remainder 84.6% at 1, 85.6% at 4.
+  static constexpr int kChunkParts8Bit = 1;
+  static constexpr int kChunkParts4Bit = 4;
+  static constexpr int kChunkParts = kEightBit ? kChunkParts8Bit : kChunkParts4Bit;
   static constexpr int kPartAlign = kQuantBlock;
   AdamLaunch launch;
 
