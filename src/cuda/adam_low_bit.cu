@@ -191,6 +191,23 @@ struct AdamLowBitOp {
         m_new[k] = mc;
         v_new[k] = vc;
       }
+      const auto store_weights = [&](bool whole) {
+        if constexpr (kRemainder) {
+          store_bits(w + at, weight_bits, n, whole);
+          store_bits(rem + at, remainder_bits, n, whole);
+        } else {
+          store_lane(w + at, wc, n, whole);
+        }
+        if constexpr (kCopy) store_lane(copy + at, cr, n, whole);
+      };
+      // The remainder forms' weights leave before the encode, which then
+      // holds 8 registers fewer (they spilled, or reloaded their pointers,
+      // 3 instructions an element more); the others' leave with the codes
+      // (a branch of their own cost them 3 an element).
+      if constexpr (kRemainder) {
+        cuda::split_lane(wc, weight_bits, remainder_bits);
+        cuda::split_span(vectorized && n == kPerLane, store_weights);
+      }
       cuda::fold_lane_absmax(amax_m, m_new, n);
       cuda::fold_lane_absmax(amax_v, v_new, n);
       // The block's absmax in each of its lanes (an integer max: the order
@@ -209,17 +226,10 @@ struct AdamLowBitOp {
         mq[k] = Codec::encode(tables, 0, exact::mul(m_new[k], scale_m));
         vq[k] = Codec::encode(tables, 1, exact::mul(v_new[k], scale_v));
       }
-      if constexpr (kRemainder) cuda::split_lane(wc, weight_bits, remainder_bits);
       cuda::split_span(vectorized && n == kPerLane, [&](bool whole) {
-        if constexpr (kRemainder) {
-          store_bits(w + at, weight_bits, n, whole);
-          store_bits(rem + at, remainder_bits, n, whole);
-        } else {
-          store_lane(w + at, wc, n, whole);
-        }
+        if constexpr (!kRemainder) store_weights(whole);
         cuda::store_codes<Codec>(qm, at, mq, n, whole);
         cuda::store_codes<Codec>(qv, at, vq, n, whole);
-        if constexpr (kCopy) store_lane(copy + at, cr, n, whole);
       });
       if (lane % Codec::kLanesPerBlock == 0 && block_in_chunk) {
         absmax_m[block] = block_m;
