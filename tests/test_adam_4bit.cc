@@ -103,6 +103,24 @@ TEST(Blockwise4, EveryEncodeCountsTheDecisionPointsBelowEachValue) {
   }
 }
 
+// The CUDA kernels decode a code from its byte (dequantize4_byte, through
+// the table of each byte's two values): the same value as dequantize4 of
+// the byte's nibble, for every byte, both halves, both tables.
+TEST(Blockwise4, EveryByteDecodesAsItsNibbles) {
+  const backend::QuantTables4& tables = backend::quant_tables4();
+  for (const backend::QuantTable4& t : tables.table) {
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      for (int h = 0; h < 2; ++h) {
+        for (float absmax : {1.0f, 0.37f, 3.0e-7f}) {
+          const float want = backend::dequantize4(t, backend::nibble(static_cast<uint8_t>(byte), h), absmax);
+          ASSERT_EQ(backend::float_bits(backend::dequantize4_byte(t, byte, h, absmax)), backend::float_bits(want))
+              << "byte " << byte << ", half " << h;
+        }
+      }
+    }
+  }
+}
+
 // Everything one 4-bit step reads and writes, on one device.
 struct Tensors : LowBitTensors {
   Tensors(Device device, const Config& c, uint64_t seed) : LowBitTensors(device, c, seed, 4, kSizes, 2, 1) {}

@@ -21,11 +21,17 @@ using Quant4Buckets = QuantBuckets<3, 12>;
 // neighbours (midpoints[i] between codes i and i + 1, the f64 midpoint
 // rounded to f32 once, on the host; midpoints[15] is +Inf, never passed),
 // and the buckets' starts (positive x, then negative x).
+//
+// pairs[b][h] is codes[nibble(b, h)]: the value of each half of a byte of
+// codes, so that the CUDA kernels decode a code from its byte with one
+// byte permute and one table read (dequantize4_byte), where its nibble took
+// a shift and a mask more.
 struct QuantTable4 {
   using Buckets = Quant4Buckets;
   float codes[16];
   float midpoints[16];
   uint8_t start[2 * Buckets::kCount];
+  float pairs[256][2];
 };
 
 // exp_avg's table (the signed dynamic map) then exp_avg_sq's (the unsigned
@@ -50,7 +56,12 @@ inline uint8_t quantize4_count(const QuantTable4& t, float x) {
   return static_cast<uint8_t>(q);
 }
 
-GRADKIT_HD float dequantize4(const QuantTable4& t, uint8_t q, float absmax) { return exact::mul(t.codes[q], absmax); }
+GRADKIT_HD float dequantize4(const QuantTable4& t, uint32_t q, float absmax) { return exact::mul(t.codes[q], absmax); }
+
+// dequantize4 of half h (0: the low nibble) of a byte of codes.
+GRADKIT_HD float dequantize4_byte(const QuantTable4& t, uint32_t byte, int h, float absmax) {
+  return exact::mul(t.pairs[byte][h], absmax);
+}
 
 // Two codes a byte: element 2k in the low nibble, element 2k + 1 in the high.
 GRADKIT_HD uint8_t nibble(uint8_t byte, int64_t element) {

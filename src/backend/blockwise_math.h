@@ -155,6 +155,8 @@ GRADKIT_HD uint32_t bucketed_count_unsigned(const Table& t, float x) {
 
 GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) { return static_cast<uint8_t>(bucketed_count(t, x)); }
 
-GRADKIT_HD float dequantize(const QuantTable& t, uint8_t q, float absmax) { return exact::mul(t.codes[q], absmax); }
+// q: a code (below 256), in any unsigned width: the CUDA kernels take it
+// from a byte of a word as it is, with no narrowing to mask it again.
+GRADKIT_HD float dequantize(const QuantTable& t, uint32_t q, float absmax) { return exact::mul(t.codes[q], absmax); }
 
 }  // namespace gradkit::backend

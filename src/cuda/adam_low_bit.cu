@@ -185,7 +185,7 @@ struct AdamLowBitOp {
       }
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
-        float mc = Codec::decode(tables, 0, mr[k], old_m), vc = Codec::decode(tables, 1, vr[k], old_v);
+        float mc = Codec::decode(tables, 0, mr, k, old_m), vc = Codec::decode(tables, 1, vr, k, old_v);
         float unused = 0.0f;
         adam_element<float, Flags, AdamForm::folded>(wc[k], gc[k], mc, vc, unused, c, flags);
         if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(wc[k]);

@@ -27,8 +27,9 @@ struct Codec8 {
   static constexpr int kCodeBytes = Codes::kBytes;
   template <class Launch>
   static __device__ __forceinline__ const Tables* tables(const Launch& l) { return l.tables; }
-  static __device__ __forceinline__ float decode(const Tables& t, int moment, uint32_t code, float absmax) {
-    return dequantize(t.table[moment], static_cast<uint8_t>(code), absmax);
+  // Code k of a lane's codes.
+  static __device__ __forceinline__ float decode(const Tables& t, int moment, const Codes& codes, int k, float absmax) {
+    return dequantize(t.table[moment], codes[k], absmax);
   }
   static __device__ __forceinline__ uint32_t encode(const Tables& t, int moment, float x) {
     // quantize's code, not narrowed; exp_avg_sq's map (moment 1) is unsigned.
@@ -42,14 +43,16 @@ struct Codec8 {
 struct Codec4 {
   using Tables = QuantTables4;
   using Codes = LaneBits<4>;
+  static_assert(Codes::kWords == 1, "a lane's codes in one word (decode)");
   static constexpr int kBlock = kQuant4Block;
   static constexpr int kLanesPerBlock = kBlock / kPerLane;  // 16
   static constexpr int kCodesPerByte = 2;
   static constexpr int kCodeBytes = Codes::kBytes;
   template <class Launch>
   static __device__ __forceinline__ const Tables* tables(const Launch& l) { return l.tables4; }
-  static __device__ __forceinline__ float decode(const Tables& t, int moment, uint32_t code, float absmax) {
-    return dequantize4(t.table[moment], static_cast<uint8_t>(code), absmax);
+  // Code k of a lane's codes, from its byte (dequantize4_byte).
+  static __device__ __forceinline__ float decode(const Tables& t, int moment, const Codes& codes, int k, float absmax) {
+    return backend::dequantize4_byte(t.table[moment], __byte_perm(codes.word[0], 0, 0x4440 + k / 2), k % 2, absmax);
   }
   static __device__ __forceinline__ uint32_t encode(const Tables& t, int moment, float x) {
     // quantize4's code, not narrowed; exp_avg_sq's map (moment 1) is unsigned.

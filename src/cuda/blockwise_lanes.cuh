@@ -51,8 +51,11 @@ struct LaneBits {
   static constexpr uint32_t kMask = (1u << kBits) - 1;
   uint32_t word[kWords];
 
-  // Value k, zero-extended.
+  // Value k, zero-extended. A byte by one byte permute (a shift and a mask
+  // otherwise), which the compiler does not see through, so that an index
+  // made of it keeps one multiply-add.
   __device__ __forceinline__ uint32_t operator[](int k) const {
+    if constexpr (kBits == 8) return __byte_perm(word[k / kPerWord], 0, 0x4440 + k % kPerWord);
     return word[k / kPerWord] >> (k % kPerWord * kBits) & kMask;
   }
 

@@ -107,6 +107,9 @@ backend::QuantTable4 build_table4(const std::array<float, 16>& code) {
   }
   t.midpoints[15] = std::numeric_limits<float>::infinity();
   fill_bucket_starts(t);
+  for (int b = 0; b < 256; ++b) {
+    for (int h = 0; h < 2; ++h) t.pairs[b][h] = t.codes[backend::nibble(static_cast<uint8_t>(b), h)];
+  }
   return t;
 }
 
