@@ -152,9 +152,10 @@ struct AdamLowBitOp {
       float wc[kPerLane], gc[kPerLane];
       [[maybe_unused]] cuda::Halves weight_bits, remainder_bits;
       typename Codec::Codes mr, vr;
-      // Every load of the span under one branch, and every store under one
-      // (cuda::split_span): a branch each took 3 or 4 instructions, and
-      // the compiler kept their predicates as bits of a register.
+      // Every load of the span under one branch, and the stores under one
+      // (two for the remainder forms, below; cuda::split_span): a branch
+      // each took 3 or 4 instructions, and the compiler kept their
+      // predicates as bits of a register.
       cuda::split_span(vectorized && n == kPerLane, [&](bool whole) {
         if constexpr (kRemainder) {
           load_bits(weight_bits, w + at, n, whole);
