@@ -120,18 +120,25 @@ GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) { return count_
 // does. The count comes back in 32 bits (below N by the table's
 // construction): the CUDA kernels pack codes from their low bits, so a
 // narrowing here would cost a mask each.
+// The count from start[bucket] and kQuantSpan comparisons: what both
+// bucketed counts share once they have x's bucket.
+template <class Table>
+GRADKIT_HD uint32_t count_from_bucket(const Table& t, int bucket, float x) {
+  int q = t.start[bucket];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < kQuantSpan; ++k) q += x > t.midpoints[q] ? 1 : 0;
+  return static_cast<uint32_t>(q);
+}
+
 template <class Table>
 GRADKIT_HD uint32_t bucketed_count(const Table& t, float x) {
   using Buckets = typename Table::Buckets;
   const uint32_t bits = float_bits(x);
   uint32_t magnitude = bits & 0x7fffffffu;  // -0 is 0
   magnitude = magnitude < kQuantNanBits ? magnitude : kQuantNanBits;
-  int q = t.start[Buckets::of(magnitude) + static_cast<int>(bits >> 31) * Buckets::kCount];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (int k = 0; k < kQuantSpan; ++k) q += x > t.midpoints[q] ? 1 : 0;
-  return static_cast<uint32_t>(q);
+  return count_from_bucket(t, Buckets::of(magnitude) + static_cast<int>(bits >> 31) * Buckets::kCount, x);
 }
 
 // bucketed_count for a table whose decision points are all at least +0 (the
@@ -145,12 +152,7 @@ GRADKIT_HD uint32_t bucketed_count_unsigned(const Table& t, float x) {
   using Buckets = typename Table::Buckets;
   const uint32_t bits = float_bits(x);
   const uint32_t clamped = bits < kQuantNanBits ? bits : kQuantNanBits;
-  int q = t.start[Buckets::of(clamped)];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (int k = 0; k < kQuantSpan; ++k) q += x > t.midpoints[q] ? 1 : 0;
-  return static_cast<uint32_t>(q);
+  return count_from_bucket(t, Buckets::of(clamped), x);
 }
 
 GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) { return static_cast<uint8_t>(bucketed_count(t, x)); }

@@ -52,13 +52,14 @@ inline double lane_strided_sum(const double* values, int64_t count, int64_t stri
   return warp_tree_sum(lanes);
 }
 
-// A code's value in either form.
-GRADKIT_HD float decoded(const QuantTable& t, uint8_t q, float absmax) { return dequantize(t, q, absmax); }
-GRADKIT_HD float decoded(const QuantTable4& t, uint8_t q, float absmax) { return dequantize4(t, q, absmax); }
+// A code's value in either form (q below 256, in any unsigned width, as
+// dequantize takes it: the CUDA kernels pass it as they take it from a word).
+GRADKIT_HD float decoded(const QuantTable& t, uint32_t q, float absmax) { return dequantize(t, q, absmax); }
+GRADKIT_HD float decoded(const QuantTable4& t, uint32_t q, float absmax) { return dequantize4(t, q, absmax); }
 
 // One element's moments after the step, from its codes (pass 1).
 template <class Tables>
-GRADKIT_HD void lamb_blockwise_moments(float g, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
+GRADKIT_HD void lamb_blockwise_moments(float g, uint32_t qm, uint32_t qv, float absmax_m, float absmax_v,
                                        const Tables& t, const LambCoefficients<float>& c, float& m, float& v) {
   m = decoded(t.table[0], qm, absmax_m);
   v = decoded(t.table[1], qv, absmax_v);
@@ -67,7 +68,7 @@ GRADKIT_HD void lamb_blockwise_moments(float g, uint8_t qm, uint8_t qv, float ab
 
 // The direction from the stored codes and the weight.
 template <class Tables>
-GRADKIT_HD float lamb_blockwise_direction(float w, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
+GRADKIT_HD float lamb_blockwise_direction(float w, uint32_t qm, uint32_t qv, float absmax_m, float absmax_v,
                                           const Tables& t, const LambCoefficients<float>& c) {
   return lamb_direction(w, decoded(t.table[0], qm, absmax_m), decoded(t.table[1], qv, absmax_v), c);
 }
@@ -86,7 +87,7 @@ GRADKIT_HD float lamb_blockwise_apply(float w, float step, float d) {
 // The same from the element's codes (the CUDA kernel; the CPU decodes a
 // block into floats first and calls lamb_direction and lamb_blockwise_apply).
 template <class Tables>
-GRADKIT_HD float lamb_blockwise_update(float w, uint8_t qm, uint8_t qv, float absmax_m, float absmax_v,
+GRADKIT_HD float lamb_blockwise_update(float w, uint32_t qm, uint32_t qv, float absmax_m, float absmax_v,
                                        const Tables& t, float step, const LambCoefficients<float>& c) {
   return lamb_blockwise_apply(w, step, lamb_blockwise_direction(w, qm, qv, absmax_m, absmax_v, t, c));
 }

@@ -17,6 +17,15 @@ using backend::dequantize4;
 using backend::QuantTables;
 using backend::QuantTables4;
 
+// The code of x (scaled by its block's 1 / absmax) in either form's tables:
+// quantize's or quantize4's, not narrowed (the kernels pack codes from their
+// low bits); exp_avg_sq's map (moment 1) is unsigned, so its count needs
+// only the positive buckets.
+template <class Tables>
+__device__ __forceinline__ uint32_t encode_moment(const Tables& t, int moment, float x) {
+  return moment == 0 ? backend::bucketed_count(t.table[0], x) : backend::bucketed_count_unsigned(t.table[1], x);
+}
+
 // The 8-bit form: one 256-element block per warp, one code a byte.
 struct Codec8 {
   using Tables = QuantTables;
@@ -32,8 +41,7 @@ struct Codec8 {
     return dequantize(t.table[moment], codes[k], absmax);
   }
   static __device__ __forceinline__ uint32_t encode(const Tables& t, int moment, float x) {
-    // quantize's code, not narrowed; exp_avg_sq's map (moment 1) is unsigned.
-    return moment == 0 ? backend::bucketed_count(t.table[0], x) : backend::bucketed_count_unsigned(t.table[1], x);
+    return encode_moment(t, moment, x);
   }
 };
 
@@ -55,8 +63,7 @@ struct Codec4 {
     return backend::dequantize4_byte(t.table[moment], __byte_perm(codes.word[0], 0, 0x4440 + k / 2), k % 2, absmax);
   }
   static __device__ __forceinline__ uint32_t encode(const Tables& t, int moment, float x) {
-    // quantize4's code, not narrowed; exp_avg_sq's map (moment 1) is unsigned.
-    return moment == 0 ? backend::bucketed_count(t.table[0], x) : backend::bucketed_count_unsigned(t.table[1], x);
+    return encode_moment(t, moment, x);
   }
 };
 

@@ -92,8 +92,7 @@ struct NormsLowBitOp {
       float amax_m = 0.0f, amax_v = 0.0f;
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
-        lamb_blockwise_moments(gr[k], static_cast<uint8_t>(mr[k]), static_cast<uint8_t>(vr[k]), old_m, old_v, tables,
-                               c, m_new[k], v_new[k]);
+        lamb_blockwise_moments(gr[k], mr[k], vr[k], old_m, old_v, tables, c, m_new[k], v_new[k]);
         if (k < n) {
           amax_m = absmax_fold(amax_m, m_new[k]);
           amax_v = absmax_fold(amax_v, v_new[k]);
@@ -116,8 +115,7 @@ struct NormsLowBitOp {
         mq[k] = Codec::encode(tables, 0, exact::mul(m_new[k], scale_m));
         vq[k] = Codec::encode(tables, 1, exact::mul(v_new[k], scale_v));
         if (k < n) {
-          const float d = lamb_blockwise_direction(wr[k], static_cast<uint8_t>(mq[k]), static_cast<uint8_t>(vq[k]),
-                                                   amax_m, amax_v, tables, c);
+          const float d = lamb_blockwise_direction(wr[k], mq[k], vq[k], amax_m, amax_v, tables, c);
           lane_finite = lane_finite && finite(d);
           w2 += static_cast<double>(wr[k]) * wr[k];
           d2 += static_cast<double>(d) * d;
@@ -207,10 +205,8 @@ struct UpdateLowBitOp {
         cuda::load_codes<Codec>(mr, qm, at, n, vectorized);
         cuda::load_codes<Codec>(vr, qv, at, n, vectorized);
 #pragma unroll
-        for (int k = 0; k < kPerLane; ++k) {
-          w_new[k] = lamb_blockwise_update(wr[k], static_cast<uint8_t>(mr[k]), static_cast<uint8_t>(vr[k]), block_m,
-                                           block_v, tables, step, c);
-        }
+        for (int k = 0; k < kPerLane; ++k)
+          w_new[k] = lamb_blockwise_update(wr[k], mr[k], vr[k], block_m, block_v, tables, step, c);
       }
       float out[kPerLane];
       [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];
