@@ -74,15 +74,52 @@ struct RuntimeAdamFlags {
 
 // Which form of the update an element takes. torch: as torch.optim and
 // Transformers order it (below), for every path that has a twin to match.
-// folded: the low-bit moments' paths (8- and 4-bit), which have none: the square
-// root of v's bias correction is folded into the step size and eps, once
-// per step in f64,
-//   w = w - (lr sqrt(bias2) / bias1) * (m / (sqrt(v) + eps sqrt(bias2))),
-// equal to torch's form in exact arithmetic, with one correctly rounded
-// division per element instead of two (on CUDA each is a reciprocal, its
-// refinement, a range check and a slow-path branch). Hugging Face's form
-// is already this one.
+// folded: the low-bit moments' paths (8- and 4-bit), which have none
+// (adam_element_folded).
 enum class AdamForm { torch, folded };
+
+// The low-bit moments' update (AdamForm::folded): the same quantities as
+// the torch form, equal to it in exact arithmetic, in fewer roundings and
+// instructions. The square root of v's bias correction is folded into the
+// step size and eps, once per step in f64,
+//   w = w - (lr sqrt(bias2) / bias1) * (m / (sqrt(v) + eps sqrt(bias2))),
+// with one correctly rounded division per element instead of two (on CUDA
+// each is a reciprocal, its refinement, a range check and a slow-path
+// branch); Hugging Face's form is already this one. Every multiply-add is
+// fused (exact::fma, one rounding, the same bits on both backends): the
+// moments as m + (1 - beta1) * (g - m) (Transformers: m * beta1 + (1 -
+// beta1) * g) and v * beta2 + ((1 - beta2) * g) * g, the L2 term, the step
+// and Hugging Face's decay, three fewer instructions an element on CUDA.
+// No amsgrad: low-bit moments refuse it (gradkit/ops/adam.h). In two
+// halves, so that a kernel may take the square roots between them its own
+// way (cuda/sqrt_lanes.cuh, the same bits): the moments (and the decay
+// applied to w before the step), then the step from sqrt(v).
+template <class C, class Flags>
+GRADKIT_HD void adam_moments_folded(C& w, C g, C& m, C& v, const AdamCoefficients<C>& c, Flags f) {
+  using exact::fma;
+  using exact::mul;
+  const bool hugging_face = f.decay == static_cast<int32_t>(WeightDecay::hugging_face);
+  if (f.maximize) g = exact::neg(g);
+  if (f.decay == static_cast<int32_t>(WeightDecay::l2)) g = fma(c.weight_decay, w, g);
+  if (f.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
+  m = hugging_face ? fma(m, c.beta1, mul(c.one_minus_beta1, g)) : fma(c.one_minus_beta1, exact::sub(g, m), m);
+  v = fma(v, c.beta2, mul(mul(c.one_minus_beta2, g), g));
+}
+
+// root: sqrt(v), correctly rounded.
+template <class C, class Flags>
+GRADKIT_HD void adam_step_folded(C& w, C m, C root, const AdamCoefficients<C>& c, Flags f) {
+  using exact::fma;
+  using exact::neg;
+  w = fma(neg(c.folded_step_size), m / exact::add(root, c.folded_eps), w);
+  if (f.decay == static_cast<int32_t>(WeightDecay::hugging_face)) w = fma(neg(c.decay_after), w, w);
+}
+
+template <class C, class Flags>
+GRADKIT_HD void adam_element_folded(C& w, C g, C& m, C& v, const AdamCoefficients<C>& c, Flags f) {
+  adam_moments_folded(w, g, m, v, c, f);
+  adam_step_folded(w, m, std::sqrt(v), c, f);
+}
 
 // One element: w, m, v (and vmax for amsgrad) updated in place from the
 // unscaled gradient g (already divided by the gradient scale). The order of
@@ -91,30 +128,31 @@ enum class AdamForm { torch, folded };
 // theirs to rounding: the first moment as PyTorch's lerp (m + (1 - beta1) *
 // (g - m)) or as Transformers' m * beta1 + (1 - beta1) * g, and the update
 // as addcdiv (w - step_size * (m / denom)). Every operation is rounded on
-// its own (exact_math.h), so both backends give the same bits.
+// its own (exact_math.h), so both backends give the same bits. Form ==
+// folded runs adam_element_folded (vmax unused).
 template <class C, class Flags, AdamForm Form = AdamForm::torch>
 GRADKIT_HD void adam_element(C& w, C g, C& m, C& v, C& vmax, const AdamCoefficients<C>& c, Flags f) {
-  using exact::add;
-  using exact::mul;
-  using exact::sub;
-  const bool hugging_face = f.decay == static_cast<int32_t>(WeightDecay::hugging_face);
-  if (f.maximize) g = exact::neg(g);
-  if (f.decay == static_cast<int32_t>(WeightDecay::l2)) g = add(g, mul(c.weight_decay, w));
-  if (f.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
-  m = hugging_face ? add(mul(m, c.beta1), mul(c.one_minus_beta1, g)) : add(m, mul(c.one_minus_beta1, sub(g, m)));
-  v = add(mul(v, c.beta2), mul(mul(c.one_minus_beta2, g), g));
-  C second = v;
-  if (f.amsgrad) {
-    vmax = vmax > v ? vmax : v;
-    second = vmax;
-  }
   if constexpr (Form == AdamForm::folded) {
-    w = sub(w, mul(c.folded_step_size, m / add(std::sqrt(second), c.folded_eps)));
+    adam_element_folded(w, g, m, v, c, f);
   } else {
+    using exact::add;
+    using exact::mul;
+    using exact::sub;
+    const bool hugging_face = f.decay == static_cast<int32_t>(WeightDecay::hugging_face);
+    if (f.maximize) g = exact::neg(g);
+    if (f.decay == static_cast<int32_t>(WeightDecay::l2)) g = add(g, mul(c.weight_decay, w));
+    if (f.decay == static_cast<int32_t>(WeightDecay::decoupled)) w = mul(w, c.decay_factor);
+    m = hugging_face ? add(mul(m, c.beta1), mul(c.one_minus_beta1, g)) : add(m, mul(c.one_minus_beta1, sub(g, m)));
+    v = add(mul(v, c.beta2), mul(mul(c.one_minus_beta2, g), g));
+    C second = v;
+    if (f.amsgrad) {
+      vmax = vmax > v ? vmax : v;
+      second = vmax;
+    }
     const C denom = hugging_face ? add(std::sqrt(second), c.eps) : add(std::sqrt(second) / c.bias2_sqrt, c.eps);
     w = sub(w, mul(c.step_size, m / denom));
+    if (hugging_face) w = sub(w, mul(c.decay_after, w));
   }
-  if (hugging_face) w = sub(w, mul(c.decay_after, w));
 }
 
 // The same with the flags read from the coefficients.

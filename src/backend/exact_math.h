@@ -7,6 +7,7 @@
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -31,6 +32,19 @@ GRADKIT_HD float sub(float a, float b) { return a - b; }
 GRADKIT_HD double mul(double a, double b) { return a * b; }
 GRADKIT_HD double add(double a, double b) { return a + b; }
 GRADKIT_HD double sub(double a, double b) { return a - b; }
+#endif
+
+// a * b + c rounded once (IEEE fusedMultiplyAdd): one FFMA on CUDA, std::fma
+// on the host (an FMA instruction in the AVX2 and AVX-512 copies of the CPU
+// kernels, src/cpu/isa.h; libm's correctly rounded fmaf in the baseline
+// copy), so both backends give the same bits. Only for formulas written with
+// it (the low-bit moments' folded form): a plain a * b + c stays two roundings.
+#if defined(__CUDA_ARCH__)
+GRADKIT_HD float fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+GRADKIT_HD double fma(double a, double b, double c) { return __fma_rn(a, b, c); }
+#else
+GRADKIT_HD float fma(float a, float b, float c) { return std::fma(a, b, c); }
+GRADKIT_HD double fma(double a, double b, double c) { return std::fma(a, b, c); }
 #endif
 
 // -x, as a flip of the sign bit that no compiler folds away. Host compilers

@@ -22,6 +22,7 @@
 #include "cuda/blockwise_lanes.cuh"
 #include "cuda/master_lanes.cuh"
 #include "cuda/multi_tensor.cuh"
+#include "cuda/sqrt_lanes.cuh"
 #include "cuda/types.cuh"
 
 namespace gradkit::backend {
@@ -184,14 +185,20 @@ struct AdamLowBitOp {
 #pragma unroll
         for (int k = 0; k < kPerLane; ++k) gc[k] = exact::mul(gc[k], inverse_scale);
       }
+      // adam_element_folded in its two halves, with the lane's square roots
+      // between them under one range test (cuda/sqrt_lanes.cuh).
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
-        float mc = Codec::decode(tables, 0, mr, k, old_m), vc = Codec::decode(tables, 1, vr, k, old_v);
-        float unused = 0.0f;
-        adam_element<float, Flags, AdamForm::folded>(wc[k], gc[k], mc, vc, unused, c, flags);
+        m_new[k] = Codec::decode(tables, 0, mr, k, old_m);
+        v_new[k] = Codec::decode(tables, 1, vr, k, old_v);
+        adam_moments_folded(wc[k], gc[k], m_new[k], v_new[k], c, flags);
+      }
+      float root[kPerLane];
+      cuda::sqrt_lane(v_new, root);
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        adam_step_folded(wc[k], m_new[k], root[k], c, flags);
         if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(wc[k]);
-        m_new[k] = mc;
-        v_new[k] = vc;
       }
       const auto store_weights = [&](bool whole) {
         if constexpr (kRemainder) {
