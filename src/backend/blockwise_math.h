@@ -109,17 +109,6 @@ GRADKIT_HD uint8_t count_below(const float (&midpoints)[N], float x) {
 
 GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) { return count_below(t.midpoints, x); }
 
-// The code of x in a table with bucket starts (QuantTable, QuantTable4):
-// count_below's count, from the bucket's start and kQuantSpan comparisons (a
-// comparison past the bucket's last decision point is false, so the count
-// stops there), without a branch. 1 < |x| < 2 (a rounding of m * (1 /
-// absmax) may pass 1): the positive start is N - 1 (every decision point
-// lies below 1; midpoints[N - 1] is +Inf), the negative start 0, which is
-// the search's count for x > 1 and x < -1. NaN (clamped into the bucket of
-// 2.0, whose starts are 0, and greater than nothing) gives 0, as the search
-// does. The count comes back in 32 bits (below N by the table's
-// construction): the CUDA kernels pack codes from their low bits, so a
-// narrowing here would cost a mask each.
 // The count from start[bucket] and kQuantSpan comparisons: what both
 // bucketed counts share once they have x's bucket.
 template <class Table>
@@ -132,6 +121,17 @@ GRADKIT_HD uint32_t count_from_bucket(const Table& t, int bucket, float x) {
   return static_cast<uint32_t>(q);
 }
 
+// The code of x in a table with bucket starts (QuantTable, QuantTable4):
+// count_below's count, from the bucket's start and kQuantSpan comparisons (a
+// comparison past the bucket's last decision point is false, so the count
+// stops there), without a branch. 1 < |x| < 2 (a rounding of m * (1 /
+// absmax) may pass 1): the positive start is N - 1 (every decision point
+// lies below 1; midpoints[N - 1] is +Inf), the negative start 0, which is
+// the search's count for x > 1 and x < -1. NaN (clamped into the bucket of
+// 2.0, whose starts are 0, and greater than nothing) gives 0, as the search
+// does. The count comes back in 32 bits (below N by the table's
+// construction): the CUDA kernels pack codes from their low bits, so a
+// narrowing here would cost a mask each.
 template <class Table>
 GRADKIT_HD uint32_t bucketed_count(const Table& t, float x) {
   using Buckets = typename Table::Buckets;
