@@ -95,6 +95,16 @@ struct AdamLowBitOp {
   // copy over each floor at 1, 2 and 4 parts, the prefetch as above): 8-bit
   // 85.8%, 81.5%, 81.4%; 8-bit remainder 84.9% at 1, 81.3% at 4; 4-bit 90.1%,
   // 94.2%, 95.8%; 4-bit remainder 84.6% at 1, 85.6% at 4.
+  // Whether whole spans are read and written in quads (cuda::LaneSpan), in
+  // a loop of their own, per form. On an H200 (bench/RESULTS.md, 2026-11-27,
+  // fifth session; % of copy over each floor, quads against 8 consecutive
+  // elements a lane, both with the loop of their own): int4 86.2% against
+  // 77.3%, int4 remainder 76.1% against 71.9%; int8 70.1% against 79.0%,
+  // int8 remainder 64.7% against 67.1%. The 8-bit forms keep one loop, whose
+  // remainder form the second loop cost 5.8% (72.1% with one).
+  static constexpr bool kQuads8Bit = false;
+  static constexpr bool kQuads4Bit = true;
+  static constexpr bool kQuads = kEightBit ? kQuads8Bit : kQuads4Bit;
   static constexpr int kChunkParts8Bit = 1;
   static constexpr int kChunkParts4Bit = 4;
   static constexpr int kChunkParts = kEightBit ? kChunkParts8Bit : kChunkParts4Bit;
@@ -147,7 +157,10 @@ struct AdamLowBitOp {
       cuda::prefetch_span<Codec>(later, w, g, qm, qv);
       if constexpr (kRemainder) cuda::prefetch_l2(rem + later);
     };
-    cuda::for_each_warp_block(chunk.length, kPrefetchAhead, prefetch, [&](int b, int at, int n) {
+    // `whole`: every element of the lane's span in the chunk and every list
+    // aligned for vector access; a bool, or a std::bool_constant in the
+    // loops over whole spans and the rest (with kQuads).
+    const auto update_span = [&](int b, int at, int n, auto whole) {
       // The masters in f32 (joined from bf16 weights and remainders, which
       // stay in their words), the gradients in f32, the codes in their words.
       float wc[kPerLane], gc[kPerLane];
@@ -156,17 +169,19 @@ struct AdamLowBitOp {
       // Every load of the span under one branch, and the stores under one
       // (two for the remainder forms, below; cuda::split_span): a branch
       // each took 3 or 4 instructions, and the compiler kept their
-      // predicates as bits of a register.
-      cuda::split_span(vectorized && n == kPerLane, [&](bool whole) {
+      // predicates as bits of a register. A whole span in quads, so that
+      // each access of the warp is coalesced (cuda::LaneSpan).
+      const cuda::LaneSpan span = kQuads ? cuda::codec_span<Codec>(b, at, n) : cuda::contiguous_span(at, n);
+      cuda::split_span(whole, [&](bool whole) {
         if constexpr (kRemainder) {
-          load_bits(weight_bits, w + at, n, whole);
-          load_bits(remainder_bits, rem + at, n, whole);
+          load_bits(weight_bits, w, span, whole);
+          load_bits(remainder_bits, rem, span, whole);
         } else {
-          load_lane_f32(wc, w + at, n, whole);
+          load_lane_f32(wc, w, span, whole);
         }
-        load_lane_f32(gc, g + at, n, whole);
-        cuda::load_codes<Codec>(mr, qm, at, n, whole);
-        cuda::load_codes<Codec>(vr, qv, at, n, whole);
+        load_lane_f32(gc, g, span, whole);
+        cuda::load_codes<Codec>(mr, qm, span, whole);
+        cuda::load_codes<Codec>(vr, qv, span, whole);
       });
       if constexpr (kRemainder) cuda::join_lane(weight_bits, remainder_bits, wc);
       // The lane's quantization block: the warp's (8-bit), or its half's (4-bit).
@@ -202,12 +217,12 @@ struct AdamLowBitOp {
       }
       const auto store_weights = [&](bool whole) {
         if constexpr (kRemainder) {
-          store_bits(w + at, weight_bits, n, whole);
-          store_bits(rem + at, remainder_bits, n, whole);
+          store_bits(w, weight_bits, span, whole);
+          store_bits(rem, remainder_bits, span, whole);
         } else {
-          store_lane(w + at, wc, n, whole);
+          store_lane(w, wc, span, whole);
         }
-        if constexpr (kCopy) store_lane(copy + at, cr, n, whole);
+        if constexpr (kCopy) store_lane(copy, cr, span, whole);
       };
       // The remainder forms' weights leave before the encode, which then
       // holds 8 registers fewer (they spilled, or reloaded their pointers,
@@ -215,7 +230,7 @@ struct AdamLowBitOp {
       // (a branch of their own cost them 3 an element).
       if constexpr (kRemainder) {
         cuda::split_lane(wc, weight_bits, remainder_bits);
-        cuda::split_span(vectorized && n == kPerLane, store_weights);
+        cuda::split_span(whole, store_weights);
       }
       cuda::fold_lane_absmax(amax_m, m_new, n);
       cuda::fold_lane_absmax(amax_v, v_new, n);
@@ -235,16 +250,25 @@ struct AdamLowBitOp {
         mq[k] = Codec::encode(tables, 0, exact::mul(m_new[k], scale_m));
         vq[k] = Codec::encode(tables, 1, exact::mul(v_new[k], scale_v));
       }
-      cuda::split_span(vectorized && n == kPerLane, [&](bool whole) {
+      cuda::split_span(whole, [&](bool whole) {
         if constexpr (!kRemainder) store_weights(whole);
-        cuda::store_codes<Codec>(qm, at, mq, n, whole);
-        cuda::store_codes<Codec>(qv, at, vq, n, whole);
+        cuda::store_codes<Codec>(qm, mq, span, whole);
+        cuda::store_codes<Codec>(qv, vq, span, whole);
       });
       if (lane % Codec::kLanesPerBlock == 0 && block_in_chunk) {
         absmax_m[block] = block_m;
         absmax_v[block] = block_v;
       }
-    });
+    };
+    if constexpr (kQuads) {
+      // The spans that lie whole in the chunk, when every list is aligned.
+      const int whole_spans = vectorized ? chunk.length / kQuantBlock : 0;
+      cuda::for_each_warp_block(chunk.length, whole_spans, kPrefetchAhead, prefetch, update_span);
+    } else {
+      cuda::for_each_warp_block(chunk.length, kPrefetchAhead, prefetch, [&](int b, int at, int n) {
+        update_span(b, at, n, vectorized && n == kPerLane);
+      });
+    }
   }
 };
 

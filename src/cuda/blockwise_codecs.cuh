@@ -78,6 +78,22 @@ template <class Codec>
 __device__ __forceinline__ void store_codes(uint8_t* q, int at, const uint32_t (&codes)[kPerLane], int n, bool vec) {
   store_bits(q + at / Codec::kCodesPerByte, Codec::Codes::pack(codes), n, vec);
 }
+// The same in a lane's span (LaneSpan: quads when whole).
+template <class Codec>
+__device__ __forceinline__ void load_codes(typename Codec::Codes& codes, const uint8_t* q, const LaneSpan& s,
+                                           bool whole) {
+  load_bits(codes, q, s, whole);
+}
+template <class Codec>
+__device__ __forceinline__ void store_codes(uint8_t* q, const uint32_t (&codes)[kPerLane], const LaneSpan& s,
+                                            bool whole) {
+  store_bits(q, Codec::Codes::pack(codes), s, whole);
+}
+// The lane's span in the form's blocks (lane_span).
+template <class Codec>
+__device__ __forceinline__ LaneSpan codec_span(int b, int at, int n) {
+  return lane_span<Codec::kBlock, Codec::kLanesPerBlock>(b, at, n);
+}
 
 // Asks L2 for the lines of the weights, gradients and both moments' codes of
 // the lane's span from element `at` (the kernels' prefetch ahead).
