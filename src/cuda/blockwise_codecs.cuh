@@ -67,18 +67,9 @@ struct Codec4 {
   }
 };
 
-// A lane's codes from a tensor's packed codes q (its first element `at`, n
-// valid, `vectorized` as for load_bits), and back from the codes an encode
-// gave.
-template <class Codec>
-__device__ __forceinline__ void load_codes(typename Codec::Codes& codes, const uint8_t* q, int at, int n, bool vec) {
-  load_bits(codes, q + at / Codec::kCodesPerByte, n, vec);
-}
-template <class Codec>
-__device__ __forceinline__ void store_codes(uint8_t* q, int at, const uint32_t (&codes)[kPerLane], int n, bool vec) {
-  store_bits(q + at / Codec::kCodesPerByte, Codec::Codes::pack(codes), n, vec);
-}
-// The same in a lane's span (LaneSpan: quads when whole).
+// A lane's codes from a tensor's packed codes q, in its span (LaneSpan:
+// quads when whole), and back from the codes an encode gave; or from its
+// first element `at`, n valid (`vectorized` as for load_bits).
 template <class Codec>
 __device__ __forceinline__ void load_codes(typename Codec::Codes& codes, const uint8_t* q, const LaneSpan& s,
                                            bool whole) {
@@ -88,6 +79,14 @@ template <class Codec>
 __device__ __forceinline__ void store_codes(uint8_t* q, const uint32_t (&codes)[kPerLane], const LaneSpan& s,
                                             bool whole) {
   store_bits(q, Codec::Codes::pack(codes), s, whole);
+}
+template <class Codec>
+__device__ __forceinline__ void load_codes(typename Codec::Codes& codes, const uint8_t* q, int at, int n, bool vec) {
+  load_codes<Codec>(codes, q, contiguous_span(at, n), vec);
+}
+template <class Codec>
+__device__ __forceinline__ void store_codes(uint8_t* q, int at, const uint32_t (&codes)[kPerLane], int n, bool vec) {
+  store_codes<Codec>(q, codes, contiguous_span(at, n), vec);
 }
 // The lane's span in the form's blocks (lane_span).
 template <class Codec>

@@ -120,37 +120,6 @@ __device__ __forceinline__ void store_bits(void* p, const LaneBits<kBits>& src, 
   }
 }
 
-// The lane's values in f32 from what `load` fills: the words of a 16-bit T
-// (LaneBits<16>: a bf16 is its f32's top half, one shift or mask each where
-// unpacking took two), or the values of any other.
-template <class T, class Load>
-__device__ __forceinline__ void lane_f32(float (&dst)[kPerLane], Load&& load) {
-  if constexpr (sizeof(T) == 2) {
-    LaneBits<16> bits;
-    load(bits);
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      if constexpr (std::is_same_v<T, __nv_bfloat16>) dst[k] = __uint_as_float(bits[k] << 16);
-      else dst[k] = to_compute<float>(__ushort_as_half(static_cast<unsigned short>(bits[k])));
-    }
-  } else {
-    T v[kPerLane];
-    load(v);
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) dst[k] = to_compute<float>(v[k]);
-  }
-}
-
-// The lane's kPerLane values from p in f32 (`n` and `vectorized` as for
-// load_lane).
-template <class T>
-__device__ __forceinline__ void load_lane_f32(float (&dst)[kPerLane], const T* p, int n, bool vectorized) {
-  lane_f32<T>(dst, [&](auto& raw) {
-    if constexpr (sizeof(T) == 2) load_bits(raw, p, n, vectorized);
-    else load_lane(raw, p, n, vectorized);
-  });
-}
-
 // Calls f(true) when `whole` (every value of the span valid and the
 // addresses aligned for vector access) and f(false) otherwise, so that the
 // loads and stores f makes, each taking `whole`, share one branch: the
@@ -259,12 +228,31 @@ __device__ __forceinline__ void store_bits(void* base, const LaneBits<kBits>& sr
   }
 }
 
+// The lane's values in f32. A 16-bit type comes from its words: a bf16 is
+// its f32's top half, one shift or mask each where unpacking took two.
 template <class T>
 __device__ __forceinline__ void load_lane_f32(float (&dst)[kPerLane], const T* base, const LaneSpan& s, bool whole) {
-  lane_f32<T>(dst, [&](auto& raw) {
-    if constexpr (sizeof(T) == 2) load_bits(raw, base, s, whole);
-    else load_lane(raw, base, s, whole);
-  });
+  if constexpr (sizeof(T) == 2) {
+    LaneBits<16> bits;
+    load_bits(bits, base, s, whole);
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) dst[k] = __uint_as_float(bits[k] << 16);
+      else dst[k] = to_compute<float>(__ushort_as_half(static_cast<unsigned short>(bits[k])));
+    }
+  } else {
+    T v[kPerLane];
+    load_lane(v, base, s, whole);
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) dst[k] = to_compute<float>(v[k]);
+  }
+}
+
+// The lane's kPerLane values from p in f32 (`n` and `vectorized` as for
+// load_lane).
+template <class T>
+__device__ __forceinline__ void load_lane_f32(float (&dst)[kPerLane], const T* p, int n, bool vectorized) {
+  load_lane_f32(dst, p, contiguous_span(0, n), vectorized);
 }
 
 // Folds the lane's first n values into a block's absmax (bit patterns,
