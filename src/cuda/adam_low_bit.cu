@@ -22,6 +22,7 @@
 #include "cuda/blockwise_lanes.cuh"
 #include "cuda/master_lanes.cuh"
 #include "cuda/multi_tensor.cuh"
+#include "cuda/span_stage.cuh"
 #include "cuda/sqrt_lanes.cuh"
 #include "cuda/types.cuh"
 
@@ -105,11 +106,63 @@ struct AdamLowBitOp {
   static constexpr bool kQuads8Bit = false;
   static constexpr bool kQuads4Bit = true;
   static constexpr bool kQuads = kEightBit ? kQuads8Bit : kQuads4Bit;
+  // Whether the whole spans of a chunk come through shared memory, a round
+  // of spans (one a warp) at a time, copied by the copy engine one round
+  // ahead (cuda/span_stage.cuh), per form; and whether lanes read them there
+  // in quads (no bank conflicts; 8 consecutive f32 a lane are two-way), and
+  // so write them in quads too. On an H100 (bench/RESULTS.md, 2026-11-27,
+  // sixth session; % of copy over each floor, staged against not): int8
+  // 93.1% against 90.7%, int8 remainder 89.6% against 86.1%; lanes reading
+  // 8 consecutive elements there, 92.3% and 89.9%. Staged, the 4-bit forms
+  // lost: int4 94.9% against 96.5%, int4 remainder 87.4% against 93.5%.
+  // Copied per warp rather than per round, the extra instructions (11 an
+  // element, the compiler's moves of each copy's operands into uniform
+  // registers) cost int8 2% (88.6% against 90.6%).
+  static constexpr bool kStage8Bit = true;
+  static constexpr bool kStage4Bit = false;
+  static constexpr bool kStage = (kEightBit ? kStage8Bit : kStage4Bit) && cuda::kCanStage;
+  static constexpr bool kStageQuads = true;
   static constexpr int kChunkParts8Bit = 1;
   static constexpr int kChunkParts4Bit = 4;
   static constexpr int kChunkParts = kEightBit ? kChunkParts8Bit : kChunkParts4Bit;
   static constexpr int kPartAlign = kQuantBlock;
+  // A staged round's lists in the block's slot, each list's spans in warp
+  // order, each list at a multiple of kStageAlign: weights (f32, or bf16
+  // bits then remainders), gradients, then both moments' codes.
+  static constexpr int kWarps = kBlockThreads / cuda::kLanes;
+  static constexpr int kWeightBytes = kQuantBlock * static_cast<int>(sizeof(W));  // a span's
+  static constexpr int kRemainderBytes = kRemainder ? kQuantBlock * static_cast<int>(sizeof(int16_t)) : 0;
+  static constexpr int kGradientBytes = kQuantBlock * static_cast<int>(sizeof(G));
+  static constexpr int kCodeSpanBytes = kQuantBlock / Codec::kCodesPerByte;
+  static constexpr int kSpanBytes = kWeightBytes + kRemainderBytes + kGradientBytes + 2 * kCodeSpanBytes;
+  static constexpr int kRemainderAt = kWarps * kWeightBytes;
+  static constexpr int kGradientAt = kRemainderAt + kWarps * kRemainderBytes;
+  static constexpr int kCodesAt = kGradientAt + kWarps * kGradientBytes;  // m's, then v's
+  static constexpr int kSlotBytes = kWarps * kSpanBytes;
+  static_assert(kWeightBytes % cuda::kStageAlign == 0 && kRemainderBytes % cuda::kStageAlign == 0 &&
+                kGradientBytes % cuda::kStageAlign == 0 && kCodeSpanBytes % cuda::kStageAlign == 0);
+  struct StageMemory {
+    alignas(128) uint8_t slot[kSlotBytes];
+    cuda::RoundSignals signals;
+  };
+  struct NoStageMemory {};
+  using Stage = std::conditional_t<kStage, StageMemory, NoStageMemory>;
   AdamLaunch launch;
+
+  // Where a span's inputs are read: the lists, or the warp's slot (a staged
+  // span), at `span` there.
+  struct Sources {
+    const W* w;
+    const int16_t* rem;
+    const G* g;
+    const uint8_t* qm;
+    const uint8_t* qv;
+    cuda::LaneSpan span;
+  };
+  // The lane's span of block b in quads (a whole span only) or not.
+  static __device__ __forceinline__ cuda::LaneSpan span_of(int b, int at, int n, bool quads) {
+    return quads ? cuda::codec_span<Codec>(b, at, n) : cuda::contiguous_span(at, n);
+  }
 
   __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
     const AdamStepInputs& in = launch.inputs;
@@ -118,24 +171,31 @@ struct AdamLowBitOp {
     // The group's constants and both code tables, once per thread block.
     __shared__ AdamCoefficients<float> shared;
     __shared__ Tables tables;
-    if (threadIdx.x == 0) shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
+    __shared__ Stage stage;
+    if (threadIdx.x == 0) {
+      shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
+      if constexpr (kStage) cuda::RoundStage(stage.slot, &stage.signals).init();
+    }
     cuda::copy_tables(tables, Codec::tables(launch));
     __syncthreads();
     const AdamCoefficients<float> c = shared;
     const float scale = in.grad_scale_device != nullptr ? *in.grad_scale_device : in.grad_scale;
     const float inverse_scale = 1.0f / scale;
     switch (static_cast<WeightDecay>(c.decay)) {
-      case WeightDecay::l2: return update(plan, chunk, c, FlagsLowBit<WeightDecay::l2>{c.maximize}, scale, inverse_scale, tables);
+      case WeightDecay::l2:
+        return update(plan, chunk, c, FlagsLowBit<WeightDecay::l2>{c.maximize}, scale, inverse_scale, tables, stage);
       case WeightDecay::decoupled:
-        return update(plan, chunk, c, FlagsLowBit<WeightDecay::decoupled>{c.maximize}, scale, inverse_scale, tables);
+        return update(plan, chunk, c, FlagsLowBit<WeightDecay::decoupled>{c.maximize}, scale, inverse_scale, tables,
+                      stage);
       case WeightDecay::hugging_face: break;
     }
-    update(plan, chunk, c, FlagsLowBit<WeightDecay::hugging_face>{c.maximize}, scale, inverse_scale, tables);
+    update(plan, chunk, c, FlagsLowBit<WeightDecay::hugging_face>{c.maximize}, scale, inverse_scale, tables, stage);
   }
 
   template <class Flags>
   __device__ __forceinline__ void update(const PlanArgs& plan, const PlanChunk& chunk, const AdamCoefficients<float>& c,
-                                         Flags flags, float scale, float inverse_scale, const Tables& tables) const {
+                                         Flags flags, float scale, float inverse_scale, const Tables& tables,
+                                         Stage& stage) const {
     W* w = plan.tensor<W>(0, chunk);
     const G* g = plan.tensor<G>(1, chunk);
     uint8_t* qm = plan.block_tensor<uint8_t>(2, chunk, Codec::kCodesPerByte);
@@ -159,8 +219,12 @@ struct AdamLowBitOp {
     };
     // `whole`: every element of the lane's span in the chunk and every list
     // aligned for vector access; a bool, or a std::bool_constant in the
-    // loops over whole spans and the rest (with kQuads).
-    const auto update_span = [&](int b, int at, int n, auto whole) {
+    // loops over whole spans and the rest (with kQuads, kStage). `span`: where
+    // the span's results go; `from`: where its inputs are; `after_loads`: what
+    // the warp does once it has them in registers (a staged span: ask for
+    // the next).
+    const auto update_span = [&](int b, int n, auto whole, const cuda::LaneSpan& span, const Sources& from,
+                                 auto&& after_loads) {
       // The masters in f32 (joined from bf16 weights and remainders, which
       // stay in their words), the gradients in f32, the codes in their words.
       float wc[kPerLane], gc[kPerLane];
@@ -171,18 +235,18 @@ struct AdamLowBitOp {
       // each took 3 or 4 instructions, and the compiler kept their
       // predicates as bits of a register. A whole span in quads, so that
       // each access of the warp is coalesced (cuda::LaneSpan).
-      const cuda::LaneSpan span = kQuads ? cuda::codec_span<Codec>(b, at, n) : cuda::contiguous_span(at, n);
       cuda::split_span(whole, [&](bool whole) {
         if constexpr (kRemainder) {
-          load_bits(weight_bits, w, span, whole);
-          load_bits(remainder_bits, rem, span, whole);
+          load_bits(weight_bits, from.w, from.span, whole);
+          load_bits(remainder_bits, from.rem, from.span, whole);
         } else {
-          load_lane_f32(wc, w, span, whole);
+          load_lane_f32(wc, from.w, from.span, whole);
         }
-        load_lane_f32(gc, g, span, whole);
-        cuda::load_codes<Codec>(mr, qm, span, whole);
-        cuda::load_codes<Codec>(vr, qv, span, whole);
+        load_lane_f32(gc, from.g, from.span, whole);
+        cuda::load_codes<Codec>(mr, from.qm, from.span, whole);
+        cuda::load_codes<Codec>(vr, from.qv, from.span, whole);
       });
+      after_loads();
       if constexpr (kRemainder) cuda::join_lane(weight_bits, remainder_bits, wc);
       // The lane's quantization block: the warp's (8-bit), or its half's (4-bit).
       const int block = b * (kQuantBlock / Codec::kBlock) + lane / Codec::kLanesPerBlock;
@@ -260,15 +324,81 @@ struct AdamLowBitOp {
         absmax_v[block] = block_v;
       }
     };
+    const auto nothing = [] {};
+    const auto from_lists = [&](const cuda::LaneSpan& span) { return Sources{w, rem, g, qm, qv, span}; };
+    // The warp's first block; past the staged ones, when there are.
+    int first = threadIdx.x / kLanes;
+    if constexpr (kStage) first = update_staged(chunk, w, rem, g, qm, qv, vectorized, stage, update_span);
     if constexpr (kQuads) {
       // The spans that lie whole in the chunk, when every list is aligned.
       const int whole_spans = vectorized ? chunk.length / kQuantBlock : 0;
-      cuda::for_each_warp_block(chunk.length, whole_spans, kPrefetchAhead, prefetch, update_span);
+      cuda::for_each_warp_block(
+          chunk.length, whole_spans, kPrefetchAhead, prefetch,
+          [&](int b, int at, int n, auto whole) {
+            const cuda::LaneSpan span = span_of(b, at, n, kQuads);
+            update_span(b, n, whole, span, from_lists(span), nothing);
+          },
+          first);
     } else {
-      cuda::for_each_warp_block(chunk.length, kPrefetchAhead, prefetch, [&](int b, int at, int n) {
-        update_span(b, at, n, vectorized && n == kPerLane);
-      });
+      cuda::for_each_warp_block(
+          chunk.length, kPrefetchAhead, prefetch,
+          [&](int b, int at, int n) {
+            const cuda::LaneSpan span = cuda::contiguous_span(at, n);
+            update_span(b, n, vectorized && n == kPerLane, span, from_lists(span), nothing);
+          },
+          first);
     }
+  }
+
+  // The whole spans of the chunk through the block's slot (kStage), when
+  // every list allows the copy engine (cuda::stage_aligned) and vector
+  // access, a round of spans (one a warp: the blocks the warps own in turn)
+  // at a time: thread 0 asks for the first round; each warp reads its part
+  // into registers, and the warp that reads a round last asks for the next
+  // one before it computes its own. Returns the warp's first block past
+  // them.
+  template <class UpdateSpan>
+  __device__ __forceinline__ int update_staged(const PlanChunk& chunk, const W* w, const int16_t* rem, const G* g,
+                                               const uint8_t* qm, const uint8_t* qv, bool vectorized, Stage& memory,
+                                               UpdateSpan& update_span) const {
+    const int lane = threadIdx.x % kLanes, warp = threadIdx.x / kLanes;
+    const bool stageable = vectorized && cuda::stage_aligned(w) && cuda::stage_aligned(g) &&
+                           cuda::stage_aligned(qm) && cuda::stage_aligned(qv) &&
+                           (!kRemainder || cuda::stage_aligned(rem));
+    const int staged = stageable ? chunk.length / kQuantBlock : 0;  // the same for every warp
+    int b = warp;
+    if (staged == 0) return b;
+    cuda::RoundStage stage(memory.slot, &memory.signals);
+    // The round of spans from `first`: its lists' parts, one copy each.
+    const auto ask = [&](int first) {
+      const int spans = min(kWarps, staged - first), at = first * kQuantBlock;
+      stage.expect(spans * kSpanBytes);
+      stage.copy(0, w + at, spans * kWeightBytes);
+      if constexpr (kRemainder) stage.copy(kRemainderAt, rem + at, spans * kRemainderBytes);
+      stage.copy(kGradientAt, g + at, spans * kGradientBytes);
+      stage.copy(kCodesAt, qm + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
+      stage.copy(kCodesAt + kWarps * kCodeSpanBytes, qv + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
+    };
+    if (threadIdx.x == 0) ask(0);
+    for (; b < staged; b += kWarps) {
+      stage.wait();
+      // The warp's part of the round, at the lane's place in it, in the
+      // layout its results are stored in.
+      const uint8_t* slot = stage.slot();
+      const Sources from{reinterpret_cast<const W*>(slot) + warp * kQuantBlock,
+                         reinterpret_cast<const int16_t*>(slot + kRemainderAt) + warp * kQuantBlock,
+                         reinterpret_cast<const G*>(slot + kGradientAt) + warp * kQuantBlock,
+                         slot + kCodesAt + warp * kCodeSpanBytes,
+                         slot + kCodesAt + (kWarps + warp) * kCodeSpanBytes,
+                         span_of(0, lane * kPerLane, kPerLane, kStageQuads)};
+      update_span(b, kPerLane, std::true_type{}, span_of(b, b * kQuantBlock + lane * kPerLane, kPerLane, kStageQuads),
+                  from, [&] {
+                    __syncwarp();
+                    const int next = b - warp + kWarps;  // the next round's first span
+                    if (lane == 0 && next < staged && stage.read_last(kWarps)) ask(next);
+                  });
+    }
+    return b;
   }
 };
 

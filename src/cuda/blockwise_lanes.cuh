@@ -294,16 +294,19 @@ __device__ __forceinline__ void warp_block_step(int b, int length, int ahead, Pr
 }
 
 // Calls body(b, at, n) for each quantization block b of a chunk of `length`
-// elements that this thread's warp owns (warp w: blocks w, w + warps, ...):
-// `at` is the lane's first element, `n` how many of its kPerLane elements
-// lie in the chunk (0 to kPerLane). Every lane of the warp calls body for the
-// same blocks, so body may use the warp's shuffles. With `ahead` > 0, it
-// first calls prefetch(at') with the lane's first element `ahead` blocks of
-// this warp later, when that lies in the chunk.
+// elements that this thread's warp owns (warp w: blocks w, w + warps, ...),
+// from `first` (one of them; a kernel that did the warp's earlier blocks
+// another way passes the next): `at` is the lane's first element, `n` how
+// many of its kPerLane elements lie in the chunk (0 to kPerLane). Every lane
+// of the warp calls body for the same blocks, so body may use the warp's
+// shuffles. With `ahead` > 0, it first calls prefetch(at') with the lane's
+// first element `ahead` blocks of this warp later, when that lies in the
+// chunk.
 template <class Prefetch, class Body>
-__device__ __forceinline__ void for_each_warp_block(int length, int ahead, Prefetch&& prefetch, Body&& body) {
+__device__ __forceinline__ void for_each_warp_block(int length, int ahead, Prefetch&& prefetch, Body&& body,
+                                                    int first = threadIdx.x / kLanes) {
   const int warps = blockDim.x / kLanes, blocks = (length + kQuantBlock - 1) / kQuantBlock;
-  for (int b = threadIdx.x / kLanes; b < blocks; b += warps) warp_block_step(b, length, ahead, prefetch, body);
+  for (int b = first; b < blocks; b += warps) warp_block_step(b, length, ahead, prefetch, body);
 }
 
 // for_each_warp_block in two loops: body(b, at, n, std::true_type{}) for the
@@ -313,9 +316,9 @@ __device__ __forceinline__ void for_each_warp_block(int length, int ahead, Prefe
 // kept both sets of pointers and spilled 40 bytes at its 80 registers.
 template <class Prefetch, class Body>
 __device__ __forceinline__ void for_each_warp_block(int length, int whole, int ahead, Prefetch&& prefetch,
-                                                    Body&& body) {
+                                                    Body&& body, int first = threadIdx.x / kLanes) {
   const int warps = blockDim.x / kLanes, blocks = (length + kQuantBlock - 1) / kQuantBlock;
-  int b = threadIdx.x / kLanes;
+  int b = first;
   for (; b < whole; b += warps) warp_block_step(b, length, ahead, prefetch, body, std::true_type{});
   for (; b < blocks; b += warps) warp_block_step(b, length, ahead, prefetch, body, std::false_type{});
 }
