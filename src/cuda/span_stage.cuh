@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "cuda/blockwise_lanes.cuh"
+#include <cuda_runtime.h>
 
 namespace gradkit::cuda {
 
