@@ -221,8 +221,9 @@ struct AdamLowBitOp {
     // aligned for vector access; a bool, or a std::bool_constant in the
     // loops over whole spans and the rest (with kQuads, kStage). `span`: where
     // the span's results go; `from`: where its inputs are; `after_loads`: what
-    // the warp does once it has them in registers (a staged span: ask for
-    // the next).
+    // the warp does once it has them in registers (a staged span: counts its
+    // read, after which the slot may be refilled, so nothing reads `from`
+    // after it: a try that read the absmax from the slot later raced).
     const auto update_span = [&](int b, int n, auto whole, const cuda::LaneSpan& span, const Sources& from,
                                  auto&& after_loads) {
       // The masters in f32 (joined from bf16 weights and remainders, which
