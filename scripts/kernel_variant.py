@@ -4,13 +4,16 @@ at other launch constants, beside an existing build: for comparing a kernel's
 block size and register budget, or another of its constants
 (scripts/gpu-sweep-low-bit), in one run, without a build per choice.
 
-The choice is THREADSxBLOCKS or "same", then any number of ":NAME=VALUE".
+The choice is THREADSxBLOCKS or "same", then optionally "@DIR", then any
+number of ":NAME=VALUE". With @DIR, each source is read from DIR (a copy of
+another revision's src/, as `git archive REV src`), so that the same run
+can time the kernel as it was; the tree's headers still serve.
 With THREADSxBLOCKS, every `static constexpr int kMinBlocks = ...;` in the
 given sources becomes `kMinBlocks = B; kBlockThreads = T;`
 (cuda/multi_tensor.cuh reads both; any kBlockThreads the source sets is
 dropped); "same" keeps them. Each NAME=VALUE sets every `static constexpr
 int NAME = ...;` (or bool) to VALUE; each edit must change some source, and
-a source none changes keeps its object. Each edited source is compiled with
+a source none changes (without @DIR) keeps its object. Each edited source is compiled with
 the build's own command (compile_commands.json) and the library relinked
 with the build's link line, with the edited objects in place of the
 originals; the build itself is left as it was. The variant is
@@ -18,8 +21,8 @@ BUILD/variants/NAME/<the library's file name>; ptxas's register and spill
 report for each kernel is BUILD/variants/NAME/<source>.ptxas.
 
 Usage: scripts/kernel_variant.py BUILD NAME CHOICE SOURCE...
-       (CHOICE as 256x3, same:kPrefetchAhead=1 or 256x3:kChunkParts=2;
-       SOURCE relative to src/, as cuda/adam_low_bit.cu)
+       (CHOICE as 256x3, same:kPrefetchAhead=1, 256x3:kChunkParts=2 or
+       same@/tmp/head/src; SOURCE relative to src/, as cuda/adam_low_bit.cu)
 """
 import json
 import pathlib
@@ -50,21 +53,26 @@ def edited(text, launch, constants):
 
 
 def parse_choice(choice):
-    """((threads, blocks) or None, [(name, value)]) of a CHOICE, or exits naming it."""
+    """((threads, blocks) or None, the sources' directory or None, [(name, value)]) of a CHOICE,
+    or exits naming it."""
     first, *rest = choice.split(":")
+    first, _, directory = first.partition("@")
     m = re.fullmatch(r"(\d+)x(\d+)", first)
     constants = [tuple(r.split("=", 1)) for r in rest]
     if (first != "same" and not m) or any(len(c) != 2 or not re.fullmatch(r"k\w+", c[0]) for c in constants):
         sys.exit(f"kernel_variant.py: the choice is '{choice}', expected THREADSxBLOCKS or 'same', then "
-                 "':kNAME=VALUE' any number of times (as 256x3 or same:kPrefetchAhead=1)")
-    return ((int(m.group(1)), int(m.group(2))) if m else None), constants
+                 "optionally '@DIR', then ':kNAME=VALUE' any number of times (as 256x3, same:kPrefetchAhead=1 "
+                 "or same@/tmp/head/src)")
+    if directory and not pathlib.Path(directory).is_dir():
+        sys.exit(f"kernel_variant.py: the choice '{choice}' reads its sources from {directory}, which is not a directory")
+    return ((int(m.group(1)), int(m.group(2))) if m else None), directory or None, constants
 
 
 def main():
     if len(sys.argv) < 5:
         sys.exit(__doc__)
     build, name, sources = pathlib.Path(sys.argv[1]).resolve(), sys.argv[2], sys.argv[4:]
-    launch, constants = parse_choice(sys.argv[3])
+    launch, directory, constants = parse_choice(sys.argv[3])
     commands = build / "compile_commands.json"
     if not commands.exists():
         sys.exit(f"kernel_variant.py: {commands} is missing; configure with -DCMAKE_EXPORT_COMPILE_COMMANDS=ON")
@@ -81,7 +89,8 @@ def main():
         if entry is None:
             sys.exit(f"kernel_variant.py: no compile command for src/{source} in {commands}")
         original = pathlib.Path(entry["file"]).read_text()
-        text, counts = edited(original, launch, constants)
+        base = (pathlib.Path(directory) / source).read_text() if directory else original
+        text, counts = edited(base, launch, constants)
         for what, n in counts:
             changed[what] = changed.get(what, 0) + n
         if text == original:
