@@ -124,7 +124,7 @@ using RemainderAdam = OnEachDevice;
 TEST_P(RemainderAdam, KeepsTheF32MasterPathsMastersBitForBitOver100Steps) {
   for (DType moments : {DType::f32, DType::u8}) {
     std::mt19937_64 rng(21);
-    const std::vector<int64_t> sizes = {7, 65536 + 300, 1000};
+    const std::vector<int64_t> sizes = {7, 65536 + 300, 1000, 13 * 256 + 5};  // the last: a part round (8-bit, CUDA)
     std::vector<std::vector<double>> init;
     for (int64_t n : sizes) init.push_back(round_to(DType::f32, random_values(rng, n, 0.1)));
     State f32(device(), init, false, moments), pair(device(), init, true, moments);

@@ -141,6 +141,10 @@ struct AdamLowBitOp {
   static constexpr int kSlotBytes = kWarps * kSpanBytes;
   static_assert(kWeightBytes % cuda::kStageAlign == 0 && kRemainderBytes % cuda::kStageAlign == 0 &&
                 kGradientBytes % cuda::kStageAlign == 0 && kCodeSpanBytes % cuda::kStageAlign == 0);
+  // So that a list `vectorized` allows (kPerLane elements an access) is
+  // stage_aligned: only the code lists need the test.
+  static_assert((kPerLane * sizeof(W)) % cuda::kStageAlign == 0 && (kPerLane * sizeof(G)) % cuda::kStageAlign == 0 &&
+                (kPerLane * sizeof(int16_t)) % cuda::kStageAlign == 0);
   struct StageMemory {
     alignas(128) uint8_t slot[kSlotBytes];
     cuda::RoundSignals signals;
@@ -352,8 +356,8 @@ struct AdamLowBitOp {
   }
 
   // The whole spans of the chunk through the block's slot (kStage), when
-  // every list allows the copy engine (cuda::stage_aligned) and vector
-  // access, a round of spans (one a warp: the blocks the warps own in turn)
+  // the lists allow vector access (`vectorized`) and the copy engine
+  // (cuda::stage_aligned), a round of spans (one a warp: the blocks the warps own in turn)
   // at a time: thread 0 asks for the first round; each warp reads its part
   // into registers, and the warp that reads a round last asks for the next
   // one before it computes its own. Returns the warp's first block past
@@ -363,9 +367,7 @@ struct AdamLowBitOp {
                                                const uint8_t* qm, const uint8_t* qv, bool vectorized, Stage& memory,
                                                UpdateSpan& update_span) const {
     const int lane = threadIdx.x % kLanes, warp = threadIdx.x / kLanes;
-    const bool stageable = vectorized && cuda::stage_aligned(w) && cuda::stage_aligned(g) &&
-                           cuda::stage_aligned(qm) && cuda::stage_aligned(qv) &&
-                           (!kRemainder || cuda::stage_aligned(rem));
+    const bool stageable = vectorized && cuda::stage_aligned(qm) && cuda::stage_aligned(qv);
     const int staged = stageable ? chunk.length / kQuantBlock : 0;  // the same for every warp
     int b = warp;
     if (staged == 0) return b;

@@ -16,6 +16,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/multi_tensor.cuh"
+
 namespace gradkit::cuda {
 
 // The copy engine and mbarrier transaction counts are sm_90's: a build for
@@ -36,9 +38,11 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Whether p may be the source of a staged copy.
+// Whether p may be the source of a staged copy. A list whose vector
+// accesses are a multiple of kStageAlign bytes needs no test beyond
+// vector_aligned's.
 __device__ __forceinline__ bool stage_aligned(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % kStageAlign == 0;
+  return vector_aligned<kStageAlign>(static_cast<const uint8_t*>(p));
 }
 
 // What a block's round needs in shared memory besides its slot: the mbarrier
