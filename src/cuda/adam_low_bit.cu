@@ -117,7 +117,11 @@ struct AdamLowBitOp {
   // lost: int4 94.9% against 96.5%, int4 remainder 87.4% against 93.5%.
   // Copied per warp rather than per round, the extra instructions (11 an
   // element, the compiler's moves of each copy's operands into uniform
-  // registers) cost int8 2% (88.6% against 90.6%).
+  // registers) cost int8 2% (88.6% against 90.6%). A span's absmax, still
+  // loaded from the lists after the warp's read of the round: copied with
+  // the round and read from the slot, they gained nothing measurable
+  // (int8 92.1% against 92.0% in the same build); loaded a span ahead into
+  // registers, int8 fell to 73.2% (seventh session).
   static constexpr bool kStage8Bit = true;
   static constexpr bool kStage4Bit = false;
   static constexpr bool kStage = (kEightBit ? kStage8Bit : kStage4Bit) && cuda::kCanStage;
