@@ -117,15 +117,27 @@ struct AdamLowBitOp {
   // lost: int4 94.9% against 96.5%, int4 remainder 87.4% against 93.5%.
   // Copied per warp rather than per round, the extra instructions (11 an
   // element, the compiler's moves of each copy's operands into uniform
-  // registers) cost int8 2% (88.6% against 90.6%). A span's absmax, still
-  // loaded from the lists after the warp's read of the round: copied with
-  // the round and read from the slot, they gained nothing measurable
-  // (int8 92.1% against 92.0% in the same build); loaded a span ahead into
-  // registers, int8 fell to 73.2% (seventh session).
+  // registers) cost int8 2% (88.6% against 90.6%).
   static constexpr bool kStage8Bit = true;
   static constexpr bool kStage4Bit = false;
   static constexpr bool kStage = (kEightBit ? kStage8Bit : kStage4Bit) && cuda::kCanStage;
   static constexpr bool kStageQuads = true;
+  // A staged span's two absmax, per form: copied with the round into the
+  // slot (kStageAbsmax), or loaded from the lists after the warp's read of
+  // the round, with the round's absmax asked of L2 as the round is asked for
+  // (kPrefetchAbsmax). Loaded from the lists without either, they were
+  // where the warps waited most (Nsight Compute's stall sampling: 22% of
+  // the samples on their first use, 10% on the round's mbarrier). On an
+  // H100 (bench/RESULTS.md, 2026-11-27, seventh session; ms over the GPT-2
+  // list at 1.98 GHz, then at the profiler's base clock of 1.58 GHz, nearer
+  // an H200's compute a byte), staged, prefetched, neither: int8 0.7326,
+  // 0.7185, 0.7200 ms and 716, 723, 730 us; int8 remainder 0.6500, 0.6491,
+  // 0.6535 ms and 656, 668, 689 us. Read from the lists at a span ahead,
+  // int8 fell to 73.2%.
+  static constexpr bool kStageAbsmaxF32 = false;
+  static constexpr bool kStageAbsmaxRemainder = true;
+  static constexpr bool kStageAbsmax = kRemainder ? kStageAbsmaxRemainder : kStageAbsmaxF32;
+  static constexpr bool kPrefetchAbsmax = true;
   static constexpr int kChunkParts8Bit = 1;
   static constexpr int kChunkParts4Bit = 4;
   static constexpr int kChunkParts = kEightBit ? kChunkParts8Bit : kChunkParts4Bit;
@@ -138,13 +150,21 @@ struct AdamLowBitOp {
   static constexpr int kRemainderBytes = kRemainder ? kQuantBlock * static_cast<int>(sizeof(int16_t)) : 0;
   static constexpr int kGradientBytes = kQuantBlock * static_cast<int>(sizeof(G));
   static constexpr int kCodeSpanBytes = kQuantBlock / Codec::kCodesPerByte;
-  static constexpr int kSpanBytes = kWeightBytes + kRemainderBytes + kGradientBytes + 2 * kCodeSpanBytes;
+  static constexpr int kBlocksPerSpan = kQuantBlock / Codec::kBlock;
+  static constexpr int kAbsmaxBytes = kStageAbsmax ? kBlocksPerSpan * static_cast<int>(sizeof(float)) : 0;
+  static constexpr int kSpanBytes = kWeightBytes + kRemainderBytes + kGradientBytes + 2 * kCodeSpanBytes + 2 * kAbsmaxBytes;
   static constexpr int kRemainderAt = kWarps * kWeightBytes;
   static constexpr int kGradientAt = kRemainderAt + kWarps * kRemainderBytes;
-  static constexpr int kCodesAt = kGradientAt + kWarps * kGradientBytes;  // m's, then v's
+  static constexpr int kCodesAt = kGradientAt + kWarps * kGradientBytes;      // m's, then v's
+  static constexpr int kAbsmaxAt = kCodesAt + 2 * kWarps * kCodeSpanBytes;  // m's, then v's
   static constexpr int kSlotBytes = kWarps * kSpanBytes;
+  // A span's absmax are fewer bytes than the copy engine's granularity, so
+  // with kStageAbsmax a round holds a multiple of kRoundSpans spans (a
+  // chunk's last few whole spans are read from the lists).
+  static constexpr int kRoundSpans = kStageAbsmax ? cuda::kStageAlign / (kAbsmaxBytes > 0 ? kAbsmaxBytes : 1) : 1;
   static_assert(kWeightBytes % cuda::kStageAlign == 0 && kRemainderBytes % cuda::kStageAlign == 0 &&
-                kGradientBytes % cuda::kStageAlign == 0 && kCodeSpanBytes % cuda::kStageAlign == 0);
+                kGradientBytes % cuda::kStageAlign == 0 && kCodeSpanBytes % cuda::kStageAlign == 0 &&
+                (kWarps * kAbsmaxBytes) % cuda::kStageAlign == 0 && kWarps % kRoundSpans == 0);
   // So that a list `vectorized` allows (kPerLane elements an access) is
   // stage_aligned: only the code lists need the test.
   static_assert((kPerLane * sizeof(W)) % cuda::kStageAlign == 0 && (kPerLane * sizeof(G)) % cuda::kStageAlign == 0 &&
@@ -231,9 +251,10 @@ struct AdamLowBitOp {
     // the span's results go; `from`: where its inputs are; `after_loads`: what
     // the warp does once it has them in registers (a staged span: counts its
     // read, after which the slot may be refilled, so nothing reads `from`
-    // after it: a try that read the absmax from the slot later raced).
+    // after it: a try that read the absmax from the slot later raced);
+    // `absmax(block, in_chunk, old_m, old_v)`: the lane's block's absmax.
     const auto update_span = [&](int b, int n, auto whole, const cuda::LaneSpan& span, const Sources& from,
-                                 auto&& after_loads) {
+                                 auto&& after_loads, auto&& absmax) {
       // The masters in f32 (joined from bf16 weights and remainders, which
       // stay in their words), the gradients in f32, the codes in their words.
       float wc[kPerLane], gc[kPerLane];
@@ -260,7 +281,8 @@ struct AdamLowBitOp {
       // The lane's quantization block: the warp's (8-bit), or its half's (4-bit).
       const int block = b * (kQuantBlock / Codec::kBlock) + lane / Codec::kLanesPerBlock;
       const bool block_in_chunk = block * Codec::kBlock < chunk.length;  // 4-bit: a short span's second half may not be
-      const float old_m = block_in_chunk ? absmax_m[block] : 0.0f, old_v = block_in_chunk ? absmax_v[block] : 0.0f;
+      float old_m, old_v;
+      absmax(block, block_in_chunk, old_m, old_v);
 
       float m_new[kPerLane], v_new[kPerLane];
       [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];
@@ -334,10 +356,17 @@ struct AdamLowBitOp {
       }
     };
     const auto nothing = [] {};
+    const auto from_list_absmax = [&](int block, bool in_chunk, float& old_m, float& old_v) {
+      old_m = in_chunk ? absmax_m[block] : 0.0f;
+      old_v = in_chunk ? absmax_v[block] : 0.0f;
+    };
     const auto from_lists = [&](const cuda::LaneSpan& span) { return Sources{w, rem, g, qm, qv, span}; };
     // The warp's first block; past the staged ones, when there are.
     int first = threadIdx.x / kLanes;
-    if constexpr (kStage) first = update_staged(chunk, w, rem, g, qm, qv, vectorized, stage, update_span);
+    if constexpr (kStage) {
+      first = update_staged(chunk, w, rem, g, qm, qv, absmax_m, absmax_v, vectorized, stage, update_span,
+                            from_list_absmax);
+    }
     if constexpr (kQuads) {
       // The spans that lie whole in the chunk, when every list is aligned.
       const int whole_spans = vectorized ? chunk.length / kQuantBlock : 0;
@@ -345,7 +374,7 @@ struct AdamLowBitOp {
           chunk.length, whole_spans, kPrefetchAhead, prefetch,
           [&](int b, int at, int n, auto whole) {
             const cuda::LaneSpan span = span_of(b, at, n, kQuads);
-            update_span(b, n, whole, span, from_lists(span), nothing);
+            update_span(b, n, whole, span, from_lists(span), nothing, from_list_absmax);
           },
           first);
     } else {
@@ -353,7 +382,7 @@ struct AdamLowBitOp {
           chunk.length, kPrefetchAhead, prefetch,
           [&](int b, int at, int n) {
             const cuda::LaneSpan span = cuda::contiguous_span(at, n);
-            update_span(b, n, vectorized && n == kPerLane, span, from_lists(span), nothing);
+            update_span(b, n, vectorized && n == kPerLane, span, from_lists(span), nothing, from_list_absmax);
           },
           first);
     }
@@ -366,13 +395,16 @@ struct AdamLowBitOp {
   // into registers, and the warp that reads a round last asks for the next
   // one before it computes its own. Returns the warp's first block past
   // them.
-  template <class UpdateSpan>
+  template <class UpdateSpan, class ListAbsmax>
   __device__ __forceinline__ int update_staged(const PlanChunk& chunk, const W* w, const int16_t* rem, const G* g,
-                                               const uint8_t* qm, const uint8_t* qv, bool vectorized, Stage& memory,
-                                               UpdateSpan& update_span) const {
+                                               const uint8_t* qm, const uint8_t* qv, const float* absmax_m,
+                                               const float* absmax_v, bool vectorized, Stage& memory,
+                                               UpdateSpan& update_span, ListAbsmax& from_list_absmax) const {
     const int lane = threadIdx.x % kLanes, warp = threadIdx.x / kLanes;
-    const bool stageable = vectorized && cuda::stage_aligned(qm) && cuda::stage_aligned(qv);
-    const int staged = stageable ? chunk.length / kQuantBlock : 0;  // the same for every warp
+    const bool stageable = vectorized && cuda::stage_aligned(qm) && cuda::stage_aligned(qv) &&
+                           (!kStageAbsmax || (cuda::stage_aligned(absmax_m) && cuda::stage_aligned(absmax_v)));
+    // The same for every warp.
+    const int staged = stageable ? chunk.length / kQuantBlock / kRoundSpans * kRoundSpans : 0;
     int b = warp;
     if (staged == 0) return b;
     cuda::RoundStage stage(memory.slot, &memory.signals);
@@ -385,6 +417,13 @@ struct AdamLowBitOp {
       stage.copy(kGradientAt, g + at, spans * kGradientBytes);
       stage.copy(kCodesAt, qm + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
       stage.copy(kCodesAt + kWarps * kCodeSpanBytes, qv + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
+      if constexpr (kStageAbsmax) {
+        stage.copy(kAbsmaxAt, absmax_m + first * kBlocksPerSpan, spans * kAbsmaxBytes);
+        stage.copy(kAbsmaxAt + kWarps * kAbsmaxBytes, absmax_v + first * kBlocksPerSpan, spans * kAbsmaxBytes);
+      } else if constexpr (kPrefetchAbsmax) {
+        cuda::prefetch_l2(absmax_m + first * kBlocksPerSpan);
+        cuda::prefetch_l2(absmax_v + first * kBlocksPerSpan);
+      }
     };
     if (threadIdx.x == 0) ask(0);
     for (; b < staged; b += kWarps) {
@@ -398,12 +437,29 @@ struct AdamLowBitOp {
                          slot + kCodesAt + warp * kCodeSpanBytes,
                          slot + kCodesAt + (kWarps + warp) * kCodeSpanBytes,
                          span_of(0, lane * kPerLane, kPerLane, kStageQuads)};
-      update_span(b, kPerLane, std::true_type{}, span_of(b, b * kQuantBlock + lane * kPerLane, kPerLane, kStageQuads),
-                  from, [&] {
-                    __syncwarp();
-                    const int next = b - warp + kWarps;  // the next round's first span
-                    if (lane == 0 && next < staged && stage.read_last(kWarps)) ask(next);
-                  });
+      // The span's absmax, from the slot before the warp counts its read.
+      float slot_m = 0.0f, slot_v = 0.0f;
+      update_span(
+          b, kPerLane, std::true_type{}, span_of(b, b * kQuantBlock + lane * kPerLane, kPerLane, kStageQuads), from,
+          [&] {
+            if constexpr (kStageAbsmax) {
+              const float* absmax = reinterpret_cast<const float*>(slot + kAbsmaxAt);
+              const int block = warp * kBlocksPerSpan + lane / Codec::kLanesPerBlock;
+              slot_m = absmax[block];
+              slot_v = absmax[kWarps * kBlocksPerSpan + block];
+            }
+            __syncwarp();
+            const int next = b - warp + kWarps;  // the next round's first span
+            if (lane == 0 && next < staged && stage.read_last(kWarps)) ask(next);
+          },
+          [&](int block, bool in_chunk, float& old_m, float& old_v) {
+            if constexpr (kStageAbsmax) {
+              old_m = slot_m;
+              old_v = slot_v;
+            } else {
+              from_list_absmax(block, in_chunk, old_m, old_v);
+            }
+          });
     }
     return b;
   }
