@@ -122,21 +122,21 @@ struct AdamLowBitOp {
   static constexpr bool kStage4Bit = false;
   static constexpr bool kStage = (kEightBit ? kStage8Bit : kStage4Bit) && cuda::kCanStage;
   static constexpr bool kStageQuads = true;
-  // A staged span's two absmax, per form: copied with the round into the
-  // slot (kStageAbsmax), or loaded from the lists after the warp's read of
-  // the round, with the round's absmax asked of L2 as the round is asked for
+  // A staged span's two absmax: copied with the round into the slot
+  // (kStageAbsmax), or loaded from the lists after the warp's read of the
+  // round, with the round's absmax asked of L2 as the round is asked for
   // (kPrefetchAbsmax). Loaded from the lists without either, they were
-  // where the warps waited most (Nsight Compute's stall sampling: 22% of
-  // the samples on their first use, 10% on the round's mbarrier). On an
-  // H100 (bench/RESULTS.md, 2026-11-27, seventh session; ms over the GPT-2
-  // list at 1.98 GHz, then at the profiler's base clock of 1.58 GHz, nearer
-  // an H200's compute a byte), staged, prefetched, neither: int8 0.7326,
-  // 0.7185, 0.7200 ms and 716, 723, 730 us; int8 remainder 0.6500, 0.6491,
-  // 0.6535 ms and 656, 668, 689 us. Read from the lists at a span ahead,
-  // int8 fell to 73.2%.
-  static constexpr bool kStageAbsmaxF32 = false;
-  static constexpr bool kStageAbsmaxRemainder = true;
-  static constexpr bool kStageAbsmax = kRemainder ? kStageAbsmaxRemainder : kStageAbsmaxF32;
+  // where the warps waited most (Nsight Compute's stall sampling on an H100:
+  // 22% of the samples on their first use, 10% on the round's mbarrier).
+  // Over the GPT-2 list (bench/RESULTS.md, 2026-11-27, seventh session; ms,
+  // staged, prefetched, neither), on an H200: int8 0.5348, 0.5487, 0.5578
+  // (the last the committed kernel before them); int8 remainder 0.5145,
+  // 0.5314, 0.5510. On an H100: int8 0.7326, 0.7185, 0.7200; int8
+  // remainder 0.6500, 0.6491, 0.6535. Both forms stage them: the H200 is the
+  // further from its floor. Read from the lists a span ahead into
+  // registers, int8 fell to 73.2% on the H100.
+  static constexpr bool kStageAbsmax8Bit = true;
+  static constexpr bool kStageAbsmax = kStage && kStageAbsmax8Bit;
   static constexpr bool kPrefetchAbsmax = true;
   static constexpr int kChunkParts8Bit = 1;
   static constexpr int kChunkParts4Bit = 4;
@@ -161,7 +161,7 @@ struct AdamLowBitOp {
   // A span's absmax are fewer bytes than the copy engine's granularity, so
   // with kStageAbsmax a round holds a multiple of kRoundSpans spans (a
   // chunk's last few whole spans are read from the lists).
-  static constexpr int kRoundSpans = kStageAbsmax ? cuda::kStageAlign / (kAbsmaxBytes > 0 ? kAbsmaxBytes : 1) : 1;
+  static constexpr int kRoundSpans = kStageAbsmax ? cuda::kStageAlign / kAbsmaxBytes : 1;
   static_assert(kWeightBytes % cuda::kStageAlign == 0 && kRemainderBytes % cuda::kStageAlign == 0 &&
                 kGradientBytes % cuda::kStageAlign == 0 && kCodeSpanBytes % cuda::kStageAlign == 0 &&
                 (kWarps * kAbsmaxBytes) % cuda::kStageAlign == 0 && kWarps % kRoundSpans == 0);
