@@ -390,11 +390,11 @@ struct AdamLowBitOp {
 
   // The whole spans of the chunk through the block's slot (kStage), when
   // the lists allow vector access (`vectorized`) and the copy engine
-  // (cuda::stage_aligned), a round of spans (one a warp: the blocks the warps own in turn)
-  // at a time: thread 0 asks for the first round; each warp reads its part
-  // into registers, and the warp that reads a round last asks for the next
-  // one before it computes its own. Returns the warp's first block past
-  // them.
+  // (cuda::stage_aligned), a round of spans (one a warp: the blocks the
+  // warps own in turn; with kStageAbsmax, their blocks' absmax too) at a
+  // time: thread 0 asks for the first round; each warp reads its part into
+  // registers, and the warp that reads a round last asks for the next one
+  // before it computes its own. Returns the warp's first block past them.
   template <class UpdateSpan, class ListAbsmax>
   __device__ __forceinline__ int update_staged(const PlanChunk& chunk, const W* w, const int16_t* rem, const G* g,
                                                const uint8_t* qm, const uint8_t* qv, const float* absmax_m,
