@@ -367,13 +367,18 @@ TEST(Training, ResumesWithEightBitMomentsAndRemainderMasters) {
 
 // --optimizer muon: Muon for W1 and W2, Adam for the output layer and the
 // biases (train/muon_adam.h). Over 2 epochs of 8192 images (128 steps) it
-// ends below Adam's loss, as the Muon papers report at small scale (measured
-// on the 2-core VM: 1.327 against 1.424, test accuracy 0.830 against
-// 0.782; over small_run's 32 steps Muon is still behind, 1.22 against 0.63:
-// its update RMS matches AdamW's settled one, 0.2 lr, not Adam's first
-// steps'). Its momentum is in the checkpoint beside Adam's moments under
-// their prefixes, and a resumed run writes the straight run's checkpoint
-// byte for byte, with f32 and bf16 momentum.
+// ends level with Adam, as the Muon papers report at small scale ("at or
+// below"): measured on a 2-core AMD EPYC VM, Muon 0.4672 against Adam
+// 0.4668 with the sgemm kernels OpenBLAS picks there (Cooperlake), 0.4670
+// with SkylakeX's, below Adam with Haswell's and Zen's (OPENBLAS_CORETYPE);
+// test accuracy 0.833 against 0.825. Which of the two ends lower is decided
+// by the kernels' rounding, so the test asks for Muon's loss within 1% of
+// Adam's, below its own first epoch's, and an accuracy above 0.8. Over
+// small_run's 32 steps Muon is still behind, 1.22 against 0.63: its update
+// RMS matches AdamW's settled one, 0.2 lr, not Adam's first steps'. Its
+// momentum is in the checkpoint beside Adam's moments under their prefixes,
+// and a resumed run writes the straight run's checkpoint byte for byte,
+// with f32 and bf16 momentum.
 TEST(Training, MuonTrainsAndResumes) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   TrainOptions adam = small_run(), muon = small_run();
@@ -381,9 +386,10 @@ TEST(Training, MuonTrainsAndResumes) {
   muon.optimizer = "muon";
   const double adam_loss = run_training(adam).back().train_loss;
   const std::vector<EpochResult> muon_results = run_training(muon);
-  EXPECT_LT(muon_results.back().train_loss, adam_loss) << "Muon " << muon_results.back().train_loss
-                                                        << " against Adam " << adam_loss;
-  EXPECT_GT(muon_results.back().test_accuracy, 0.6);
+  EXPECT_LT(muon_results.back().train_loss, 1.01 * adam_loss) << "Muon " << muon_results.back().train_loss
+                                                               << " against Adam " << adam_loss;
+  EXPECT_LT(muon_results.back().train_loss, muon_results.front().train_loss);
+  EXPECT_GT(muon_results.back().test_accuracy, 0.8);
   for (const char* moments : {"f32", "bf16"}) {
     TrainOptions o = small_run();
     o.optimizer = "muon";
