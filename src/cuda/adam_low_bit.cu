@@ -279,7 +279,7 @@ struct AdamLowBitOp {
       after_loads();
       if constexpr (kRemainder) cuda::join_lane(weight_bits, remainder_bits, wc);
       // The lane's quantization block: the warp's (8-bit), or its half's (4-bit).
-      const int block = b * (kQuantBlock / Codec::kBlock) + lane / Codec::kLanesPerBlock;
+      const int block = b * kBlocksPerSpan + lane / Codec::kLanesPerBlock;
       const bool block_in_chunk = block * Codec::kBlock < chunk.length;  // 4-bit: a short span's second half may not be
       float old_m, old_v;
       absmax(block, block_in_chunk, old_m, old_v);
