@@ -7,7 +7,9 @@ block size and register budget, or another of its constants
 The choice is THREADSxBLOCKS or "same", then optionally "@DIR", then any
 number of ":NAME=VALUE". With @DIR, each source is read from DIR (a copy of
 another revision's src/, as `git archive REV src`), so that the same run
-can time the kernel as it was; the tree's headers still serve.
+can time the kernel as it was; DIR's headers come before the tree's (the
+source's own directory and then the include path are searched), so that a
+header the tree has since changed compiles as it was too.
 With THREADSxBLOCKS, every `static constexpr int kMinBlocks = ...;` in the
 given sources becomes `kMinBlocks = B; kBlockThreads = T;`
 (cuda/multi_tensor.cuh reads both; any kBlockThreads the source sets is
@@ -111,6 +113,8 @@ def main():
                 continue
             keep.append(a)
         keep = [str(copy) if a == entry["file"] else a for a in keep]
+        if directory:  # its headers before the tree's
+            keep.insert(1, "-I" + str(pathlib.Path(directory).resolve()))
         output = keep[keep.index("-o") + 1]
         keep[keep.index("-o") + 1] = str(obj)
         keep += ["-Xptxas", "-v"]
