@@ -107,8 +107,8 @@ struct AdamLowBitOp {
   static constexpr bool kQuads4Bit = true;
   static constexpr bool kQuads = kEightBit ? kQuads8Bit : kQuads4Bit;
   // Whether the whole spans of a chunk come through shared memory, a round
-  // of spans (one a warp) at a time, copied by the copy engine
-  // kStageSlots rounds ahead (cuda/span_stage.cuh), per form; and whether lanes read them there
+  // of spans (one a warp) at a time, copied by the copy engine one round
+  // ahead (cuda/span_stage.cuh), per form; and whether lanes read them there
   // in quads (no bank conflicts; 8 consecutive f32 a lane are two-way), and
   // so write them in quads too. On an H100 (bench/RESULTS.md, 2026-11-27,
   // sixth session; % of copy over each floor, staged against not): int8
@@ -134,21 +134,16 @@ struct AdamLowBitOp {
   // 0.5314, 0.5510. On an H100: int8 0.7326, 0.7185, 0.7200; int8
   // remainder 0.6500, 0.6491, 0.6535. Both forms stage them: the H200 is the
   // further from its floor. Read from the lists a span ahead into
-  // registers, int8 fell to 73.2% on the H100.
+  // registers, int8 fell to 73.2% on the H100. A block keeps one slot: with
+  // two, each round asked for two rounds ahead (dynamic shared memory;
+  // commit b7be758), both forms were slower on an H100 at the same
+  // occupancy (bench/RESULTS.md, 2026-11-28; ms, two slots
+  // against one): int8 0.7505 against 0.7247, int8 remainder 0.6839
+  // against 0.6528; at the profiler's base clock 746 against 728 us and 706
+  // against 667.
   static constexpr bool kStageAbsmax8Bit = true;
   static constexpr bool kStageAbsmax = kStage && kStageAbsmax8Bit;
   static constexpr bool kPrefetchAbsmax = true;
-  // Slots a staged block uses in turn, each round asked for that many
-  // rounds ahead (cuda::RoundStage). With one, Nsight Compute's stall
-  // sampling on an H100 (bench/RESULTS.md, 2026-11-27, seventh session, run
-  // 11) found 32% of the int8 kernel's samples, and 21% of the remainder
-  // kernel's, on the round's mbarrier.
-  static constexpr int kStageSlots8Bit = 2;
-  static constexpr int kStageSlots = kEightBit ? kStageSlots8Bit : 1;
-  // The share of L1 and shared memory the staged forms ask to be shared
-  // (percent, or -1: the driver's choice).
-  static constexpr int kSharedCarveout8Bit = 100;
-  static constexpr int kSharedCarveout = kEightBit ? kSharedCarveout8Bit : -1;
   static constexpr int kChunkParts8Bit = 1;
   static constexpr int kChunkParts4Bit = 4;
   static constexpr int kChunkParts = kEightBit ? kChunkParts8Bit : kChunkParts4Bit;
@@ -169,14 +164,6 @@ struct AdamLowBitOp {
   static constexpr int kCodesAt = kGradientAt + kWarps * kGradientBytes;      // m's, then v's
   static constexpr int kAbsmaxAt = kCodesAt + 2 * kWarps * kCodeSpanBytes;  // m's, then v's
   static constexpr int kSlotBytes = kWarps * kSpanBytes;
-  // The slots are dynamic shared memory (two pass the 48 KB of static a
-  // block may have, with the tables), asked for where the kernel stages:
-  // for 256 threads, int8 2 x 20.1 KB, int8 remainder with bf16 gradients
-  // 2 x 16.1 KB, beside 17.4 KB of tables; three blocks fit a
-  // multiprocessor's 227 KB.
-  static constexpr int dynamic_shared_bytes(int arch) {
-    return kStage && cuda::can_stage(arch) ? kStageSlots * kSlotBytes : 0;
-  }
   // A span's absmax are fewer bytes than the copy engine's granularity, so
   // with kStageAbsmax a round holds a multiple of kRoundSpans spans (a
   // chunk's last few whole spans are read from the lists).
@@ -188,9 +175,9 @@ struct AdamLowBitOp {
   // stage_aligned: only the code lists need the test.
   static_assert((kPerLane * sizeof(W)) % cuda::kStageAlign == 0 && (kPerLane * sizeof(G)) % cuda::kStageAlign == 0 &&
                 (kPerLane * sizeof(int16_t)) % cuda::kStageAlign == 0);
-  using Stager = cuda::RoundStage<kStageSlots, kSlotBytes>;
   struct StageMemory {
-    cuda::RoundSignals signals[kStageSlots];
+    alignas(128) uint8_t slot[kSlotBytes];
+    cuda::RoundSignals signals;
   };
   struct NoStageMemory {};
   using Stage = std::conditional_t<kStage, StageMemory, NoStageMemory>;
@@ -221,7 +208,7 @@ struct AdamLowBitOp {
     __shared__ Stage stage;
     if (threadIdx.x == 0) {
       shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
-      if constexpr (kStage) Stager(cuda::dynamic_shared(), stage.signals).init();
+      if constexpr (kStage) cuda::RoundStage(stage.slot, &stage.signals).init();
     }
     cuda::copy_tables(tables, Codec::tables(launch));
     __syncthreads();
@@ -407,14 +394,13 @@ struct AdamLowBitOp {
     }
   }
 
-  // The whole spans of the chunk through the block's slots (kStage), when
+  // The whole spans of the chunk through the block's slot (kStage), when
   // the lists allow vector access (`vectorized`) and the copy engine
   // (cuda::stage_aligned), a round of spans (one a warp: the blocks the
   // warps own in turn; with kStageAbsmax, their blocks' absmax too) at a
-  // time: thread 0 asks for the first round into each slot; each warp reads
-  // its part into registers, and the warp that reads a round last asks for
-  // the slot's next one (kStageSlots rounds later) before it computes its
-  // own. Returns the warp's first block past them.
+  // time: thread 0 asks for the first round; each warp reads its part into
+  // registers, and the warp that reads a round last asks for the next one
+  // before it computes its own. Returns the warp's first block past them.
   template <class UpdateSpan, class ListAbsmax>
   __device__ __forceinline__ int update_staged(const PlanChunk& chunk, const W* w, const int16_t* rem, const G* g,
                                                const uint8_t* qm, const uint8_t* qv, const float* absmax_m,
@@ -427,35 +413,30 @@ struct AdamLowBitOp {
     const int staged = stageable ? chunk.length / kQuantBlock / kRoundSpans * kRoundSpans : 0;
     int b = warp;
     if (staged == 0) return b;
-    Stager stage(cuda::dynamic_shared(), memory.signals);
-    // The round of spans from `first` (round first / kWarps): its lists'
-    // parts, one copy each.
+    cuda::RoundStage stage(memory.slot, &memory.signals);
+    // The round of spans from `first`: its lists' parts, one copy each.
     const auto ask = [&](int first) {
-      const int spans = min(kWarps, staged - first), at = first * kQuantBlock, s = first / kWarps;
-      stage.expect(s, spans * kSpanBytes);
-      stage.copy(s, 0, w + at, spans * kWeightBytes);
-      if constexpr (kRemainder) stage.copy(s, kRemainderAt, rem + at, spans * kRemainderBytes);
-      stage.copy(s, kGradientAt, g + at, spans * kGradientBytes);
-      stage.copy(s, kCodesAt, qm + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
-      stage.copy(s, kCodesAt + kWarps * kCodeSpanBytes, qv + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
+      const int spans = min(kWarps, staged - first), at = first * kQuantBlock;
+      stage.expect(spans * kSpanBytes);
+      stage.copy(0, w + at, spans * kWeightBytes);
+      if constexpr (kRemainder) stage.copy(kRemainderAt, rem + at, spans * kRemainderBytes);
+      stage.copy(kGradientAt, g + at, spans * kGradientBytes);
+      stage.copy(kCodesAt, qm + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
+      stage.copy(kCodesAt + kWarps * kCodeSpanBytes, qv + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
       if constexpr (kStageAbsmax) {
-        stage.copy(s, kAbsmaxAt, absmax_m + first * kBlocksPerSpan, spans * kAbsmaxBytes);
-        stage.copy(s, kAbsmaxAt + kWarps * kAbsmaxBytes, absmax_v + first * kBlocksPerSpan, spans * kAbsmaxBytes);
+        stage.copy(kAbsmaxAt, absmax_m + first * kBlocksPerSpan, spans * kAbsmaxBytes);
+        stage.copy(kAbsmaxAt + kWarps * kAbsmaxBytes, absmax_v + first * kBlocksPerSpan, spans * kAbsmaxBytes);
       } else if constexpr (kPrefetchAbsmax) {
         cuda::prefetch_l2(absmax_m + first * kBlocksPerSpan);
         cuda::prefetch_l2(absmax_v + first * kBlocksPerSpan);
       }
     };
-    // The first round into each slot.
-    if (threadIdx.x == 0) {
-      for (int first = 0; first < kStageSlots * kWarps && first < staged; first += kWarps) ask(first);
-    }
+    if (threadIdx.x == 0) ask(0);
     for (; b < staged; b += kWarps) {
-      const int round = static_cast<uint32_t>(b) / kWarps;  // b >= 0
-      stage.wait(round);
+      stage.wait();
       // The warp's part of the round, at the lane's place in it, in the
       // layout its results are stored in.
-      const uint8_t* slot = stage.slot(round);
+      const uint8_t* slot = stage.slot();
       const Sources from{reinterpret_cast<const W*>(slot) + warp * kQuantBlock,
                          reinterpret_cast<const int16_t*>(slot + kRemainderAt) + warp * kQuantBlock,
                          reinterpret_cast<const G*>(slot + kGradientAt) + warp * kQuantBlock,
@@ -474,9 +455,8 @@ struct AdamLowBitOp {
               slot_v = absmax[kWarps * kBlocksPerSpan + block];
             }
             __syncwarp();
-            // The first span of the round this slot holds next.
-            const int next = b - warp + kStageSlots * kWarps;
-            if (lane == 0 && next < staged && stage.read_last(round, kWarps)) ask(next);
+            const int next = b - warp + kWarps;  // the next round's first span
+            if (lane == 0 && next < staged && stage.read_last(kWarps)) ask(next);
           },
           [&](int block, bool in_chunk, float& old_m, float& old_v) {
             if constexpr (kStageAbsmax) {
