@@ -57,7 +57,7 @@ class _Cohort:
 class _Layout:
     """The optimizer's parameters in param_groups order, with their group index."""
 
-    __slots__ = ("params", "group_of", "device", "masters", "_shard_group")
+    __slots__ = ("params", "group_of", "device", "masters", "dtensors", "_shard_group")
 
     def __init__(self, param_groups):
         self.params = [p for g in param_groups for p in g["params"]]
@@ -71,6 +71,9 @@ class _Layout:
                             "float64, float16 or bfloat16 for all of them (float16/bfloat16 parameters get "
                             "float32 master weights)")
         self.masters = self.params[0].dtype in LOW_PRECISION
+        # Whether a gradient may be a DTensor (whose local shard gradkit reads): without one, a
+        # step reads each .grad as it is, half the host time of asking each whether it is.
+        self.dtensors = any(is_dtensor(p) for p in self.params)
         check_placements(self.params)
         for i, p in enumerate(self.params):
             if not local(p).is_contiguous():
@@ -287,7 +290,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         """Steps over `flat` (a gradkit.torch.FlatGradients covering every parameter)
         without reading each .grad per step."""
         layout = self._get_layout()
-        if any(is_dtensor(p) for p in layout.params):
+        if layout.dtensors:
             raise TypeError("flat gradients do not cover DTensor parameters (FSDP2 shards the gradients itself); "
                             "step them from their .grad")
         if set(map(id, flat.params)) != set(map(id, layout.params)):
@@ -324,7 +327,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         if self._flat is not None and self._cohorts and self._flat.attached_cheap():
             return self._cohorts
         if grads is None:
-            grads = [local(p.grad) for p in params]
+            grads = [local(p.grad) for p in params] if layout.dtensors else [p.grad for p in params]
         # -1 for a missing gradient (no tensor has that address, an empty one may have 0), so that
         # equal pointers mean the same gradients present where they were: the common step reads
         # each .grad once and compares one list.
