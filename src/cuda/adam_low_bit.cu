@@ -134,13 +134,12 @@ struct AdamLowBitOp {
   // 0.5314, 0.5510. On an H100: int8 0.7326, 0.7185, 0.7200; int8
   // remainder 0.6500, 0.6491, 0.6535. Both forms stage them: the H200 is the
   // further from its floor. Read from the lists a span ahead into
-  // registers, int8 fell to 73.2% on the H100. A block keeps one slot: with
-  // two, each round asked for two rounds ahead (dynamic shared memory;
+  // registers, int8 fell to 73.2% on the H100. A block keeps one slot:
+  // with two, each round asked for two rounds ahead (dynamic shared memory;
   // commit b7be758), both forms were slower on an H100 at the same
-  // occupancy (bench/RESULTS.md, 2026-11-28; ms, two slots
-  // against one): int8 0.7505 against 0.7247, int8 remainder 0.6839
-  // against 0.6528; at the profiler's base clock 746 against 728 us and 706
-  // against 667.
+  // occupancy (bench/RESULTS.md, 2026-11-28; ms, two slots against one):
+  // int8 0.7505 against 0.7247, int8 remainder 0.6839 against 0.6528; at
+  // the profiler's base clock 746 against 728 us and 706 against 667.
   static constexpr bool kStageAbsmax8Bit = true;
   static constexpr bool kStageAbsmax = kStage && kStageAbsmax8Bit;
   static constexpr bool kPrefetchAbsmax = true;
