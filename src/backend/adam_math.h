@@ -82,18 +82,21 @@ enum class AdamForm { torch, folded };
 // the torch form, equal to it in exact arithmetic, in fewer roundings and
 // instructions. The square root of v's bias correction is folded into the
 // step size and eps, once per step in f64,
-//   w = w - (lr sqrt(bias2) / bias1) * (m / (sqrt(v) + eps sqrt(bias2))),
-// with one correctly rounded division per element instead of two (on CUDA
-// each is a reciprocal, its refinement, a range check and a slow-path
-// branch); Hugging Face's form is already this one. Every multiply-add is
-// fused (exact::fma, one rounding, the same bits on both backends): the
-// moments as m + (1 - beta1) * (g - m) (Transformers: m * beta1 + (1 -
-// beta1) * g) and v * beta2 + ((1 - beta2) * g) * g, the L2 term, the step
-// and Hugging Face's decay, three fewer instructions an element on CUDA.
-// No amsgrad: low-bit moments refuse it (gradkit/ops/adam.h). In two
-// halves, so that a kernel may take the square roots between them its own
-// way (cuda/sqrt_lanes.cuh, the same bits): the moments (and the decay
-// applied to w before the step), then the step from sqrt(v).
+//   w = w - (lr sqrt(bias2) / bias1) * (m * (1 / (sqrt(v) + eps sqrt(bias2)))),
+// with one correctly rounded reciprocal per element and a product, instead
+// of two divisions (on CUDA a division is a reciprocal, its refinement, a
+// quotient and its correction, a range check and a slow-path branch each;
+// the reciprocal is the first two, and cuda/denominator_lanes.cuh takes a lane's
+// eight without a test of their own); Hugging Face's form is already this
+// one. Every multiply-add is fused (exact::fma, one rounding, the same bits
+// on both backends): the moments as m + (1 - beta1) * (g - m) (Transformers:
+// m * beta1 + (1 - beta1) * g) and v * beta2 + ((1 - beta2) * g) * g, the
+// L2 term, the step and Hugging Face's decay, three fewer instructions an
+// element on CUDA. No amsgrad: low-bit moments refuse it (gradkit/ops/
+// adam.h). In three parts, so that a kernel may take the square roots and
+// reciprocals between them its own way (cuda/denominator_lanes.cuh, the same bits):
+// the moments (and the decay applied to w before the step), the reciprocal
+// of the denominator from v, then the step from it.
 template <class C, class Flags>
 GRADKIT_HD void adam_moments_folded(C& w, C g, C& m, C& v, const AdamCoefficients<C>& c, Flags f) {
   using exact::fma;
@@ -106,19 +109,25 @@ GRADKIT_HD void adam_moments_folded(C& w, C g, C& m, C& v, const AdamCoefficient
   v = fma(v, c.beta2, mul(mul(c.one_minus_beta2, g), g));
 }
 
-// root: sqrt(v), correctly rounded.
+// 1 / (sqrt(v) + folded eps), each operation correctly rounded.
+template <class C>
+GRADKIT_HD C folded_denominator_reciprocal(C v, const AdamCoefficients<C>& c) {
+  return exact::reciprocal(exact::add(std::sqrt(v), c.folded_eps));
+}
+
+// reciprocal: folded_denominator_reciprocal(v).
 template <class C, class Flags>
-GRADKIT_HD void adam_step_folded(C& w, C m, C root, const AdamCoefficients<C>& c, Flags f) {
+GRADKIT_HD void adam_step_folded(C& w, C m, C reciprocal, const AdamCoefficients<C>& c, Flags f) {
   using exact::fma;
   using exact::neg;
-  w = fma(neg(c.folded_step_size), m / exact::add(root, c.folded_eps), w);
+  w = fma(neg(c.folded_step_size), exact::mul(m, reciprocal), w);
   if (f.decay == static_cast<int32_t>(WeightDecay::hugging_face)) w = fma(neg(c.decay_after), w, w);
 }
 
 template <class C, class Flags>
 GRADKIT_HD void adam_element_folded(C& w, C g, C& m, C& v, const AdamCoefficients<C>& c, Flags f) {
   adam_moments_folded(w, g, m, v, c, f);
-  adam_step_folded(w, m, std::sqrt(v), c, f);
+  adam_step_folded(w, m, folded_denominator_reciprocal(v, c), c, f);
 }
 
 // One element: w, m, v (and vmax for amsgrad) updated in place from the

@@ -47,6 +47,17 @@ GRADKIT_HD float fma(float a, float b, float c) { return std::fma(a, b, c); }
 GRADKIT_HD double fma(double a, double b, double c) { return std::fma(a, b, c); }
 #endif
 
+// 1 / x correctly rounded (IEEE division of 1 by x), as one operation:
+// __frcp_rn on CUDA (a reciprocal, its refinement, a range check and a
+// slow-path branch; cuda/denominator_lanes.cuh takes a lane's under one test).
+#if defined(__CUDA_ARCH__)
+GRADKIT_HD float reciprocal(float x) { return __frcp_rn(x); }
+GRADKIT_HD double reciprocal(double x) { return __drcp_rn(x); }
+#else
+GRADKIT_HD float reciprocal(float x) { return 1.0f / x; }
+GRADKIT_HD double reciprocal(double x) { return 1.0 / x; }
+#endif
+
 // -x, as a flip of the sign bit that no compiler folds away. Host compilers
 // rewrite (-x) + y as y - x, which is the same number for every x but a
 // NaN, whose sign the flip changes and the subtraction keeps; CUDA's

@@ -23,7 +23,7 @@
 #include "cuda/master_lanes.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/span_stage.cuh"
-#include "cuda/sqrt_lanes.cuh"
+#include "cuda/denominator_lanes.cuh"
 #include "cuda/types.cuh"
 
 namespace gradkit::backend {
@@ -72,9 +72,16 @@ struct AdamLowBitOp {
   // 81.8%, 8-bit remainder 75.2% against 68.4%; 4-bit 84.4% against 85.5%,
   // 4-bit remainder 62.5% against 63.8%. In an earlier sweep, 384 x 2,
   // 128 x 5 and 256 x 2 were slower than 256 x 3 in every form.
+  // Since the reciprocal form (denominator_lanes.cuh) took 10% of the 8-bit
+  // forms' instructions, the remainder form runs faster at four blocks of
+  // 256 (64 registers, 136 bytes spilled), where its rounds are fewer bytes
+  // in flight than the f32 form's; over the GPT-2 list on an H200
+  // (bench/RESULTS.md, 2026-11-28, ninth session; % of copy over each floor,
+  // 256 x 4 against 256 x 3): int8 remainder 83.6% against 81.4%, int8 86.3%
+  // against 88.6%.
   static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
   static constexpr int kBlockThreads = kEightBit ? 256 : 512;
-  static constexpr int kMinBlocks = kEightBit ? 3 : 2;
+  static constexpr int kMinBlocks = kEightBit ? (kRemainder ? 4 : 3) : 2;
   // How many of its blocks ahead a warp asks L2 for (prefetch_l2), per form.
   // Before the codes and halves stayed in their words, one block ahead helped
   // every form (bench/RESULTS.md, 2026-11-26 and 2026-11-27). With them
@@ -300,19 +307,19 @@ struct AdamLowBitOp {
 #pragma unroll
         for (int k = 0; k < kPerLane; ++k) gc[k] = exact::mul(gc[k], inverse_scale);
       }
-      // adam_element_folded in its two halves, with the lane's square roots
-      // between them under one range test (cuda/sqrt_lanes.cuh).
+      // adam_element_folded in its parts, with the lane's reciprocals of
+      // sqrt(v) + eps between them under one range test (cuda/denominator_lanes.cuh).
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
         m_new[k] = Codec::decode(tables, 0, mr, k, old_m);
         v_new[k] = Codec::decode(tables, 1, vr, k, old_v);
         adam_moments_folded(wc[k], gc[k], m_new[k], v_new[k], c, flags);
       }
-      float root[kPerLane];
-      cuda::sqrt_lane(v_new, root);
+      float reciprocal[kPerLane];
+      cuda::denominator_reciprocal_lane(v_new, c.folded_eps, reciprocal);
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
-        adam_step_folded(wc[k], m_new[k], root[k], c, flags);
+        adam_step_folded(wc[k], m_new[k], reciprocal[k], c, flags);
         if constexpr (kCopy) cr[k] = cuda::from_compute<Copy>(wc[k]);
       }
       const auto store_weights = [&](bool whole) {

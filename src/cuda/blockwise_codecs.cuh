@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/blockwise4_math.h"
 #include "backend/blockwise_math.h"
@@ -17,13 +18,52 @@ using backend::dequantize4;
 using backend::QuantTables;
 using backend::QuantTables4;
 
+// q + 1 when x > y, else q (a NaN on either side: q), as a compare and a
+// predicated add (the compiler's form of q + (x > y ? 1 : 0) took a compare,
+// an add and a select).
+__device__ __forceinline__ uint32_t add_if_greater(uint32_t q, float x, float y) {
+  asm("{\n\t"
+      ".reg .pred p;\n\t"
+      "setp.gt.f32 p, %1, %2;\n\t"
+      "@p add.u32 %0, %0, 1;\n\t"
+      "}"
+      : "+r"(q)
+      : "f"(x), "f"(y));
+  return q;
+}
+
+// backend::bucketed_count (signed: the magnitude's buckets, then the sign's
+// half of the starts) and bucketed_count_unsigned: the same count for every
+// x (tests/test_blockwise_codecs.cu checks every f32 against count_below, in
+// both forms' tables), in fewer instructions. The magnitude is clamped to
+// [lowest bucket, 2.0] as floats, one min and one max whose absolute value
+// is an operand modifier (the integer clamp took a mask more); a NaN clamps
+// to 2.0 (min returns the other operand), whose starts are 0 as in the
+// integer form. The unsigned form clamps x itself: a negative x or -0 lands
+// in the lowest bucket (the integer form: 2.0's), whose start is 0 and whose
+// first decision point is at least 0, so it counts 0 there too.
+template <class Table, bool kSigned>
+__device__ __forceinline__ uint32_t bucketed_count_cuda(const Table& t, float x) {
+  using Buckets = typename Table::Buckets;
+  const float lowest = backend::bits_float(Buckets::kLowestBits);
+  const float clamped = fmaxf(fminf(kSigned ? fabsf(x) : x, 2.0f), lowest);
+  int bucket = static_cast<int>(__float_as_uint(clamped) >> Buckets::kShift) -
+               static_cast<int>(Buckets::kLowestBits >> Buckets::kShift);
+  if constexpr (kSigned) bucket += static_cast<int>(__float_as_uint(x) >> 31) * Buckets::kCount;
+  uint32_t q = t.start[bucket];
+#pragma unroll
+  for (int k = 0; k < backend::kQuantSpan; ++k) q = add_if_greater(q, x, t.midpoints[q]);
+  return q;
+}
+
 // The code of x (scaled by its block's 1 / absmax) in either form's tables:
 // quantize's or quantize4's, not narrowed (the kernels pack codes from their
 // low bits); exp_avg_sq's map (moment 1) is unsigned, so its count needs
 // only the positive buckets.
 template <class Tables>
 __device__ __forceinline__ uint32_t encode_moment(const Tables& t, int moment, float x) {
-  return moment == 0 ? backend::bucketed_count(t.table[0], x) : backend::bucketed_count_unsigned(t.table[1], x);
+  using Table = std::remove_cvref_t<decltype(t.table[0])>;
+  return moment == 0 ? bucketed_count_cuda<Table, true>(t.table[0], x) : bucketed_count_cuda<Table, false>(t.table[1], x);
 }
 
 // The 8-bit form: one 256-element block per warp, one code a byte.
