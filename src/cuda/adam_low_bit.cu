@@ -78,7 +78,9 @@ struct AdamLowBitOp {
   // in flight than the f32 form's; over the GPT-2 list on an H200
   // (bench/RESULTS.md, 2026-11-28, ninth session; % of copy over each floor,
   // 256 x 4 against 256 x 3): int8 remainder 83.6% against 81.4%, int8 86.3%
-  // against 88.6%.
+  // against 88.6%. On an H100 the remainder form at four ran at 86.8%
+  // (90.5% at three with the division, the eighth session; not measured side
+  // by side): taken for the H200, the further from its floor.
   static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
   static constexpr int kBlockThreads = kEightBit ? 256 : 512;
   static constexpr int kMinBlocks = kEightBit ? (kRemainder ? 4 : 3) : 2;
