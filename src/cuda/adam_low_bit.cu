@@ -20,10 +20,10 @@
 #include "cuda/adam_launch.cuh"
 #include "cuda/blockwise_codecs.cuh"
 #include "cuda/blockwise_lanes.cuh"
+#include "cuda/denominator_lanes.cuh"
 #include "cuda/master_lanes.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/span_stage.cuh"
-#include "cuda/denominator_lanes.cuh"
 #include "cuda/types.cuh"
 
 namespace gradkit::backend {
