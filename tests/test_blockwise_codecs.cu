@@ -50,7 +50,7 @@ __global__ void check_every_f32(const Table* table, Counts* counts) {
 #define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 template <class Table, bool kSigned>
-void expect_every_f32_counts_as_the_search(const Table& host) {
+void expect_every_f32_counts_as_the_cpu_encode(const Table& host) {
   Table* table = nullptr;
   Counts* counts = nullptr;
   CHECK_CUDA(cudaMalloc(&table, sizeof(Table)));
@@ -68,18 +68,18 @@ void expect_every_f32_counts_as_the_search(const Table& host) {
   EXPECT_EQ(got.against_search, 0u) << "against the search, first at bits 0x" << std::hex << got.first_against_search;
 }
 
-TEST(BlockwiseCodecs, TheEightBitEncodesCountAsTheSearchOnEveryF32) {
+TEST(BlockwiseCodecs, TheEightBitEncodesCountAsTheCpuEncodeOnEveryF32) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
   const backend::QuantTables& t = backend::quant_tables();
-  expect_every_f32_counts_as_the_search<backend::QuantTable, true>(t.table[0]);
-  expect_every_f32_counts_as_the_search<backend::QuantTable, false>(t.table[1]);
+  expect_every_f32_counts_as_the_cpu_encode<backend::QuantTable, true>(t.table[0]);
+  expect_every_f32_counts_as_the_cpu_encode<backend::QuantTable, false>(t.table[1]);
 }
 
-TEST(BlockwiseCodecs, TheFourBitEncodesCountAsTheSearchOnEveryF32) {
+TEST(BlockwiseCodecs, TheFourBitEncodesCountAsTheCpuEncodeOnEveryF32) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
   const backend::QuantTables4& t = backend::quant_tables4();
-  expect_every_f32_counts_as_the_search<backend::QuantTable4, true>(t.table[0]);
-  expect_every_f32_counts_as_the_search<backend::QuantTable4, false>(t.table[1]);
+  expect_every_f32_counts_as_the_cpu_encode<backend::QuantTable4, true>(t.table[0]);
+  expect_every_f32_counts_as_the_cpu_encode<backend::QuantTable4, false>(t.table[1]);
 }
 
 }  // namespace
