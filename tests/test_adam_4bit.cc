@@ -64,8 +64,8 @@ TEST(Blockwise4, TablesAreTheirClosedForm) {
 
 // The three encodes of backend/blockwise4_math.h against the definition,
 // counted here with std::lower_bound over the table's decision points: the
-// CUDA kernels' bucketed count (quantize4, and for the unsigned map
-// bucketed_count_unsigned), the CPU loops' 15 comparisons
+// bucketed count (quantize4; cuda/blockwise_codecs.cuh gives its count on
+// every f32, test_blockwise_codecs), the CPU loops' 15 comparisons
 // (quantize4_count) and the binary search (quantize4_search), for each
 // bucket's edges and their neighbours, each decision point and its
 // neighbours, both signs, values past 1 (a rounding of m / absmax), NaN, and
@@ -98,7 +98,6 @@ TEST(Blockwise4, EveryEncodeCountsTheDecisionPointsBelowEachValue) {
       ASSERT_EQ(backend::quantize4(t, v), want) << "bucketed, table " << m << ", x = " << v;
       ASSERT_EQ(backend::quantize4_count(t, v), want) << "count, table " << m << ", x = " << v;
       ASSERT_EQ(backend::quantize4_search(t, v), want) << "search, table " << m << ", x = " << v;
-      if (m == 1) ASSERT_EQ(backend::bucketed_count_unsigned(t, v), want) << "unsigned bucketed, x = " << v;
     }
   }
 }

@@ -2,7 +2,7 @@
 // a float clamp and a predicated add) on every f32 bit pattern, in each of
 // the four tables the kernels encode with (8- and 4-bit, signed and
 // unsigned): the same count as the CPU backend's encode (backend::
-// bucketed_count, bucketed_count_unsigned) everywhere, and as the encodes'
+// bucketed_count) everywhere, and as the encodes'
 // definition, the binary search's count of decision points below x
 // (backend::count_below), on their domain: |x| < 2 and NaN (a scaled moment
 // is at most 1 and a rounding; from 2 up both encodes give 0, where the
@@ -36,7 +36,7 @@ __global__ void check_every_f32(const Table* table, Counts* counts) {
     const auto bits = static_cast<uint32_t>(i);
     const float x = __uint_as_float(bits);
     const uint32_t got = cuda::bucketed_count_cuda<Table, kSigned>(*table, x);
-    const uint32_t cpu = kSigned ? backend::bucketed_count(*table, x) : backend::bucketed_count_unsigned(*table, x);
+    const uint32_t cpu = backend::bucketed_count(*table, x);
     if (got != cpu && against_cpu++ == 0) atomicMin(&counts->first_against_cpu, bits);
     const bool in_domain = !(fabsf(x) >= 2.0f);  // NaN too
     if (in_domain && got != backend::count_below(table->midpoints, x) && against_search++ == 0) {

@@ -86,17 +86,18 @@ enum class AdamForm { torch, folded };
 // with one correctly rounded reciprocal per element and a product, instead
 // of two divisions (on CUDA a division is a reciprocal, its refinement, a
 // quotient and its correction, a range check and a slow-path branch each;
-// the reciprocal is the first two, and cuda/denominator_lanes.cuh takes a lane's
-// eight without a test of their own); Hugging Face's form is already this
-// one. Every multiply-add is fused (exact::fma, one rounding, the same bits
-// on both backends): the moments as m + (1 - beta1) * (g - m) (Transformers:
-// m * beta1 + (1 - beta1) * g) and v * beta2 + ((1 - beta2) * g) * g, the
-// L2 term, the step and Hugging Face's decay, three fewer instructions an
-// element on CUDA. No amsgrad: low-bit moments refuse it (gradkit/ops/
-// adam.h). In three parts, so that a kernel may take the square roots and
-// reciprocals between them its own way (cuda/denominator_lanes.cuh, the same bits):
-// the moments (and the decay applied to w before the step), the reciprocal
-// of the denominator from v, then the step from it.
+// the reciprocal is the first two, and cuda/denominator_lanes.cuh takes a
+// lane's eight without a test of their own); Hugging Face's form is already
+// this one. Every multiply-add is fused (exact::fma, one rounding, the same
+// bits on both backends): the moments as m + (1 - beta1) * (g - m)
+// (Transformers: m * beta1 + (1 - beta1) * g) and v * beta2 + ((1 - beta2) *
+// g) * g, the L2 term, the step and Hugging Face's decay, three fewer
+// instructions an element on CUDA. No amsgrad: low-bit moments refuse it
+// (gradkit/ops/adam.h). In three parts, so that a kernel may take the square
+// roots and reciprocals between them its own way (cuda/
+// denominator_lanes.cuh, the same bits): the moments (and the decay applied
+// to w before the step), the reciprocal of the denominator from v, then the
+// step from it.
 template <class C, class Flags>
 GRADKIT_HD void adam_moments_folded(C& w, C g, C& m, C& v, const AdamCoefficients<C>& c, Flags f) {
   using exact::fma;

@@ -43,8 +43,9 @@ struct QuantTables4 {
 // The index of the code nearest to x (x already scaled by its block's
 // 1 / absmax): the number of decision points below x. A value exactly on a
 // decision point takes the lower code; NaN (greater than nothing) gives 0.
-// The definition is the binary search (quantize4_search); the CUDA kernels
-// count from the bucket's start in 2 table reads instead of 4 (quantize4),
+// The definition is the binary search (quantize4_search); the bucketed count
+// takes 2 table reads instead of 4 (quantize4; the CUDA kernels' form of it,
+// cuda/blockwise_codecs.cuh),
 // and the CPU loops by 15 comparisons (quantize4_count), which have no
 // branch and no data-dependent index, so that they vectorize (the search's
 // compares became branches there, a mispredicted one per step).

@@ -109,18 +109,6 @@ GRADKIT_HD uint8_t count_below(const float (&midpoints)[N], float x) {
 
 GRADKIT_HD uint8_t quantize_search(const QuantTable& t, float x) { return count_below(t.midpoints, x); }
 
-// The count from start[bucket] and kQuantSpan comparisons: what both
-// bucketed counts share once they have x's bucket.
-template <class Table>
-GRADKIT_HD uint32_t count_from_bucket(const Table& t, int bucket, float x) {
-  int q = t.start[bucket];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (int k = 0; k < kQuantSpan; ++k) q += x > t.midpoints[q] ? 1 : 0;
-  return static_cast<uint32_t>(q);
-}
-
 // The code of x in a table with bucket starts (QuantTable, QuantTable4):
 // count_below's count, from the bucket's start and kQuantSpan comparisons (a
 // comparison past the bucket's last decision point is false, so the count
@@ -129,30 +117,22 @@ GRADKIT_HD uint32_t count_from_bucket(const Table& t, int bucket, float x) {
 // lies below 1; midpoints[N - 1] is +Inf), the negative start 0, which is
 // the search's count for x > 1 and x < -1. NaN (clamped into the bucket of
 // 2.0, whose starts are 0, and greater than nothing) gives 0, as the search
-// does. The count comes back in 32 bits (below N by the table's
-// construction): the CUDA kernels pack codes from their low bits, so a
-// narrowing here would cost a mask each.
+// does. The CPU backend's encode; the CUDA kernels' gives the same count in
+// fewer instructions (cuda/blockwise_codecs.cuh, bucketed_count_cuda), and
+// like it the count comes back in 32 bits (below N by the table's
+// construction).
 template <class Table>
 GRADKIT_HD uint32_t bucketed_count(const Table& t, float x) {
   using Buckets = typename Table::Buckets;
   const uint32_t bits = float_bits(x);
   uint32_t magnitude = bits & 0x7fffffffu;  // -0 is 0
   magnitude = magnitude < kQuantNanBits ? magnitude : kQuantNanBits;
-  return count_from_bucket(t, Buckets::of(magnitude) + static_cast<int>(bits >> 31) * Buckets::kCount, x);
-}
-
-// bucketed_count for a table whose decision points are all at least +0 (the
-// unsigned maps, exp_avg_sq's, both forms), in two fewer operations: the
-// positive buckets only, from x's bits as they are. An x with its sign bit
-// set (negative, -0, or a NaN) is clamped into the bucket of 2.0, whose start
-// is 0, and is greater than no decision point there, so it counts 0, which is
-// count_below's count for it in such a table.
-template <class Table>
-GRADKIT_HD uint32_t bucketed_count_unsigned(const Table& t, float x) {
-  using Buckets = typename Table::Buckets;
-  const uint32_t bits = float_bits(x);
-  const uint32_t clamped = bits < kQuantNanBits ? bits : kQuantNanBits;
-  return count_from_bucket(t, Buckets::of(clamped), x);
+  int q = t.start[Buckets::of(magnitude) + static_cast<int>(bits >> 31) * Buckets::kCount];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < kQuantSpan; ++k) q += x > t.midpoints[q] ? 1 : 0;
+  return static_cast<uint32_t>(q);
 }
 
 GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) { return static_cast<uint8_t>(bucketed_count(t, x)); }

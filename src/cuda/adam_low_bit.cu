@@ -310,7 +310,8 @@ struct AdamLowBitOp {
         for (int k = 0; k < kPerLane; ++k) gc[k] = exact::mul(gc[k], inverse_scale);
       }
       // adam_element_folded in its parts, with the lane's reciprocals of
-      // sqrt(v) + eps between them under one range test (cuda/denominator_lanes.cuh).
+      // sqrt(v) + eps between them under one range test
+      // (cuda/denominator_lanes.cuh).
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
         m_new[k] = Codec::decode(tables, 0, mr, k, old_m);

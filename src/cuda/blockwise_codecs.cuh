@@ -32,11 +32,12 @@ __device__ __forceinline__ uint32_t add_if_greater(uint32_t q, float x, float y)
   return q;
 }
 
-// backend::bucketed_count (signed: the magnitude's buckets, then the sign's
-// half of the starts) and bucketed_count_unsigned: the same count for every
-// x, in fewer instructions (tests/test_blockwise_codecs.cu checks every f32
-// in all four tables against them, and against count_below where |x| < 2 or
-// x is NaN). The magnitude is clamped to
+// backend::bucketed_count, the CPU backend's encode: the same count for
+// every x, in fewer instructions (tests/test_blockwise_codecs.cu checks every
+// f32 in all four tables against it, and against count_below where |x| < 2
+// or x is NaN). Signed: the magnitude's buckets, then the sign's half of the
+// starts; unsigned (a table whose decision points are all at least +0, the
+// second moments'): the positive buckets only. The magnitude is clamped to
 // [lowest bucket, 2.0] as floats, one min and one max whose absolute value
 // is an operand modifier (the integer clamp took a mask more); a NaN clamps
 // to 2.0 (min returns the other operand), whose starts are 0 as in the
