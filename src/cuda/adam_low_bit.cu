@@ -80,7 +80,11 @@ struct AdamLowBitOp {
   // 256 x 4 against 256 x 3): int8 remainder 83.6% against 81.4%, int8 86.3%
   // against 88.6%. On an H100 the remainder form at four ran at 86.8%
   // (90.5% at three with the division, the eighth session; not measured side
-  // by side): taken for the H200, the further from its floor.
+  // by side): taken for the H200, the further from its floor. Eight blocks
+  // of 128 (as many warps, rounds of half the bytes) were slower on an H200
+  // (2026-11-28, tenth session): int8 83.9% against 88.1%, int8 remainder
+  // 81.3% against 83.4%. 16 warps a block do not build for the staged
+  // forms (their slot and tables pass the 48 KB of static shared memory).
   static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
   static constexpr int kBlockThreads = kEightBit ? 256 : 512;
   static constexpr int kMinBlocks = kEightBit ? (kRemainder ? 4 : 3) : 2;
