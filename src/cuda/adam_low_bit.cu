@@ -210,17 +210,63 @@ struct AdamLowBitOp {
     return quads ? cuda::codec_span<Codec>(b, at, n) : cuda::contiguous_span(at, n);
   }
 
+  // A chunk's lists, and whether each allows vector access (kPerLane
+  // elements, a lane's codes).
+  struct Lists {
+    W* w;
+    const G* g;
+    uint8_t* qm;
+    uint8_t* qv;
+    float* absmax_m;
+    float* absmax_v;
+    Copy* copy;
+    int16_t* rem;
+    bool vectorized;
+  };
+  __device__ __forceinline__ Lists lists_of(const PlanArgs& plan, const PlanChunk& chunk) const {
+    Lists l{plan.tensor<W>(0, chunk),
+            plan.tensor<G>(1, chunk),
+            plan.block_tensor<uint8_t>(2, chunk, Codec::kCodesPerByte),
+            plan.block_tensor<uint8_t>(3, chunk, Codec::kCodesPerByte),
+            plan.block_tensor<float>(launch.absmax_list, chunk, Codec::kBlock),
+            plan.block_tensor<float>(launch.absmax_list + 1, chunk, Codec::kBlock),
+            nullptr,
+            nullptr,
+            false};
+    if constexpr (kCopy) l.copy = plan.tensor<Copy>(launch.copy_list, chunk);
+    if constexpr (kRemainder) l.rem = plan.tensor<int16_t>(launch.remainder_list, chunk);
+    constexpr int kCodeBytes = Codec::kCodeBytes;
+    l.vectorized = cuda::vector_aligned<kPerLane>(l.w) && cuda::vector_aligned<kPerLane>(l.g) &&
+                   cuda::vector_aligned<kCodeBytes>(l.qm) && cuda::vector_aligned<kCodeBytes>(l.qv) &&
+                   (!kCopy || cuda::vector_aligned<kPerLane>(l.copy)) &&
+                   (!kRemainder || cuda::vector_aligned<kPerLane>(l.rem));
+    return l;
+  }
+
   __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
     const AdamStepInputs& in = launch.inputs;
     if (in.found_inf != nullptr && *in.found_inf) return;
 
     // The group's constants and both code tables, once per thread block.
+    // Thread 0 asks for the chunk's first staged round before it computes
+    // the constants, so that the round's loads are in flight while the
+    // block sets up: asked after the setup's barrier, as before, the spin
+    // on the rounds' mbarrier took 22% of the remainder form's warp samples
+    // and the setup 5%, on an H200 at full clock (bench/RESULTS.md,
+    // 2026-11-28, tenth session, where this order's own time is not yet
+    // measured).
     __shared__ AdamCoefficients<float> shared;
     __shared__ Tables tables;
     __shared__ Stage stage;
     if (threadIdx.x == 0) {
+      if constexpr (kStage) {
+        const cuda::RoundStage round(stage.slot, &stage.signals);
+        round.init();
+        const Lists l = lists_of(plan, chunk);
+        const int staged = staged_spans(chunk, l);
+        if (staged > 0) ask(round, l, staged, 0);
+      }
       shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
-      if constexpr (kStage) cuda::RoundStage(stage.slot, &stage.signals).init();
     }
     cuda::copy_tables(tables, Codec::tables(launch));
     __syncthreads();
@@ -242,21 +288,16 @@ struct AdamLowBitOp {
   __device__ __forceinline__ void update(const PlanArgs& plan, const PlanChunk& chunk, const AdamCoefficients<float>& c,
                                          Flags flags, float scale, float inverse_scale, const Tables& tables,
                                          Stage& stage) const {
-    W* w = plan.tensor<W>(0, chunk);
-    const G* g = plan.tensor<G>(1, chunk);
-    uint8_t* qm = plan.block_tensor<uint8_t>(2, chunk, Codec::kCodesPerByte);
-    uint8_t* qv = plan.block_tensor<uint8_t>(3, chunk, Codec::kCodesPerByte);
-    float* absmax_m = plan.block_tensor<float>(launch.absmax_list, chunk, Codec::kBlock);
-    float* absmax_v = plan.block_tensor<float>(launch.absmax_list + 1, chunk, Codec::kBlock);
-    Copy* copy = nullptr;
-    if constexpr (kCopy) copy = plan.tensor<Copy>(launch.copy_list, chunk);
-    int16_t* rem = nullptr;
-    if constexpr (kRemainder) rem = plan.tensor<int16_t>(launch.remainder_list, chunk);
-    constexpr int kCodeBytes = Codec::kCodeBytes;
-    const bool vectorized = cuda::vector_aligned<kPerLane>(w) && cuda::vector_aligned<kPerLane>(g) &&
-                            cuda::vector_aligned<kCodeBytes>(qm) && cuda::vector_aligned<kCodeBytes>(qv) &&
-                            (!kCopy || cuda::vector_aligned<kPerLane>(copy)) &&
-                            (!kRemainder || cuda::vector_aligned<kPerLane>(rem));
+    const Lists lists = lists_of(plan, chunk);
+    W* w = lists.w;
+    const G* g = lists.g;
+    uint8_t* qm = lists.qm;
+    uint8_t* qv = lists.qv;
+    float* absmax_m = lists.absmax_m;
+    float* absmax_v = lists.absmax_v;
+    Copy* copy = lists.copy;
+    int16_t* rem = lists.rem;
+    const bool vectorized = lists.vectorized;
 
     const int lane = threadIdx.x % kLanes;
     const auto prefetch = [&](int later) {
@@ -383,8 +424,7 @@ struct AdamLowBitOp {
     // The warp's first block; past the staged ones, when there are.
     int first = threadIdx.x / kLanes;
     if constexpr (kStage) {
-      first = update_staged(chunk, w, rem, g, qm, qv, absmax_m, absmax_v, vectorized, stage, update_span,
-                            from_list_absmax);
+      first = update_staged(chunk, lists, stage, update_span, from_list_absmax);
     }
     if constexpr (kQuads) {
       // The spans that lie whole in the chunk, when every list is aligned.
@@ -407,44 +447,49 @@ struct AdamLowBitOp {
     }
   }
 
-  // The whole spans of the chunk through the block's slot (kStage), when
-  // the lists allow vector access (`vectorized`) and the copy engine
-  // (cuda::stage_aligned), a round of spans (one a warp: the blocks the
-  // warps own in turn; with kStageAbsmax, their blocks' absmax too) at a
-  // time: thread 0 asks for the first round; each warp reads its part into
-  // registers, and the warp that reads a round last asks for the next one
-  // before it computes its own. Returns the warp's first block past them.
+  // How many of the chunk's whole spans come through the block's slot: a
+  // multiple of kRoundSpans, when the lists allow vector access and the
+  // copy engine (cuda::stage_aligned); the same for every thread.
+  __device__ __forceinline__ int staged_spans(const PlanChunk& chunk, const Lists& l) const {
+    const bool stageable = l.vectorized && cuda::stage_aligned(l.qm) && cuda::stage_aligned(l.qv) &&
+                           (!kStageAbsmax || (cuda::stage_aligned(l.absmax_m) && cuda::stage_aligned(l.absmax_v)));
+    return stageable ? chunk.length / kQuantBlock / kRoundSpans * kRoundSpans : 0;
+  }
+
+  // Asks for the round of spans from `first` (of `staged`): its lists'
+  // parts, one copy each, into the block's slot.
+  __device__ __forceinline__ void ask(const cuda::RoundStage& stage, const Lists& l, int staged, int first) const {
+    const int spans = min(kWarps, staged - first), at = first * kQuantBlock;
+    stage.expect(spans * kSpanBytes);
+    stage.copy(0, l.w + at, spans * kWeightBytes);
+    if constexpr (kRemainder) stage.copy(kRemainderAt, l.rem + at, spans * kRemainderBytes);
+    stage.copy(kGradientAt, l.g + at, spans * kGradientBytes);
+    stage.copy(kCodesAt, l.qm + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
+    stage.copy(kCodesAt + kWarps * kCodeSpanBytes, l.qv + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
+    if constexpr (kStageAbsmax) {
+      stage.copy(kAbsmaxAt, l.absmax_m + first * kBlocksPerSpan, spans * kAbsmaxBytes);
+      stage.copy(kAbsmaxAt + kWarps * kAbsmaxBytes, l.absmax_v + first * kBlocksPerSpan, spans * kAbsmaxBytes);
+    } else if constexpr (kPrefetchAbsmax) {
+      cuda::prefetch_l2(l.absmax_m + first * kBlocksPerSpan);
+      cuda::prefetch_l2(l.absmax_v + first * kBlocksPerSpan);
+    }
+  }
+
+  // The whole spans of the chunk through the block's slot (kStage), a round
+  // of spans (one a warp: the blocks the warps own in turn; with
+  // kStageAbsmax, their blocks' absmax too) at a time: thread 0 asked for
+  // the first round before the block's setup (operator()); each warp reads
+  // its part into registers, and the warp that reads a round last asks for
+  // the next one before it computes its own. Returns the warp's first block
+  // past them.
   template <class UpdateSpan, class ListAbsmax>
-  __device__ __forceinline__ int update_staged(const PlanChunk& chunk, const W* w, const int16_t* rem, const G* g,
-                                               const uint8_t* qm, const uint8_t* qv, const float* absmax_m,
-                                               const float* absmax_v, bool vectorized, Stage& memory,
+  __device__ __forceinline__ int update_staged(const PlanChunk& chunk, const Lists& lists, Stage& memory,
                                                UpdateSpan& update_span, ListAbsmax& from_list_absmax) const {
     const int lane = threadIdx.x % kLanes, warp = threadIdx.x / kLanes;
-    const bool stageable = vectorized && cuda::stage_aligned(qm) && cuda::stage_aligned(qv) &&
-                           (!kStageAbsmax || (cuda::stage_aligned(absmax_m) && cuda::stage_aligned(absmax_v)));
-    // The same for every warp.
-    const int staged = stageable ? chunk.length / kQuantBlock / kRoundSpans * kRoundSpans : 0;
+    const int staged = staged_spans(chunk, lists);
     int b = warp;
     if (staged == 0) return b;
     cuda::RoundStage stage(memory.slot, &memory.signals);
-    // The round of spans from `first`: its lists' parts, one copy each.
-    const auto ask = [&](int first) {
-      const int spans = min(kWarps, staged - first), at = first * kQuantBlock;
-      stage.expect(spans * kSpanBytes);
-      stage.copy(0, w + at, spans * kWeightBytes);
-      if constexpr (kRemainder) stage.copy(kRemainderAt, rem + at, spans * kRemainderBytes);
-      stage.copy(kGradientAt, g + at, spans * kGradientBytes);
-      stage.copy(kCodesAt, qm + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
-      stage.copy(kCodesAt + kWarps * kCodeSpanBytes, qv + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
-      if constexpr (kStageAbsmax) {
-        stage.copy(kAbsmaxAt, absmax_m + first * kBlocksPerSpan, spans * kAbsmaxBytes);
-        stage.copy(kAbsmaxAt + kWarps * kAbsmaxBytes, absmax_v + first * kBlocksPerSpan, spans * kAbsmaxBytes);
-      } else if constexpr (kPrefetchAbsmax) {
-        cuda::prefetch_l2(absmax_m + first * kBlocksPerSpan);
-        cuda::prefetch_l2(absmax_v + first * kBlocksPerSpan);
-      }
-    };
-    if (threadIdx.x == 0) ask(0);
     for (; b < staged; b += kWarps) {
       stage.wait();
       // The warp's part of the round, at the lane's place in it, in the
@@ -469,7 +514,7 @@ struct AdamLowBitOp {
             }
             __syncwarp();
             const int next = b - warp + kWarps;  // the next round's first span
-            if (lane == 0 && next < staged && stage.read_last(kWarps)) ask(next);
+            if (lane == 0 && next < staged && stage.read_last(kWarps)) ask(stage, lists, staged, next);
           },
           [&](int block, bool in_chunk, float& old_m, float& old_v) {
             if constexpr (kStageAbsmax) {
