@@ -95,8 +95,8 @@ def main():
         text, counts = edited(base, launch, constants)
         for what, n in counts:
             changed[what] = changed.get(what, 0) + n
-        if text == original:
-            continue  # the build's object serves
+        if text == original and not directory:
+            continue  # the build's object serves (with @DIR the headers may differ though the source does not)
         copy = out / pathlib.Path(source).name
         copy.write_text(text)
         obj = out / (copy.name + ".o")
@@ -130,6 +130,8 @@ def main():
         with open(log, "w") as f:
             return subprocess.run(args, cwd=directory, stdout=f, stderr=subprocess.STDOUT).returncode
 
+    if not jobs:
+        sys.exit(f"kernel_variant.py: the choice '{sys.argv[3]}' changes no source; the build's library is the same")
     with ThreadPoolExecutor(len(jobs)) as pool:
         codes = list(pool.map(compile_one, jobs))
     for (args, _, log), code in zip(jobs, codes):
