@@ -130,43 +130,6 @@ TEST(QuantCode, TheUnsignedTableCountsAsTheSearchOnBothSigns) {
   }
 }
 
-// The CUDA kernels' 8-bit encode starts from a binade's line instead of a
-// bucket (backend::count_from_lines; test_blockwise_codecs checks every f32
-// on the GPU): here, on the CPU, the same count as the buckets' at every
-// decision point and its 64 neighbours on each side, every binade's edges,
-// the values past 1 and 2, Inf, NaN and 2 million bit patterns of any
-// magnitude, both signs, in both tables.
-template <bool kSigned>
-void expect_lines_count_as_the_buckets(int moment) {
-  const backend::QuantTable& t = backend::quant_tables().table[moment];
-  const backend::QuantCodeTable lines = backend::code_table(backend::quant_tables(), moment);
-  std::vector<uint32_t> magnitudes;
-  for (float m : t.midpoints) {
-    const auto at = static_cast<int64_t>(backend::magnitude_bits(m));
-    for (int64_t d = -64; d <= 64; ++d) {
-      if (at + d >= 0 && at + d <= 0x7f800000) magnitudes.push_back(static_cast<uint32_t>(at + d));
-    }
-  }
-  for (uint32_t e = 0; e <= 0xff; ++e) {
-    for (uint32_t d = 0; d < 3; ++d) magnitudes.push_back((e << 23) + d), magnitudes.push_back((e << 23) - 1 - d);
-  }
-  std::mt19937_64 rng(kSigned ? 13 : 14);
-  std::uniform_int_distribution<uint32_t> any_bits(0, 0x7fffffffu);
-  for (int i = 0; i < 2000000; ++i) magnitudes.push_back(any_bits(rng));
-  for (uint32_t m : magnitudes) {
-    for (uint32_t sign : {0u, 0x80000000u}) {
-      const float x = backend::bits_float((m & 0x7fffffffu) | sign);
-      ASSERT_EQ(backend::count_from_lines<kSigned>(lines, x), backend::bucketed_count(t, x))
-          << "x = " << x << " (bits 0x" << std::hex << ((m & 0x7fffffffu) | sign) << ")";
-    }
-  }
-}
-
-TEST(QuantCode, TheBinadesLinesCountAsTheBuckets) {
-  expect_lines_count_as_the_buckets<true>(0);
-  expect_lines_count_as_the_buckets<false>(1);
-}
-
 using Blockwise = OnEachDevice;
 
 // Every value gets its block's absmax (exactly max |x|) and the code nearest

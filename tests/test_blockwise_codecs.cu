@@ -1,14 +1,12 @@
-// The CUDA kernels' encode (cuda/blockwise_codecs.cuh, count_cuda: the
-// 8-bit tables' from their binades' lines, the 4-bit tables' from their
-// buckets with a float clamp and a predicated add) on every f32 bit pattern,
-// in each of the four tables the kernels encode with (8- and 4-bit, signed
-// and unsigned): the same count as the CPU backend's encode (backend::
+// The CUDA kernels' encode (cuda/blockwise_codecs.cuh, bucketed_count_cuda:
+// a float clamp and a predicated add) on every f32 bit pattern, in each of
+// the four tables the kernels encode with (8- and 4-bit, signed and
+// unsigned): the same count as the CPU backend's encode (backend::
 // bucketed_count) everywhere, and as the encodes'
 // definition, the binary search's count of decision points below x
 // (backend::count_below), on their domain: |x| < 2 and NaN (a scaled moment
-// is at most 1 and a rounding; from 2 up both encodes give the count at the
-// first decision point, where the search gives the last code). Skips without
-// a GPU.
+// is at most 1 and a rounding; from 2 up both encodes give 0, where the
+// search gives the last code). Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -30,17 +28,14 @@ struct Counts {
   uint32_t first_against_cpu, first_against_search;
 };
 
-// Table: the CPU's (with the buckets' starts); Kernels: the table as the
-// kernels keep it (QuantCodeTable for the 8-bit form, the same QuantTable4
-// for the 4-bit form).
-template <class Table, class Kernels, bool kSigned>
-__global__ void check_every_f32(const Table* table, const Kernels* kernels, Counts* counts) {
+template <class Table, bool kSigned>
+__global__ void check_every_f32(const Table* table, Counts* counts) {
   unsigned long long against_cpu = 0, against_search = 0;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < (uint64_t{1} << 32); i += stride) {
     const auto bits = static_cast<uint32_t>(i);
     const float x = __uint_as_float(bits);
-    const uint32_t got = cuda::count_cuda<kSigned>(*kernels, x);
+    const uint32_t got = cuda::bucketed_count_cuda<Table, kSigned>(*table, x);
     const uint32_t cpu = backend::bucketed_count(*table, x);
     if (got != cpu && against_cpu++ == 0) atomicMin(&counts->first_against_cpu, bits);
     const bool in_domain = !(fabsf(x) >= 2.0f);  // NaN too
@@ -54,26 +49,20 @@ __global__ void check_every_f32(const Table* table, const Kernels* kernels, Coun
 
 #define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-template <class T>
-void upload(T** device, const T& host) {
-  CHECK_CUDA(cudaMalloc(device, sizeof(T)));
-  CHECK_CUDA(cudaMemcpy(*device, &host, sizeof(T), cudaMemcpyHostToDevice));
-}
-
-template <bool kSigned, class Table, class Kernels>
-void expect_every_f32_counts_as_the_cpu_encode(const Table& host, const Kernels& host_kernels) {
+template <class Table, bool kSigned>
+void expect_every_f32_counts_as_the_cpu_encode(const Table& host) {
   Table* table = nullptr;
-  Kernels* kernels = nullptr;
   Counts* counts = nullptr;
-  upload(&table, host);
-  upload(&kernels, host_kernels);
-  upload(&counts, Counts{0, 0, 0xffffffffu, 0xffffffffu});
-  check_every_f32<Table, Kernels, kSigned><<<4096, 256>>>(table, kernels, counts);
+  CHECK_CUDA(cudaMalloc(&table, sizeof(Table)));
+  CHECK_CUDA(cudaMalloc(&counts, sizeof(Counts)));
+  CHECK_CUDA(cudaMemcpy(table, &host, sizeof(Table), cudaMemcpyHostToDevice));
+  const Counts start{0, 0, 0xffffffffu, 0xffffffffu};
+  CHECK_CUDA(cudaMemcpy(counts, &start, sizeof(Counts), cudaMemcpyHostToDevice));
+  check_every_f32<Table, kSigned><<<4096, 256>>>(table, counts);
   CHECK_CUDA(cudaGetLastError());
   Counts got{};
   CHECK_CUDA(cudaMemcpy(&got, counts, sizeof(Counts), cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaFree(table));
-  CHECK_CUDA(cudaFree(kernels));
   CHECK_CUDA(cudaFree(counts));
   EXPECT_EQ(got.against_cpu, 0u) << "against the CPU's encode, first at bits 0x" << std::hex << got.first_against_cpu;
   EXPECT_EQ(got.against_search, 0u) << "against the search, first at bits 0x" << std::hex << got.first_against_search;
@@ -82,15 +71,15 @@ void expect_every_f32_counts_as_the_cpu_encode(const Table& host, const Kernels&
 TEST(BlockwiseCodecs, TheEightBitEncodesCountAsTheCpuEncodeOnEveryF32) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
   const backend::QuantTables& t = backend::quant_tables();
-  expect_every_f32_counts_as_the_cpu_encode<true>(t.table[0], backend::code_table(t, 0));
-  expect_every_f32_counts_as_the_cpu_encode<false>(t.table[1], backend::code_table(t, 1));
+  expect_every_f32_counts_as_the_cpu_encode<backend::QuantTable, true>(t.table[0]);
+  expect_every_f32_counts_as_the_cpu_encode<backend::QuantTable, false>(t.table[1]);
 }
 
 TEST(BlockwiseCodecs, TheFourBitEncodesCountAsTheCpuEncodeOnEveryF32) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
   const backend::QuantTables4& t = backend::quant_tables4();
-  expect_every_f32_counts_as_the_cpu_encode<true>(t.table[0], t.table[0]);
-  expect_every_f32_counts_as_the_cpu_encode<false>(t.table[1], t.table[1]);
+  expect_every_f32_counts_as_the_cpu_encode<backend::QuantTable4, true>(t.table[0]);
+  expect_every_f32_counts_as_the_cpu_encode<backend::QuantTable4, false>(t.table[1]);
 }
 
 }  // namespace

@@ -3,9 +3,7 @@
 // and CUDA kernels store the same byte for the same value.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
-#include <limits>
 
 #include "backend/exact_math.h"
 #include "backend/master_math.h"  // float_bits
@@ -51,11 +49,10 @@ inline constexpr uint32_t kQuantLowestBits = Quant8Buckets::kLowestBits;
 // without a rule of its own.
 inline constexpr uint32_t kQuantNanBits = 0x40000000u;  // 2.0f
 
-// One code table: the 256 codes, ascending, the 255 decision points
-// between neighbours (midpoints[i] between codes i and i + 1, the f64
-// midpoint rounded to f32 once, on the host), and the buckets' starts
-// (positive x, then negative x), which the CPU backend's encode reads
-// (bucketed_count).
+// One code table as the kernels read it: the 256 codes, ascending, the 255
+// decision points between neighbours (midpoints[i] between codes i and i + 1,
+// the f64 midpoint rounded to f32 once, on the host), and the buckets' starts
+// (positive x, then negative x).
 //
 // The unsigned map's first decision point is 0, not the midpoint of its
 // codes 0 and 1: a positive exp_avg_sq value never encodes as 0 (docs/ops.md),
@@ -69,49 +66,10 @@ struct QuantTable {
   uint8_t start[2 * Buckets::kCount];
 };
 
-// The CUDA kernels' encode starts from a line per binade instead of a bucket
-// (count_from_lines, below): rows 0 .. 24 for |x| in [2^-24, 2) (row 0 from
-// 0), row 25 for |x| >= 2 and NaN, padded to 32 so that a warp's reads of
-// one of its arrays never meet in a shared-memory bank.
-inline constexpr int kQuantLineRows = 32;
-inline constexpr int kQuantLastLineRow = 25;
-inline constexpr uint32_t kQuantLineLowestBits = Quant8Buckets::kLowestBits;  // 2^-24
-struct QuantLines {
-  float slope[kQuantLineRows];
-  float intercept[kQuantLineRows];
-};
-
-// Both tables, exp_avg's (signed) then exp_avg_sq's (unsigned), then their
-// lines: after the tables, so that a kernel built before the lines reads the
-// same bytes as its tables (scripts/kernel_variant.py times other
-// revisions' kernels in one library).
+// Both tables, exp_avg's (signed) then exp_avg_sq's (unsigned).
 struct QuantTables {
   QuantTable table[2];
-  QuantLines lines[2];
 };
-
-// One table as the CUDA kernels keep it in shared memory: the codes, the
-// decision points and the lines, without the buckets' 6.5 KB of starts (a
-// warp's reads of them met in the banks 3.2 times, bench/RESULTS.md,
-// 2026-11-28).
-struct QuantCodeTable {
-  float codes[256];
-  float midpoints[256];
-  QuantLines lines;
-};
-struct QuantCodeTables {
-  QuantCodeTable table[2];
-};
-
-// A table with its lines, as the CUDA kernels copy it (the host's checks
-// of the lines use it too).
-inline QuantCodeTable code_table(const QuantTable& t, const QuantLines& lines) {
-  QuantCodeTable c{};
-  for (int i = 0; i < 256; ++i) c.codes[i] = t.codes[i], c.midpoints[i] = t.midpoints[i];
-  c.lines = lines;
-  return c;
-}
-inline QuantCodeTable code_table(const QuantTables& t, int moment) { return code_table(t.table[moment], t.lines[moment]); }
 
 // A block's absolute maximum, folded one value at a time on the bit
 // patterns with the sign cleared, whose integer order is the order of the
@@ -179,92 +137,8 @@ GRADKIT_HD uint32_t bucketed_count(const Table& t, float x) {
 
 GRADKIT_HD uint8_t quantize(const QuantTable& t, float x) { return static_cast<uint8_t>(bucketed_count(t, x)); }
 
-// The smaller of a and b, or NaN where either is (fminf would return the
-// other operand), as PTX's min.NaN.
-GRADKIT_HD float min_or_nan(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  float d;
-  asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
-  return d;
-#else
-  return a != a || b != b ? std::numeric_limits<float>::quiet_NaN() : (a < b ? a : b);
-#endif
-}
-
-// The larger of x and 0, or NaN where x is (max.NaN).
-GRADKIT_HD float positive_part_or_nan(float x) {
-#if defined(__CUDA_ARCH__)
-  float d;
-  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(d) : "f"(x));
-  return d;
-#else
-  return x != x || x > 0.0f ? x : 0.0f;
-#endif
-}
-
-// floor(f) as an int for f in [0, 256], and 0 for NaN (PTX's cvt.rmi.s32.f32).
-GRADKIT_HD int floor_or_zero(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float2int_rd(f);
-#else
-  return f != f ? 0 : static_cast<int>(std::floor(f));
-#endif
-}
-
-// The dynamic map's decision points are evenly spaced within each decade
-// (ops/blockwise.cc, dynamic_map): decade d, of n_d values over
-// (D_d / 10, D_d], has its points at D_d (0.1 + 0.9 j / n_d), and the one
-// between it and the next decade lies at D_d (1 + 0.9 / n_d). So the count
-// below a positive u follows the line R_d(u) = I_d + (u - D_d) s_d, with
-// s_d = n_d / (0.9 D_d) and I_d = z + 2 n_d the index of that last point
-// (z = 126 for the signed map, whose positive points come after 127
-// negative ones; -2 for the unsigned map), within 0.2 of a point's index
-// (at the decade's last point). The next decade's line (n doubles, D
-// grows tenfold) is R_{d+1}(u) = 2 c_d - z + u s_d / 5, where c_d = I_d -
-// D_d s_d is R_d's intercept. The count is concave in u, so over a binade
-// (which meets at most two decades: a decade is 3.3 binades) it is the
-// smaller of the two lines; a table keeps each binade's s_d and c_d + 1/2
-// (QuantLines; ops/blockwise.cc, fill_lines), and f = min(both
-// lines) + 1/2, capped at 254, lies within half a point of the count, so
-// floor(f) is the count or one less. Negative x (the signed map, whose
-// points below 0 mirror those above it but the last, 254 = 0.9965's): 254 -
-// f, which is 0 from u = 0.9859 (no point lies below -0.9859). Row 25
-// (|x| >= 2 and NaN) has a NaN slope: f is NaN, and the guess 0 (as the
-// buckets' 2.0 start). count_from_lines then compares x with the guess's
-// decision point, as bucketed_count does with a bucket's start: the same
-// count for every f32 (tests/test_blockwise.cc samples it, tests/
-// test_blockwise_codecs.cu checks every f32 on the GPU, and fill_lines
-// checks each line at every point where it or the count steps).
-template <bool kSigned>
-inline constexpr float kQuantLineNextShift = kSigned ? 126.5f : -1.5f;  // z + 1/2
-inline constexpr float kQuantLineCap = 254.0f;
-
-// The guess, the count or one less. Unsigned: every x <= 0 counts 0, as 0 does.
-template <bool kSigned>
-GRADKIT_HD int guess_from_lines(const QuantCodeTable& t, float x) {
-  const float u = kSigned ? std::fabs(x) : positive_part_or_nan(x);
-  const float clamped = std::fmax(std::fmin(u, 2.0f), bits_float(kQuantLineLowestBits));  // NaN: 2.0
-  const int row = static_cast<int>(float_bits(clamped) >> 23) - static_cast<int>(kQuantLineLowestBits >> 23);
-  const float s = t.lines.slope[row], c = t.lines.intercept[row];
-  const float here = exact::fma(u, s, c);
-  const float next = exact::fma(u, exact::mul(0.2f, s), exact::fma(2.0f, c, -kQuantLineNextShift<kSigned>));
-  float f = min_or_nan(min_or_nan(here, next), kQuantLineCap);
-  if (kSigned && (float_bits(x) >> 31) != 0) f = exact::sub(kQuantLineCap, f);
-  return floor_or_zero(f);
-}
-
-// bucketed_count's count from the guess: one comparison.
-template <bool kSigned>
-GRADKIT_HD uint32_t count_from_lines(const QuantCodeTable& t, float x) {
-  const int q = guess_from_lines<kSigned>(t, x);
-  return static_cast<uint32_t>(q + (x > t.midpoints[q] ? 1 : 0));
-}
-
 // q: a code (below 256), in any unsigned width: the CUDA kernels take it
 // from a byte of a word as it is, with no narrowing to mask it again.
 GRADKIT_HD float dequantize(const QuantTable& t, uint32_t q, float absmax) { return exact::mul(t.codes[q], absmax); }
-GRADKIT_HD float dequantize(const QuantCodeTable& t, uint32_t q, float absmax) {
-  return exact::mul(t.codes[q], absmax);
-}
 
 }  // namespace gradkit::backend

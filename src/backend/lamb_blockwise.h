@@ -55,7 +55,6 @@ inline double lane_strided_sum(const double* values, int64_t count, int64_t stri
 // A code's value in either form (q below 256, in any unsigned width, as
 // dequantize takes it: the CUDA kernels pass it as they take it from a word).
 GRADKIT_HD float decoded(const QuantTable& t, uint32_t q, float absmax) { return dequantize(t, q, absmax); }
-GRADKIT_HD float decoded(const QuantCodeTable& t, uint32_t q, float absmax) { return dequantize(t, q, absmax); }
 GRADKIT_HD float decoded(const QuantTable4& t, uint32_t q, float absmax) { return dequantize4(t, q, absmax); }
 
 // One element's moments after the step, from its codes (pass 1).

@@ -58,42 +58,26 @@ __device__ __forceinline__ uint32_t bucketed_count_cuda(const Table& t, float x)
   return q;
 }
 
-// The same count in an 8-bit table, from its binade's line
-// (backend::count_from_lines) rather than its bucket: two reads of 32-float
-// arrays, which a warp's lanes read without meeting in a bank, in place of
-// the 6.5 KB byte table's 3.2 wavefronts.
-template <bool kSigned>
-__device__ __forceinline__ uint32_t count_cuda(const backend::QuantCodeTable& t, float x) {
-  const auto q = static_cast<uint32_t>(backend::guess_from_lines<kSigned>(t, x));
-  return add_if_greater(q, x, t.midpoints[q]);
-}
-template <bool kSigned>
-__device__ __forceinline__ uint32_t count_cuda(const backend::QuantTable4& t, float x) {
-  return bucketed_count_cuda<backend::QuantTable4, kSigned>(t, x);
-}
-
 // The code of x (scaled by its block's 1 / absmax) in either form's tables:
 // quantize's or quantize4's, not narrowed (the kernels pack codes from their
 // low bits); exp_avg_sq's map (moment 1) is unsigned, so its count needs
-// only the positive buckets or lines.
+// only the positive buckets.
 template <class Tables>
 __device__ __forceinline__ uint32_t encode_moment(const Tables& t, int moment, float x) {
-  return moment == 0 ? count_cuda<true>(t.table[0], x) : count_cuda<false>(t.table[1], x);
+  using Table = std::remove_cvref_t<decltype(t.table[0])>;
+  return moment == 0 ? bucketed_count_cuda<Table, true>(t.table[0], x) : bucketed_count_cuda<Table, false>(t.table[1], x);
 }
 
-// The 8-bit form: one 256-element block per warp, one code a byte. Its
-// tables in shared memory leave out the buckets' starts, which only the
-// CPU's encode reads (copy_tables).
+// The 8-bit form: one 256-element block per warp, one code a byte.
 struct Codec8 {
-  using Tables = backend::QuantCodeTables;
+  using Tables = QuantTables;
   using Codes = LaneBits<8>;  // a lane's codes
   static constexpr int kBlock = kQuantBlock;
   static constexpr int kLanesPerBlock = kLanes;
   static constexpr int kCodesPerByte = 1;
   static constexpr int kCodeBytes = Codes::kBytes;
-  // The launch's tables (with the starts), which copy_tables copies from.
   template <class Launch>
-  static __device__ __forceinline__ const QuantTables* tables(const Launch& l) { return l.tables; }
+  static __device__ __forceinline__ const Tables* tables(const Launch& l) { return l.tables; }
   // Code k of a lane's codes.
   static __device__ __forceinline__ float decode(const Tables& t, int moment, const Codes& codes, int k, float absmax) {
     return dequantize(t.table[moment], codes[k], absmax);

@@ -4,7 +4,6 @@
 // copied into shared memory once per thread block.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -338,19 +337,6 @@ __device__ __forceinline__ void copy_tables(Tables& to, const Tables* from) {
   const auto* src = reinterpret_cast<const float*>(from);
   auto* dst = reinterpret_cast<float*>(&to);
   for (int k = threadIdx.x; k < static_cast<int>(sizeof(Tables) / sizeof(float)); k += blockDim.x) dst[k] = src[k];
-}
-
-// The 8-bit tables without the buckets' starts: each table's codes and
-// decision points (its first 512 floats), then its lines.
-__device__ __forceinline__ void copy_tables(backend::QuantCodeTables& to, const backend::QuantTables* from) {
-  constexpr int kPoints = 512, kLines = sizeof(backend::QuantLines) / sizeof(float);
-  static_assert(offsetof(backend::QuantCodeTable, lines) == kPoints * sizeof(float));
-  for (int t = 0; t < 2; ++t) {
-    const auto* points = reinterpret_cast<const float*>(&from->table[t]);
-    const auto* lines = reinterpret_cast<const float*>(&from->lines[t]);
-    auto* dst = reinterpret_cast<float*>(&to.table[t]);
-    for (int k = threadIdx.x; k < kPoints + kLines; k += blockDim.x) dst[k] = k < kPoints ? points[k] : lines[k - kPoints];
-  }
 }
 
 }  // namespace gradkit::cuda

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -54,13 +53,7 @@ std::array<float, N> rounded(const std::vector<double>& values) {
   return code;
 }
 
-// The 8-bit maps' decades: 7, the lowest ending at 10^-6.
-constexpr int kDecades = 7;
-constexpr double kLowestDecade = 1e-6;
-
-std::array<float, 256> build_code(bool is_signed) {
-  return rounded<256>(dynamic_map(is_signed, kDecades, kLowestDecade));
-}
+std::array<float, 256> build_code(bool is_signed) { return rounded<256>(dynamic_map(is_signed, 7, 1e-6)); }
 
 // Each bucket's start (backend::bucketed_count): the binary search's count
 // at the bucket's lowest value, checking that its highest lies at most
@@ -93,65 +86,6 @@ void fill_bucket_starts(Table& t) {
     t.start[b] = static_cast<uint8_t>(positive);
     t.start[Buckets::kCount + b] = static_cast<uint8_t>(negative);
   }
-}
-
-// Each binade's line (backend::QuantLines, count_from_lines): decade d, the lowest whose
-// top D_d (kLowestDecade 10^d) reaches the binade's lowest value (decade 6
-// for [1, 2)), with n_d values (1 << d signed, 2 << d unsigned): slope
-// n_d / (0.9 D_d), intercept I_d - n_d / 0.9 + 1/2 with I_d = z + 2 n_d;
-// row 25 (|x| >= 2, NaN) a NaN slope. Then the encode from the lines is
-// checked against the buckets' (bucketed_count) at every f32
-// where either could step within a row: the row's ends, and each decision
-// point's magnitude with its neighbours, for both signs. Within a row the
-// guess and the count are both monotone in |x| (each line is an FMA with a
-// positive slope; min, the cap, 254 - f and floor keep the order), so
-// agreeing there they agree on every x between. A line that misses throws,
-// as a bucket too coarse does (a logic error).
-template <bool kSigned>
-backend::QuantLines build_lines(const backend::QuantTable& t) {
-  const double z = kSigned ? 126 : -2;
-  backend::QuantLines lines{};
-  for (int row = 0; row < backend::kQuantLineRows; ++row) {
-    if (row >= backend::kQuantLastLineRow) {
-      lines.slope[row] = std::numeric_limits<float>::quiet_NaN();
-      lines.intercept[row] = 0.0f;
-      continue;
-    }
-    const double lowest = std::ldexp(1.0, row - 24);
-    int d = 0;
-    double top = kLowestDecade;
-    for (; d < kDecades - 1 && top < lowest; ++d) top *= 10;
-    const double n = kSigned ? (1 << d) : (2 << d);
-    lines.slope[row] = static_cast<float>(n / (0.9 * top));
-    lines.intercept[row] = static_cast<float>(z + 2 * n - n / 0.9 + 0.5);
-  }
-  const backend::QuantCodeTable c = backend::code_table(t, lines);
-  const auto check = [&](uint32_t magnitude) {
-    for (const uint32_t sign : {0u, 0x80000000u}) {
-      const float x = backend::bits_float(magnitude | sign);
-      if (backend::count_from_lines<kSigned>(c, x) != backend::bucketed_count(t, x)) {
-        throw Error(ErrorCode::invalid_argument, "quant_code: a binade's line misses the count at " +
-                                                     std::to_string(x) + " (count_from_lines)");
-      }
-    }
-  };
-  for (int row = 0; row < backend::kQuantLastLineRow; ++row) {
-    const uint32_t first = row == 0 ? 0u : backend::kQuantLineLowestBits + (static_cast<uint32_t>(row) << 23);
-    const uint32_t last = backend::kQuantLineLowestBits + (static_cast<uint32_t>(row + 1) << 23) - 1;
-    check(first);
-    check(last);
-    for (const float m : t.midpoints) {
-      const uint32_t at = backend::magnitude_bits(m);
-      if (at < first || at > last) continue;
-      for (const uint32_t p : {at - 1, at, at + 1}) {
-        if (p >= first && p <= last) check(p);
-      }
-    }
-  }
-  for (const float x : {2.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
-    check(backend::float_bits(x));
-  }
-  return lines;
 }
 
 // The 4-bit tables (Li et al. 2023): the signed dynamic map with 3 decimal
@@ -248,8 +182,6 @@ const QuantTables& quant_tables() {
     QuantTables t{};
     t.table[0] = build_table(quant_code(QuantCode::signed_dynamic), false);
     t.table[1] = build_table(quant_code(QuantCode::unsigned_dynamic), true);
-    t.lines[0] = build_lines<true>(t.table[0]);
-    t.lines[1] = build_lines<false>(t.table[1]);
     return t;
   }();
   return tables;
