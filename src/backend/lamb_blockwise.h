@@ -1,7 +1,8 @@
 // LAMB with 8- or 4-bit blockwise moments: the pieces both backends share, so
 // that the CPU and CUDA steps are the same bit for bit (the CUDA kernels call
 // the per-element forms below; the CPU decodes a block into floats, then
-// calls the same lamb_moments, lamb_direction and lamb_blockwise_apply). The moments are
+// calls the same lamb_moments_folded, lamb_direction_folded and
+// lamb_blockwise_apply: the low-bit form of backend/lamb_math.h). The moments are
 // decoded, updated and encoded with adam_step's code (backend/blockwise_math.h,
 // blockwise4_math.h; `Tables` is QuantTables or QuantTables4); the
 // direction d that the norms and pass 2 use is computed from the encoded
@@ -57,20 +58,16 @@ inline double lane_strided_sum(const double* values, int64_t count, int64_t stri
 GRADKIT_HD float decoded(const QuantTable& t, uint32_t q, float absmax) { return dequantize(t, q, absmax); }
 GRADKIT_HD float decoded(const QuantTable4& t, uint32_t q, float absmax) { return dequantize4(t, q, absmax); }
 
-// One element's moments after the step, from its codes (pass 1).
+// One element's moments after the step, from its codes (pass 1), in the
+// low-bit form (lamb_moments_folded). The direction then comes from the
+// stored moments (lamb_direction_folded), the reciprocal per element on the
+// CPU and a lane's at once on CUDA (cuda/denominator_lanes.cuh).
 template <class Tables>
 GRADKIT_HD void lamb_blockwise_moments(float g, uint32_t qm, uint32_t qv, float absmax_m, float absmax_v,
                                        const Tables& t, const LambCoefficients<float>& c, float& m, float& v) {
   m = decoded(t.table[0], qm, absmax_m);
   v = decoded(t.table[1], qv, absmax_v);
-  lamb_moments(g, m, v, c);
-}
-
-// The direction from the stored codes and the weight.
-template <class Tables>
-GRADKIT_HD float lamb_blockwise_direction(float w, uint32_t qm, uint32_t qv, float absmax_m, float absmax_v,
-                                          const Tables& t, const LambCoefficients<float>& c) {
-  return lamb_direction(w, decoded(t.table[0], qm, absmax_m), decoded(t.table[1], qv, absmax_v), c);
+  lamb_moments_folded(g, m, v, c);
 }
 
 // The block mark (see above): set by pass 1, cleared by pass 2; both flip.
@@ -82,14 +79,6 @@ GRADKIT_HD bool lamb_marked(float absmax) { return (float_bits(absmax) >> 31) !=
 GRADKIT_HD float lamb_blockwise_apply(float w, float step, float d) {
   const float updated = lamb_apply(w, step, d);
   return finite(updated) ? updated : w;
-}
-
-// The same from the element's codes (the CUDA kernel; the CPU decodes a
-// block into floats first and calls lamb_direction and lamb_blockwise_apply).
-template <class Tables>
-GRADKIT_HD float lamb_blockwise_update(float w, uint32_t qm, uint32_t qv, float absmax_m, float absmax_v,
-                                       const Tables& t, float step, const LambCoefficients<float>& c) {
-  return lamb_blockwise_apply(w, step, lamb_blockwise_direction(w, qm, qv, absmax_m, absmax_v, t, c));
 }
 
 }  // namespace gradkit::backend

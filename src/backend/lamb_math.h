@@ -21,6 +21,10 @@ struct LambCoefficients {
   C inv_bias1, inv_bias2;  // 1 / (1 - alpha^t), 1 / (1 - beta^t); 1 without bias correction
   C grad_divisor;          // loss scale, enlarged by clipping
   C eta;
+  // The low-bit moments' form (lamb_moments_folded): 1 / grad_divisor,
+  // eps sqrt(1 - beta^t) and sqrt(1 - beta^t) / (1 - alpha^t) (eps and 1
+  // without bias correction).
+  C inv_grad_divisor, folded_eps, folded_direction;
 };
 
 // Clipping as ONNX Runtime specifies it: scale = loss_scale, enlarged to
@@ -44,6 +48,11 @@ GRADKIT_HD LambCoefficients<C> lamb_coefficients(const LambHyperparameters& h, d
   c.inv_bias2 = static_cast<C>(h.bias_correction ? 1.0 / (1.0 - exact::power(h.beta, step)) : 1.0);
   c.grad_divisor = static_cast<C>(scale);
   c.eta = static_cast<C>(eta);
+  const double bias1 = h.bias_correction ? 1.0 - exact::power(h.alpha, step) : 1.0;
+  const double root_bias2 = std::sqrt(h.bias_correction ? 1.0 - exact::power(h.beta, step) : 1.0);
+  c.inv_grad_divisor = static_cast<C>(1.0 / scale);
+  c.folded_eps = static_cast<C>(static_cast<double>(h.epsilon) * root_bias2);
+  c.folded_direction = static_cast<C>(root_bias2 / bias1);
   return c;
 }
 
@@ -63,6 +72,38 @@ GRADKIT_HD C lamb_direction(C w, C m, C v, const LambCoefficients<C>& c) {
   using exact::add;
   using exact::mul;
   return add(mul(m, c.inv_bias1) / add(std::sqrt(mul(v, c.inv_bias2)), c.epsilon), mul(c.lambda, w));
+}
+
+// The low-bit moments' form (8- and 4-bit, which have no twin to match; the
+// f32 moments keep the two functions above): the same quantities, equal in
+// exact arithmetic, in fewer roundings and instructions, as Adam's folded
+// form (backend/adam_math.h). The gradient times 1 / grad_divisor; the
+// moments as fused multiply-adds, m + (1 - alpha) (g - m) and
+// v beta + ((1 - beta) g) g; the square root of v's bias correction folded
+// into eps and the direction's scale, once per step in f64:
+//   d = (sqrt(bias2) / bias1) (m (1 / (sqrt(v) + eps sqrt(bias2)))) + lambda w,
+// with one correctly rounded reciprocal an element in place of a division,
+// a square root's product and a division (cuda/denominator_lanes.cuh takes a
+// lane's eight reciprocals under one range test, the same bits).
+template <class C>
+GRADKIT_HD void lamb_moments_folded(C g, C& m, C& v, const LambCoefficients<C>& c) {
+  using exact::fma;
+  g = exact::mul(g, c.inv_grad_divisor);
+  m = fma(c.one_minus_alpha, exact::sub(g, m), m);
+  v = fma(v, c.beta, exact::mul(exact::mul(c.one_minus_beta, g), g));
+}
+
+// 1 / (sqrt(v) + folded eps), each operation correctly rounded.
+template <class C>
+GRADKIT_HD C lamb_folded_reciprocal(C v, const LambCoefficients<C>& c) {
+  return exact::reciprocal(exact::add(std::sqrt(v), c.folded_eps));
+}
+
+// The direction from the stored m, lamb_folded_reciprocal of the stored v,
+// and the weight.
+template <class C>
+GRADKIT_HD C lamb_direction_folded(C w, C m, C reciprocal, const LambCoefficients<C>& c) {
+  return exact::fma(c.folded_direction, exact::mul(m, reciprocal), exact::mul(c.lambda, w));
 }
 
 // Pass 2's new weight w - step * d (step = eta times the trust ratio).

@@ -47,7 +47,7 @@ struct Pass1 {
       const int n = static_cast<int>(std::min<int64_t>(kBlock, length - base));
       codec.decode(0, qm, base, absmax_m[b], n, m);
       codec.decode(1, qv, base, absmax_v[b], n, v);
-      for (int k = 0; k < n; ++k) lamb_moments(cpu::to_compute<float>(g[base + k]), m[k], v[k], c);
+      for (int k = 0; k < n; ++k) lamb_moments_folded(cpu::to_compute<float>(g[base + k]), m[k], v[k], c);
       float amax_m, amax_v;
       codec.encode(0, m, n, qm_new, 0, &amax_m);
       codec.encode(1, v, n, qv_new, 0, &amax_v);
@@ -58,7 +58,7 @@ struct Pass1 {
       uint32_t non_finite = 0;
       for (int k = 0; k < n; ++k) {
         const float wk = w[base + k];
-        const float d = lamb_direction(wk, m_stored[k], v_stored[k], c);
+        const float d = lamb_direction_folded(wk, m_stored[k], lamb_folded_reciprocal(v_stored[k], c), c);
         non_finite |= non_finite_bit(d);
         w_squares[k] = static_cast<double>(wk) * wk;
         d_squares[k] = static_cast<double>(d) * d;
@@ -123,7 +123,8 @@ struct Pass2 {
       for (int k = 0; k < n; ++k) {
         const int64_t i = base + k;
         const float w_old = w[i];
-        const float w_new = lamb_blockwise_apply(w_old, step, lamb_direction(w_old, m[k], v[k], c));
+        const float w_new =
+            lamb_blockwise_apply(w_old, step, lamb_direction_folded(w_old, m[k], lamb_folded_reciprocal(v[k], c), c));
         if constexpr (Update) update[i] = w_new - w_old;
         else w[i] = w_new;
         cpu_master::store_copy(copy, i, w_new);

@@ -15,6 +15,7 @@
 #include "cuda/block_reduce.cuh"
 #include "cuda/blockwise_codecs.cuh"
 #include "cuda/blockwise_lanes.cuh"
+#include "cuda/denominator_lanes.cuh"
 #include "cuda/lamb_launch.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
@@ -108,14 +109,23 @@ struct NormsLowBitOp {
       }
       const float scale_m = quant_scale(amax_m), scale_v = quant_scale(amax_v);
       uint32_t mq[kPerLane], vq[kPerLane];
-      double w2 = 0, d2 = 0;
-      bool lane_finite = true;
+      // The direction from the stored moments (the folded form, a lane's
+      // reciprocals under one range test: cuda/denominator_lanes.cuh).
+      float m_stored[kPerLane], v_stored[kPerLane], reciprocal[kPerLane];
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
         mq[k] = Codec::encode(tables, 0, exact::mul(m_new[k], scale_m));
         vq[k] = Codec::encode(tables, 1, exact::mul(v_new[k], scale_v));
+        m_stored[k] = decoded(tables.table[0], mq[k], amax_m);
+        v_stored[k] = decoded(tables.table[1], vq[k], amax_v);
+      }
+      cuda::denominator_reciprocal_lane(v_stored, c.folded_eps, reciprocal);
+      double w2 = 0, d2 = 0;
+      bool lane_finite = true;
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
         if (k < n) {
-          const float d = lamb_blockwise_direction(wr[k], mq[k], vq[k], amax_m, amax_v, tables, c);
+          const float d = lamb_direction_folded(wr[k], m_stored[k], reciprocal[k], c);
           lane_finite = lane_finite && finite(d);
           w2 += static_cast<double>(wr[k]) * wr[k];
           d2 += static_cast<double>(d) * d;
@@ -204,9 +214,16 @@ struct UpdateLowBitOp {
         typename Codec::Codes mr, vr;
         cuda::load_codes<Codec>(mr, qm, at, n, vectorized);
         cuda::load_codes<Codec>(vr, qv, at, n, vectorized);
+        float m_stored[kPerLane], v_stored[kPerLane], reciprocal[kPerLane];
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) {
+          m_stored[k] = decoded(tables.table[0], mr[k], block_m);
+          v_stored[k] = decoded(tables.table[1], vr[k], block_v);
+        }
+        cuda::denominator_reciprocal_lane(v_stored, c.folded_eps, reciprocal);
 #pragma unroll
         for (int k = 0; k < kPerLane; ++k)
-          w_new[k] = lamb_blockwise_update(wr[k], mr[k], vr[k], block_m, block_v, tables, step, c);
+          w_new[k] = lamb_blockwise_apply(wr[k], step, lamb_direction_folded(wr[k], m_stored[k], reciprocal[k], c));
       }
       float out[kPerLane];
       [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];
