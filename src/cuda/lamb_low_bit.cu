@@ -77,16 +77,26 @@ struct NormsLowBitOp {
     constexpr unsigned kBlockMask = Codec::kLanesPerBlock == kLanes ? 0xffffffffu : (1u << Codec::kLanesPerBlock) - 1;
     const unsigned block_lanes = kBlockMask << (lane / Codec::kLanesPerBlock * Codec::kLanesPerBlock);
     const auto prefetch = [&](int later) { cuda::prefetch_span<Codec>(later, w, g, qm, qv); };
-    cuda::for_each_warp_block(chunk.length, kPrefetchAhead, prefetch, [&](int span, int at, int n) {
+    // The spans that lie whole in the chunk, when every list is aligned, in
+    // a loop of their own (cuda::for_each_warp_block): there every element
+    // is the lane's and every access a vector one, with no test left of
+    // either.
+    const int whole_spans = vectorized ? chunk.length / kQuantBlock : 0;
+    cuda::for_each_warp_block(chunk.length, whole_spans, kPrefetchAhead, prefetch, [&](int span, int at, int count,
+                                                                                     auto whole) {
+      constexpr bool kWhole = decltype(whole)::value;
+      const int n = kWhole ? kPerLane : count;
+      const bool vector = kWhole || vectorized;
       // The lane's quantization block: the warp's (8-bit), or its half's (4-bit).
       const int b = span * (kQuantBlock / Codec::kBlock) + lane / Codec::kLanesPerBlock;
-      const bool block_in_chunk = b * Codec::kBlock < chunk.length;  // 4-bit: a short span's second half may not be
+      // 4-bit: a short span's second half may not be in the chunk.
+      const bool block_in_chunk = kWhole || b * Codec::kBlock < chunk.length;
       float wr[kPerLane], gr[kPerLane];
       typename Codec::Codes mr, vr;
-      load_lane(wr, w + at, n, vectorized);
-      cuda::load_lane_f32(gr, g + at, n, vectorized);
-      cuda::load_codes<Codec>(mr, qm, at, n, vectorized);
-      cuda::load_codes<Codec>(vr, qv, at, n, vectorized);
+      load_lane(wr, w + at, n, vector);
+      cuda::load_lane_f32(gr, g + at, n, vector);
+      cuda::load_codes<Codec>(mr, qm, at, n, vector);
+      cuda::load_codes<Codec>(vr, qv, at, n, vector);
       const float old_m = block_in_chunk ? absmax_m[b] : 0.0f, old_v = block_in_chunk ? absmax_v[b] : 0.0f;
 
       float m_new[kPerLane], v_new[kPerLane];
@@ -138,8 +148,8 @@ struct NormsLowBitOp {
         d2 += __shfl_xor_sync(0xffffffffu, d2, offset);
       }
       if (all_finite) {
-        cuda::store_codes<Codec>(qm, at, mq, n, vectorized);
-        cuda::store_codes<Codec>(qv, at, vq, n, vectorized);
+        cuda::store_codes<Codec>(qm, at, mq, n, vector);
+        cuda::store_codes<Codec>(qv, at, vq, n, vector);
       }
       if (lane % Codec::kLanesPerBlock == 0 && block_in_chunk) {
         if (all_finite) {
