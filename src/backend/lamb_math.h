@@ -44,12 +44,13 @@ GRADKIT_HD LambCoefficients<C> lamb_coefficients(const LambHyperparameters& h, d
   c.lambda = static_cast<C>(h.lambda);
   c.epsilon = static_cast<C>(h.epsilon);
   // exact::power, not std::pow: the host's and the device's pow may differ in the last bit.
-  c.inv_bias1 = static_cast<C>(h.bias_correction ? 1.0 / (1.0 - exact::power(h.alpha, step)) : 1.0);
-  c.inv_bias2 = static_cast<C>(h.bias_correction ? 1.0 / (1.0 - exact::power(h.beta, step)) : 1.0);
+  const double bias1 = h.bias_correction ? 1.0 - exact::power(h.alpha, step) : 1.0;
+  const double bias2 = h.bias_correction ? 1.0 - exact::power(h.beta, step) : 1.0;
+  c.inv_bias1 = static_cast<C>(1.0 / bias1);  // 1 without bias correction, exactly
+  c.inv_bias2 = static_cast<C>(1.0 / bias2);
   c.grad_divisor = static_cast<C>(scale);
   c.eta = static_cast<C>(eta);
-  const double bias1 = h.bias_correction ? 1.0 - exact::power(h.alpha, step) : 1.0;
-  const double root_bias2 = std::sqrt(h.bias_correction ? 1.0 - exact::power(h.beta, step) : 1.0);
+  const double root_bias2 = std::sqrt(bias2);
   c.inv_grad_divisor = static_cast<C>(1.0 / scale);
   c.folded_eps = static_cast<C>(static_cast<double>(h.epsilon) * root_bias2);
   c.folded_direction = static_cast<C>(root_bias2 / bias1);
