@@ -31,9 +31,8 @@ namespace {
 // one code), and moments spanning the decades its map covers. 8-bit: also
 // 13 whole spans of 256 and a short one, which the CUDA kernel reads as a
 // round of 8 spans through shared memory, a part round (of 5, or of 4 where
-// a round's absmax come with it) in its other slot, then the rest from the
-// lists (cuda/adam_low_bit.cu, update_staged); the full chunk of 65536 is 32
-// rounds, each slot's mbarrier through 16 phases.
+// a round's absmax come with it), then the rest from the lists
+// (cuda/adam_low_bit.cu, update_staged).
 LowBitTensors tensors_for(int bits, Device device, const AdamConfig& c, uint64_t seed) {
   if (bits == 4) return LowBitTensors(device, c, seed, 4, {1, 127, 128 + 7, 65536 + 301, 1001}, 2, 1);
   return LowBitTensors(device, c, seed, 8, {1, 255, 256 + 7, 65536 + 300, 1000, 13 * 256 + 5}, 4, 4);

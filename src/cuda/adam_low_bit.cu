@@ -156,17 +156,6 @@ struct AdamLowBitOp {
   static constexpr bool kStageAbsmax8Bit = true;
   static constexpr bool kStageAbsmax = kStage && kStageAbsmax8Bit;
   static constexpr bool kPrefetchAbsmax = true;
-  // Slots a staged block uses in turn, each round asked for that many
-  // rounds ahead (cuda::RoundStage), per form. With one, a round is asked
-  // for only once every warp has read the one before, and 22% of the
-  // remainder form's warp samples on an H200 at full clock lay on the
-  // round's mbarrier (bench/RESULTS.md, 2026-11-28, tenth session, run 4).
-  // Two, at three blocks of 256 on an H100, were slower in both forms
-  // (below, kStageAbsmax8Bit's figures; with all the L1 given to shared
-  // memory).
-  static constexpr int kStageSlots8Bit = 1;
-  static constexpr int kStageSlots8BitRemainder = 2;
-  static constexpr int kStageSlots = kEightBit ? (kRemainder ? kStageSlots8BitRemainder : kStageSlots8Bit) : 1;
   static constexpr int kChunkParts8Bit = 1;
   static constexpr int kChunkParts4Bit = 4;
   static constexpr int kChunkParts = kEightBit ? kChunkParts8Bit : kChunkParts4Bit;
@@ -187,15 +176,6 @@ struct AdamLowBitOp {
   static constexpr int kCodesAt = kGradientAt + kWarps * kGradientBytes;      // m's, then v's
   static constexpr int kAbsmaxAt = kCodesAt + 2 * kWarps * kCodeSpanBytes;  // m's, then v's
   static constexpr int kSlotBytes = kWarps * kSpanBytes;
-  // The slots are dynamic shared memory (two pass the 48 KB of static
-  // shared memory a block may have, with the tables), asked for where the
-  // kernel stages (cuda::dynamic_shared_bytes): for 256 threads, int8 20.1
-  // KB a slot, int8 remainder with bf16 gradients 16.1 KB, beside 17.4 KB
-  // of tables; four blocks of the remainder form with two slots fit a
-  // multiprocessor's 227 KB.
-  static constexpr int dynamic_shared_bytes(int arch) {
-    return kStage && cuda::can_stage(arch) ? kStageSlots * kSlotBytes : 0;
-  }
   // A span's absmax are fewer bytes than the copy engine's granularity, so
   // with kStageAbsmax a round holds a multiple of kRoundSpans spans (a
   // chunk's last few whole spans are read from the lists).
@@ -207,9 +187,9 @@ struct AdamLowBitOp {
   // stage_aligned: only the code lists need the test.
   static_assert((kPerLane * sizeof(W)) % cuda::kStageAlign == 0 && (kPerLane * sizeof(G)) % cuda::kStageAlign == 0 &&
                 (kPerLane * sizeof(int16_t)) % cuda::kStageAlign == 0);
-  using Stager = cuda::RoundStage<kStageSlots, kSlotBytes>;
   struct StageMemory {
-    cuda::RoundSignals signals[kStageSlots];
+    alignas(128) uint8_t slot[kSlotBytes];
+    cuda::RoundSignals signals;
   };
   struct NoStageMemory {};
   using Stage = std::conditional_t<kStage, StageMemory, NoStageMemory>;
@@ -281,14 +261,11 @@ struct AdamLowBitOp {
     __shared__ Stage stage;
     if (threadIdx.x == 0) {
       if constexpr (kStage) {
-        const Stager rounds(cuda::dynamic_shared(), stage.signals);
-        rounds.init();
+        const cuda::RoundStage round(stage.slot, &stage.signals);
+        round.init();
         const Lists l = lists_of(plan, chunk);
         const int staged = staged_spans(chunk, l);
-        // The first round into each slot.
-        for (int first = 0; first < kStageSlots * kWarps && first < staged; first += kWarps) {
-          ask(rounds, l, staged, first);
-        }
+        if (staged > 0) ask(round, l, staged, 0);
       }
       shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
     }
@@ -480,32 +457,32 @@ struct AdamLowBitOp {
     return stageable ? chunk.length / kQuantBlock / kRoundSpans * kRoundSpans : 0;
   }
 
-  // Asks for the round of spans from `first` (of `staged`; round
-  // first / kWarps): its lists' parts, one copy each, into the round's slot.
-  __device__ __forceinline__ void ask(const Stager& stage, const Lists& l, int staged, int first) const {
-    const int spans = min(kWarps, staged - first), at = first * kQuantBlock, r = first / kWarps;
-    stage.expect(r, spans * kSpanBytes);
-    stage.copy(r, 0, l.w + at, spans * kWeightBytes);
-    if constexpr (kRemainder) stage.copy(r, kRemainderAt, l.rem + at, spans * kRemainderBytes);
-    stage.copy(r, kGradientAt, l.g + at, spans * kGradientBytes);
-    stage.copy(r, kCodesAt, l.qm + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
-    stage.copy(r, kCodesAt + kWarps * kCodeSpanBytes, l.qv + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
+  // Asks for the round of spans from `first` (of `staged`): its lists'
+  // parts, one copy each, into the block's slot.
+  __device__ __forceinline__ void ask(const cuda::RoundStage& stage, const Lists& l, int staged, int first) const {
+    const int spans = min(kWarps, staged - first), at = first * kQuantBlock;
+    stage.expect(spans * kSpanBytes);
+    stage.copy(0, l.w + at, spans * kWeightBytes);
+    if constexpr (kRemainder) stage.copy(kRemainderAt, l.rem + at, spans * kRemainderBytes);
+    stage.copy(kGradientAt, l.g + at, spans * kGradientBytes);
+    stage.copy(kCodesAt, l.qm + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
+    stage.copy(kCodesAt + kWarps * kCodeSpanBytes, l.qv + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
     if constexpr (kStageAbsmax) {
-      stage.copy(r, kAbsmaxAt, l.absmax_m + first * kBlocksPerSpan, spans * kAbsmaxBytes);
-      stage.copy(r, kAbsmaxAt + kWarps * kAbsmaxBytes, l.absmax_v + first * kBlocksPerSpan, spans * kAbsmaxBytes);
+      stage.copy(kAbsmaxAt, l.absmax_m + first * kBlocksPerSpan, spans * kAbsmaxBytes);
+      stage.copy(kAbsmaxAt + kWarps * kAbsmaxBytes, l.absmax_v + first * kBlocksPerSpan, spans * kAbsmaxBytes);
     } else if constexpr (kPrefetchAbsmax) {
       cuda::prefetch_l2(l.absmax_m + first * kBlocksPerSpan);
       cuda::prefetch_l2(l.absmax_v + first * kBlocksPerSpan);
     }
   }
 
-  // The whole spans of the chunk through the block's slots (kStage), a
-  // round of spans (one a warp: the blocks the warps own in turn; with
+  // The whole spans of the chunk through the block's slot (kStage), a round
+  // of spans (one a warp: the blocks the warps own in turn; with
   // kStageAbsmax, their blocks' absmax too) at a time: thread 0 asked for
-  // the first round into each slot before the block's setup (operator());
-  // each warp reads its part into registers, and the warp that reads a
-  // round last asks for the slot's next one (kStageSlots rounds later)
-  // before it computes its own. Returns the warp's first block past them.
+  // the first round before the block's setup (operator()); each warp reads
+  // its part into registers, and the warp that reads a round last asks for
+  // the next one before it computes its own. Returns the warp's first block
+  // past them.
   template <class UpdateSpan, class ListAbsmax>
   __device__ __forceinline__ int update_staged(const PlanChunk& chunk, const Lists& lists, Stage& memory,
                                                UpdateSpan& update_span, ListAbsmax& from_list_absmax) const {
@@ -513,13 +490,12 @@ struct AdamLowBitOp {
     const int staged = staged_spans(chunk, lists);
     int b = warp;
     if (staged == 0) return b;
-    const Stager stage(cuda::dynamic_shared(), memory.signals);
+    cuda::RoundStage stage(memory.slot, &memory.signals);
     for (; b < staged; b += kWarps) {
-      const int round = static_cast<uint32_t>(b) / kWarps;  // b >= 0
-      stage.wait(round);
+      stage.wait();
       // The warp's part of the round, at the lane's place in it, in the
       // layout its results are stored in.
-      const uint8_t* slot = stage.slot(round);
+      const uint8_t* slot = stage.slot();
       const Sources from{reinterpret_cast<const W*>(slot) + warp * kQuantBlock,
                          reinterpret_cast<const int16_t*>(slot + kRemainderAt) + warp * kQuantBlock,
                          reinterpret_cast<const G*>(slot + kGradientAt) + warp * kQuantBlock,
@@ -538,9 +514,8 @@ struct AdamLowBitOp {
               slot_v = absmax[kWarps * kBlocksPerSpan + block];
             }
             __syncwarp();
-            // The first span of the round this slot holds next.
-            const int next = b - warp + kStageSlots * kWarps;
-            if (lane == 0 && next < staged && stage.read_last(round, kWarps)) ask(stage, lists, staged, next);
+            const int next = b - warp + kWarps;  // the next round's first span
+            if (lane == 0 && next < staged && stage.read_last(kWarps)) ask(stage, lists, staged, next);
           },
           [&](int block, bool in_chunk, float& old_m, float& old_v) {
             if constexpr (kStageAbsmax) {

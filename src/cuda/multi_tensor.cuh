@@ -4,9 +4,7 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <type_traits>
-#include <unordered_map>
 
 #include "cuda/check.h"
 #include "gradkit/core/multi_tensor_plan.h"
@@ -92,13 +90,6 @@ constexpr int chunk_parts() {
   return 1;
 }
 
-// The block's dynamic shared memory, which an op that asks for some
-// (dynamic_shared_bytes below) finds here.
-__device__ __forceinline__ uint8_t* dynamic_shared() {
-  extern __shared__ __align__(128) uint8_t gradkit_dynamic_shared[];
-  return gradkit_dynamic_shared;
-}
-
 // One block per chunk (or per part of one): a chunk is at most 64K
 // elements, so a block (512 threads for most ops) makes a handful of passes
 // over it, and small tensors still yield many blocks for the scheduler to
@@ -124,45 +115,15 @@ __global__ void __launch_bounds__(block_threads<Op>(), min_blocks<Op>()) multi_t
   }
 }
 
-// Dynamic shared memory (bytes) of an op's blocks on the current device,
-// `device`: Op::dynamic_shared_bytes(arch), of the virtual architecture its
-// kernel was compiled for there (as __CUDA_ARCH__ / 10; an op may use some
-// only where that has what it needs); none when the op does not ask. Past
-// 48 KB a block (static included) the kernel must be allowed it, once per
-// device and kernel: the first launch there asks the driver both, under a
-// lock, and later ones find the answer in a map (the driver then picks the
-// split of the multiprocessor's unified L1 and shared memory).
-template <class Op>
-int dynamic_shared_bytes(int device) {
-  if constexpr (!requires { Op::dynamic_shared_bytes(0); }) {
-    return 0;
-  } else {
-    static std::mutex mutex;
-    static std::unordered_map<int, int> bytes_on;  // device index -> bytes
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (const auto found = bytes_on.find(device); found != bytes_on.end()) return found->second;
-    cudaFuncAttributes attributes{};
-    GRADKIT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, multi_tensor_kernel<Op>));
-    const int bytes = Op::dynamic_shared_bytes(attributes.ptxVersion);
-    if (bytes > 0) {
-      GRADKIT_CUDA_CHECK(
-          cudaFuncSetAttribute(multi_tensor_kernel<Op>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    }
-    bytes_on.emplace(device, bytes);  // only once the driver has allowed them
-    return bytes;
-  }
-}
-
 template <class Op>
 void launch_multi_tensor(const MultiTensorPlan& plan, const Op& op, Stream stream) {
   if (plan.empty()) return;
   DeviceGuard guard(plan.device().index);
   const PlanArgs args = plan_args(plan);
-  const int shared_bytes = dynamic_shared_bytes<Op>(plan.device().index);
   // Grid x allows 2^31 - 1 blocks: a plan of 64K-element chunks reaches that
   // only past 10^14 / chunk_parts elements.
-  multi_tensor_kernel<<<static_cast<unsigned>(args.num_chunks * chunk_parts<Op>()), block_threads<Op>(),
-                        shared_bytes, native(stream)>>>(args, op);
+  multi_tensor_kernel<<<static_cast<unsigned>(args.num_chunks * chunk_parts<Op>()), block_threads<Op>(), 0,
+                        native(stream)>>>(args, op);
   GRADKIT_CUDA_CHECK_LAUNCH();
 }
 
