@@ -156,13 +156,6 @@ struct AdamLowBitOp {
   static constexpr bool kStageAbsmax8Bit = true;
   static constexpr bool kStageAbsmax = kStage && kStageAbsmax8Bit;
   static constexpr bool kPrefetchAbsmax = true;
-  // How many rounds ahead of the one it asks for (into the slot) a staged
-  // block asks L2 for (cp.async.bulk.prefetch, one instruction a list), per
-  // form: more bytes in flight without more shared memory (two slots a
-  // block, which would also have them, were slower: below).
-  static constexpr int kPrefetchRounds8Bit = 1;
-  static constexpr int kPrefetchRounds8BitRemainder = 1;
-  static constexpr int kPrefetchRounds = kRemainder ? kPrefetchRounds8BitRemainder : kPrefetchRounds8Bit;
   static constexpr int kChunkParts8Bit = 1;
   static constexpr int kChunkParts4Bit = 4;
   static constexpr int kChunkParts = kEightBit ? kChunkParts8Bit : kChunkParts4Bit;
@@ -273,8 +266,6 @@ struct AdamLowBitOp {
         const Lists l = lists_of(plan, chunk);
         const int staged = staged_spans(chunk, l);
         if (staged > 0) ask(round, l, staged, 0);
-        // The rounds the later asks do not ask L2 for.
-        for (int r = 1; r < kPrefetchRounds; ++r) prefetch_round(round, l, staged, r * kWarps);
       }
       shared = cuda::chunk_coefficients<float>(plan, chunk, launch);
     }
@@ -466,41 +457,23 @@ struct AdamLowBitOp {
     return stageable ? chunk.length / kQuantBlock / kRoundSpans * kRoundSpans : 0;
   }
 
-  // Calls part(offset, src, bytes) for each of the lists' parts of the
-  // round of spans from `first` (of `staged`): where it goes in the slot,
-  // where it is, its size.
-  template <class Part>
-  __device__ __forceinline__ void round_parts(const Lists& l, int staged, int first, Part&& part) const {
-    const int spans = min(kWarps, staged - first), at = first * kQuantBlock;
-    part(0, l.w + at, spans * kWeightBytes);
-    if constexpr (kRemainder) part(kRemainderAt, l.rem + at, spans * kRemainderBytes);
-    part(kGradientAt, l.g + at, spans * kGradientBytes);
-    part(kCodesAt, l.qm + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
-    part(kCodesAt + kWarps * kCodeSpanBytes, l.qv + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
-    if constexpr (kStageAbsmax) {
-      part(kAbsmaxAt, l.absmax_m + first * kBlocksPerSpan, spans * kAbsmaxBytes);
-      part(kAbsmaxAt + kWarps * kAbsmaxBytes, l.absmax_v + first * kBlocksPerSpan, spans * kAbsmaxBytes);
-    }
-  }
-
   // Asks for the round of spans from `first` (of `staged`): its lists'
-  // parts, one copy each, into the block's slot; and L2 for the round
-  // kPrefetchRounds later.
+  // parts, one copy each, into the block's slot.
   __device__ __forceinline__ void ask(const cuda::RoundStage& stage, const Lists& l, int staged, int first) const {
-    stage.expect(min(kWarps, staged - first) * kSpanBytes);
-    round_parts(l, staged, first, [&](int offset, const void* src, int bytes) { stage.copy(offset, src, bytes); });
-    if constexpr (!kStageAbsmax && kPrefetchAbsmax) {
+    const int spans = min(kWarps, staged - first), at = first * kQuantBlock;
+    stage.expect(spans * kSpanBytes);
+    stage.copy(0, l.w + at, spans * kWeightBytes);
+    if constexpr (kRemainder) stage.copy(kRemainderAt, l.rem + at, spans * kRemainderBytes);
+    stage.copy(kGradientAt, l.g + at, spans * kGradientBytes);
+    stage.copy(kCodesAt, l.qm + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
+    stage.copy(kCodesAt + kWarps * kCodeSpanBytes, l.qv + at / Codec::kCodesPerByte, spans * kCodeSpanBytes);
+    if constexpr (kStageAbsmax) {
+      stage.copy(kAbsmaxAt, l.absmax_m + first * kBlocksPerSpan, spans * kAbsmaxBytes);
+      stage.copy(kAbsmaxAt + kWarps * kAbsmaxBytes, l.absmax_v + first * kBlocksPerSpan, spans * kAbsmaxBytes);
+    } else if constexpr (kPrefetchAbsmax) {
       cuda::prefetch_l2(l.absmax_m + first * kBlocksPerSpan);
       cuda::prefetch_l2(l.absmax_v + first * kBlocksPerSpan);
     }
-    if constexpr (kPrefetchRounds > 0) prefetch_round(stage, l, staged, first + kPrefetchRounds * kWarps);
-  }
-
-  // Asks L2 for the round of spans from `first`, if there is one.
-  __device__ __forceinline__ void prefetch_round(const cuda::RoundStage& stage, const Lists& l, int staged,
-                                                 int first) const {
-    if (first >= staged) return;
-    round_parts(l, staged, first, [&](int, const void* src, int bytes) { stage.prefetch(src, bytes); });
   }
 
   // The whole spans of the chunk through the block's slot (kStage), a round

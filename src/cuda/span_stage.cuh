@@ -83,13 +83,6 @@ class RoundStage {
         : "memory");
   }
 
-  // By any lane: asks L2 for `bytes` from src (a later round's part, which
-  // its copy then finds there), with nothing in shared memory and nothing
-  // to wait for.
-  __device__ __forceinline__ void prefetch(const void* src, uint32_t bytes) const {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-  }
-
   // Every lane waits for the round's copies; the next wait is for the next
   // round.
   __device__ __forceinline__ void wait() {
