@@ -36,6 +36,22 @@ static_assert(kPerLane == kLaneElements && kLanes == kWarpLanes, "the CPU's orde
 
 struct None {};
 
+// What the direction needs of a lane's stored moments, in both passes: m
+// decoded from its codes, and the reciprocals of sqrt(v) + folded eps with v
+// decoded from its (a lane's under one range test: cuda/denominator_lanes.cuh).
+template <class Tables, class MCodes, class VCodes>
+__device__ __forceinline__ void stored_moments(const Tables& tables, const MCodes& qm, const VCodes& qv, float absmax_m,
+                                               float absmax_v, float folded_eps, float (&m)[kPerLane],
+                                               float (&reciprocal)[kPerLane]) {
+  float v[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    m[k] = decoded(tables.table[0], qm[k], absmax_m);
+    v[k] = decoded(tables.table[1], qv[k], absmax_v);
+  }
+  cuda::denominator_reciprocal_lane(v, folded_eps, reciprocal);
+}
+
 template <class Codec, class G>
 struct NormsLowBitOp {
   using Tables = typename Codec::Tables;
@@ -119,17 +135,14 @@ struct NormsLowBitOp {
       }
       const float scale_m = quant_scale(amax_m), scale_v = quant_scale(amax_v);
       uint32_t mq[kPerLane], vq[kPerLane];
-      // The direction from the stored moments (the folded form, a lane's
-      // reciprocals under one range test: cuda/denominator_lanes.cuh).
-      float m_stored[kPerLane], v_stored[kPerLane], reciprocal[kPerLane];
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
         mq[k] = Codec::encode(tables, 0, exact::mul(m_new[k], scale_m));
         vq[k] = Codec::encode(tables, 1, exact::mul(v_new[k], scale_v));
-        m_stored[k] = decoded(tables.table[0], mq[k], amax_m);
-        v_stored[k] = decoded(tables.table[1], vq[k], amax_v);
       }
-      cuda::denominator_reciprocal_lane(v_stored, c.folded_eps, reciprocal);
+      // The direction from the stored moments (the folded form).
+      float m_stored[kPerLane], reciprocal[kPerLane];
+      stored_moments(tables, mq, vq, amax_m, amax_v, c.folded_eps, m_stored, reciprocal);
       double w2 = 0, d2 = 0;
       bool lane_finite = true;
 #pragma unroll
@@ -224,13 +237,8 @@ struct UpdateLowBitOp {
         typename Codec::Codes mr, vr;
         cuda::load_codes<Codec>(mr, qm, at, n, vectorized);
         cuda::load_codes<Codec>(vr, qv, at, n, vectorized);
-        float m_stored[kPerLane], v_stored[kPerLane], reciprocal[kPerLane];
-#pragma unroll
-        for (int k = 0; k < kPerLane; ++k) {
-          m_stored[k] = decoded(tables.table[0], mr[k], block_m);
-          v_stored[k] = decoded(tables.table[1], vr[k], block_v);
-        }
-        cuda::denominator_reciprocal_lane(v_stored, c.folded_eps, reciprocal);
+        float m_stored[kPerLane], reciprocal[kPerLane];
+        stored_moments(tables, mr, vr, block_m, block_v, c.folded_eps, m_stored, reciprocal);
 #pragma unroll
         for (int k = 0; k < kPerLane; ++k)
           w_new[k] = lamb_blockwise_apply(wr[k], step, lamb_direction_folded(wr[k], m_stored[k], reciprocal[k], c));
