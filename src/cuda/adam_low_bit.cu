@@ -108,7 +108,13 @@ struct AdamLowBitOp {
   // 2026-11-27). After it (2026-11-27, third session, the chunk sweep; % of
   // copy over each floor at 1, 2 and 4 parts, the prefetch as above): 8-bit
   // 85.8%, 81.5%, 81.4%; 8-bit remainder 84.9% at 1, 81.3% at 4; 4-bit 90.1%,
-  // 94.2%, 95.8%; 4-bit remainder 84.6% at 1, 85.6% at 4.
+  // 94.2%, 95.8%; 4-bit remainder 84.6% at 1, 85.6% at 4. With the 8-bit
+  // forms staged, on an H200 (2026-11-28, twelfth session; each of three
+  // interleaved rounds, 2 parts against 1): int8 89.8%, 89.1%, 88.7%
+  // against 88.1%, 88.5%, 88.6%; int8 remainder 84.4%, 84.1%, 83.5% against
+  // 83.7%, 83.0%, 83.0%; in a second run, 4 parts against 2: int8 0.5273
+  // to 0.5288 ms against 0.5293 to 0.5310 (within the spread between runs),
+  // int8 remainder 0.4980 to 0.5048 against 0.4921 to 0.4945.
   // Whether whole spans are read and written in quads (cuda::LaneSpan), in
   // a loop of their own, per form. On an H200 (bench/RESULTS.md, 2026-11-27,
   // fifth session; % of copy over each floor, quads against 8 consecutive
@@ -152,13 +158,21 @@ struct AdamLowBitOp {
   // commit b7be758), both forms were slower on an H100 at the same
   // occupancy (bench/RESULTS.md, 2026-11-28; ms, two slots against one):
   // int8 0.7505 against 0.7247, int8 remainder 0.6839 against 0.6528; at
-  // the profiler's base clock 746 against 728 us and 706 against 667.
+  // the profiler's base clock 746 against 728 us and 706 against 667. On
+  // an H200 too (2026-11-28, twelfth session; % of copy over each floor,
+  // commit 26381de, the remainder form at four blocks): int8 84.1% against
+  // 88.3%, int8 remainder 79.4% against 83.0%. Asking L2 for the round one,
+  // two or four after the one asked into the slot (cp.async.bulk.prefetch;
+  // commit 2e4ee37) was slower the further ahead: int8 87.7%, 75.9%, 64.8%
+  // against 88.4%, int8 remainder 79.8%, 71.9%, 61.1% against 84.1%. More
+  // bytes in flight cost these kernels.
   static constexpr bool kStageAbsmax8Bit = true;
   static constexpr bool kStageAbsmax = kStage && kStageAbsmax8Bit;
   static constexpr bool kPrefetchAbsmax = true;
-  static constexpr int kChunkParts8Bit = 1;
+  static constexpr int kChunkParts8Bit = 2;
+  static constexpr int kChunkParts8BitRemainder = 2;
   static constexpr int kChunkParts4Bit = 4;
-  static constexpr int kChunkParts = kEightBit ? kChunkParts8Bit : kChunkParts4Bit;
+  static constexpr int kChunkParts = kEightBit ? (kRemainder ? kChunkParts8BitRemainder : kChunkParts8Bit) : kChunkParts4Bit;
   static constexpr int kPartAlign = kQuantBlock;
   // A staged round's lists in the block's slot, each list's spans in warp
   // order, each list at a multiple of kStageAlign: weights (f32, or bf16
