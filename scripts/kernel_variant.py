@@ -42,13 +42,13 @@ def edited(text, launch, constants):
     counts = []
     if launch is not None:
         threads, blocks = launch
-        text = re.sub(r"static constexpr int kBlockThreads = [^;]+;", "", text)
-        text, n = re.subn(r"static constexpr int kMinBlocks = [^;]+;",
+        text = re.sub(r"static constexpr int kBlockThreads\s*=\s*[^;]+;", "", text)
+        text, n = re.subn(r"static constexpr int kMinBlocks\s*=\s*[^;]+;",
                           f"static constexpr int kMinBlocks = {blocks}; static constexpr int kBlockThreads = {threads};",
                           text)
         counts.append(("kMinBlocks", n))
     for name, value in constants:
-        text, n = re.subn(rf"static constexpr (int|bool) {name} = [^;]+;", rf"static constexpr \1 {name} = {value};",
+        text, n = re.subn(rf"static constexpr (int|bool) {name}\s*=\s*[^;]+;", rf"static constexpr \1 {name} = {value};",
                           text)
         counts.append((name, n))
     return text, counts

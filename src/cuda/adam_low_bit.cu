@@ -85,9 +85,17 @@ struct AdamLowBitOp {
   // (2026-11-28, tenth session): int8 83.9% against 88.1%, int8 remainder
   // 81.3% against 83.4%. 16 warps a block do not build for the staged
   // forms (their slot and tables pass the 48 KB of static shared memory).
+  // At two blocks a chunk (kChunkParts below), the remainder form at three
+  // blocks against four (2026-11-28, twelfth session, each of three
+  // rounds): 82.2-82.3% against 84.0-84.3%. A constant per form, so that a
+  // sweep's choice can set one (scripts/kernel_variant.py).
   static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
   static constexpr int kBlockThreads = kEightBit ? 256 : 512;
-  static constexpr int kMinBlocks = kEightBit ? (kRemainder ? 4 : 3) : 2;
+  static constexpr int kMinBlocks8Bit = 3;
+  static constexpr int kMinBlocks8BitRemainder = 4;
+  static constexpr int kMinBlocks4Bit = 2;
+  static constexpr int kMinBlocks =
+      kEightBit ? (kRemainder ? kMinBlocks8BitRemainder : kMinBlocks8Bit) : kMinBlocks4Bit;
   // How many of its blocks ahead a warp asks L2 for (prefetch_l2), per form.
   // Before the codes and halves stayed in their words, one block ahead helped
   // every form (bench/RESULTS.md, 2026-11-26 and 2026-11-27). With them
@@ -114,7 +122,10 @@ struct AdamLowBitOp {
   // against 88.1%, 88.5%, 88.6%; int8 remainder 84.4%, 84.1%, 83.5% against
   // 83.7%, 83.0%, 83.0%; in a second run, 4 parts against 2: int8 0.5273
   // to 0.5288 ms against 0.5293 to 0.5310 (within the spread between runs),
-  // int8 remainder 0.4980 to 0.5048 against 0.4921 to 0.4945.
+  // int8 remainder 0.4980 to 0.5048 against 0.4921 to 0.4945. Three parts
+  // (86, 86 and 84 spans: the second's absmax start 8 bytes off the copy
+  // engine's 16, so none of its spans is staged) cost the remainder form 8
+  // points (76.2-76.6% against 84.0-84.3%, a third run).
   // Whether whole spans are read and written in quads (cuda::LaneSpan), in
   // a loop of their own, per form. On an H200 (bench/RESULTS.md, 2026-11-27,
   // fifth session; % of copy over each floor, quads against 8 consecutive
@@ -172,7 +183,8 @@ struct AdamLowBitOp {
   static constexpr int kChunkParts8Bit = 2;
   static constexpr int kChunkParts8BitRemainder = 2;
   static constexpr int kChunkParts4Bit = 4;
-  static constexpr int kChunkParts = kEightBit ? (kRemainder ? kChunkParts8BitRemainder : kChunkParts8Bit) : kChunkParts4Bit;
+  static constexpr int kChunkParts =
+      kEightBit ? (kRemainder ? kChunkParts8BitRemainder : kChunkParts8Bit) : kChunkParts4Bit;
   static constexpr int kPartAlign = kQuantBlock;
   // A staged round's lists in the block's slot, each list's spans in warp
   // order, each list at a multiple of kStageAlign: weights (f32, or bf16
