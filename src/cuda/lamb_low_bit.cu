@@ -65,8 +65,9 @@ struct NormsLowBitOp {
   // run 2). In the block-size sweep (same file, interleaved rounds), three
   // blocks of 256 against two of 512: 8-bit 67.9% of copy over its floor
   // against 64.3%, 4-bit 59.5% against 57.6%. Since the folded form
-  // (backend/lamb_math.h) the pass fits 64 registers (the 8-bit form with
-  // f32 gradients spills 4 bytes, the 4-bit forms 20); on an H200 (2026-11-28,
+  // (backend/lamb_math.h) the pass fits 64 registers (ptxas: spill loads
+  // of 4 bytes in the 8-bit form with f32 gradients, 20 in the 4-bit
+  // forms, none in the others); on an H200 (2026-11-28,
   // twelfth session; % of copy over the step's floor, both passes, pass 2
   // at three blocks), four blocks against three: 8-bit 69.3% against 67.7%,
   // 4-bit 67.8% against 64.8%. (Named apart from kMinBlocks, so that
