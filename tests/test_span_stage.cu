@@ -7,13 +7,13 @@
 // (a __nanosleep between the round's arrival and their read, the window in
 // which an early ask would overwrite what they have yet to read), and every
 // lane writes out what it read: the output must equal the input byte for
-// byte. The negative control asks for round 1 as soon as warp 0 has counted
-// its read of round 0, while warp 7 still sleeps: warp 7 then reads round
-// 1's bytes, and the test requires that it is caught. The third protocol
-// orders the rounds by __syncthreads instead of the count; it is here for
-// compute-sanitizer's racecheck (scripts/gpu-check-staging), whose reports
-// on the count's protocol it tells apart from what it reports on the copy
-// engine's writes alone. Skips without a GPU of compute capability 9.0 or
+// byte. The negative control asks for round 1 once every warp is past its
+// wait for round 0 but before warp 7 has read it (warp 7 reads once round 1
+// has landed): the test requires that every block is caught. The third
+// protocol orders the rounds by __syncthreads instead of the count; it is
+// here for compute-sanitizer's racecheck (scripts/gpu-check-staging): what
+// racecheck reports on it, it reports on the copy engine's writes and the
+// mbarrier alone, not on the count. Skips without a GPU of compute capability 9.0 or
 // later, or where the kernel was built for an older one (no copy engine).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -42,7 +42,6 @@ constexpr int kThreads = kWarps * kLanes;
 constexpr int kRoundVectors = kThreads;  // a uint4 a lane
 constexpr int kRoundBytes = kRoundVectors * static_cast<int>(sizeof(uint4));
 constexpr int kSlowWarp = kWarps - 1;  // the negative control's
-constexpr unsigned kControlSleepNs = 20000;
 
 __device__ __forceinline__ uint32_t mix(uint32_t x) {
   x ^= x >> 16;
@@ -51,6 +50,19 @@ __device__ __forceinline__ uint32_t mix(uint32_t x) {
   x *= 0x846ca68bu;
   x ^= x >> 16;
   return x;
+}
+
+// Waits for the phase of the block's mbarrier with this parity, outside
+// RoundStage's own count of phases (the negative control's warp 0).
+__device__ __forceinline__ void wait_for_phase(RoundSignals* signals, uint32_t parity) {
+  const uint32_t filled = gradkit::cuda::shared_address(&signals->filled);
+  uint32_t done = 0;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(filled), "r"(parity)
+                 : "memory");
+  } while (!done);
 }
 
 // `staged` is set when the kernel was built with the copy engine
@@ -62,8 +74,13 @@ __global__ void __launch_bounds__(kThreads) stream_rounds(const uint4* input, ui
     struct alignas(128) Memory {
       uint8_t slot[kRoundBytes];
       RoundSignals signals;
+      // The negative control's: how many warps are past their wait for
+      // round 0, and whether round 1 has landed in the slot.
+      int waited;
+      int landed;
     };
     __shared__ Memory memory;
+    constexpr bool kControl = kProtocol == Protocol::warp0_asks_round1_early;
     const int warp = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
     const size_t block_at = static_cast<size_t>(blockIdx.x) * rounds * kRoundVectors;
     RoundStage stage(memory.slot, &memory.signals);
@@ -73,23 +90,37 @@ __global__ void __launch_bounds__(kThreads) stream_rounds(const uint4* input, ui
     };
     if (threadIdx.x == 0) {
       if (blockIdx.x == 0) *staged = 1;
+      memory.waited = 0;
+      memory.landed = 0;
       stage.init();
       ask(0);
     }
     __syncthreads();
     for (int r = 0; r < rounds; ++r) {
       stage.wait();
-      // A quarter of the warps, different each round and block, sleep up to
-      // max_sleep_ns before their read; in the negative control's round 0,
-      // warp kSlowWarp alone, long enough for warp 0's early ask to land.
-      const uint32_t h = mix(seed ^ mix((blockIdx.x << 16) ^ (static_cast<uint32_t>(r) << 4) ^ warp));
-      unsigned sleep_ns = (h & 3u) == 0 ? (h >> 8) % (max_sleep_ns + 1) : 0;
-      if (kProtocol == Protocol::warp0_asks_round1_early && r == 0) sleep_ns = warp == kSlowWarp ? kControlSleepNs : 0;
-      if (sleep_ns > 0) __nanosleep(sleep_ns);
-      asm volatile("" ::: "memory");  // the read stays after the sleep
+      const bool more = r + 1 < rounds;
+      const bool control_round = kControl && r == 0 && more;
+      if (control_round) {
+        // Every warp counts its wait (so that no warp can miss round 0's
+        // phase); warp kSlowWarp reads only once round 1 has landed.
+        if (lane == 0) atomicAdd(&memory.waited, 1);
+        if (warp == kSlowWarp) {
+          if (lane == 0) {
+            while (atomicOr(&memory.landed, 0) == 0) {
+            }
+          }
+          __syncwarp();
+        }
+      } else {
+        // A quarter of the warps, different each round and block, sleep up
+        // to max_sleep_ns before their read.
+        const uint32_t h = mix(seed ^ mix((blockIdx.x << 16) ^ (static_cast<uint32_t>(r) << 4) ^ warp));
+        const unsigned sleep_ns = (h & 3u) == 0 ? (h >> 8) % (max_sleep_ns + 1) : 0;
+        if (sleep_ns > 0) __nanosleep(sleep_ns);
+      }
+      asm volatile("" ::: "memory");  // the read stays after the sleep or the wait
       const uint4 v = reinterpret_cast<const uint4*>(stage.slot())[threadIdx.x];
       output[block_at + static_cast<size_t>(r) * kRoundVectors + threadIdx.x] = v;
-      const bool more = r + 1 < rounds;
       if constexpr (kProtocol == Protocol::block_barrier) {
         __syncthreads();
         if (threadIdx.x == 0 && more) {
@@ -100,8 +131,21 @@ __global__ void __launch_bounds__(kThreads) stream_rounds(const uint4* input, ui
         __syncwarp();
         if (lane == 0) {
           const bool last = stage.read_last(kWarps);
-          const bool asks = kProtocol == Protocol::warp0_asks_round1_early && r == 0 ? warp == 0 : last;
-          if (asks && more) ask(r + 1);
+          if (control_round) {
+            // The early ask: once every warp is past its wait, whether or
+            // not it has read; then round 1's landing is told to warp
+            // kSlowWarp.
+            if (warp == 0) {
+              while (atomicOr(&memory.waited, 0) < kWarps) {
+              }
+              ask(1);
+              wait_for_phase(&memory.signals, 1);
+              __threadfence_block();
+              atomicExch(&memory.landed, 1);
+            }
+          } else if (last && more) {
+            ask(r + 1);
+          }
         }
       }
     }
@@ -203,8 +247,8 @@ TEST(RoundStage, EveryWarpReadsItsRoundWhenABlockBarrierOrdersTheRounds) {
 }
 
 // The negative control: an ask before every warp has read the round is
-// seen. Warp 7 sleeps 20 us before its read of round 0 while round 1
-// (4 KB) lands in the slot, in every block.
+// seen, in every block (warp 7 reads round 0's part once round 1 has
+// landed in the slot).
 TEST(RoundStage, AnAskBeforeEveryWarpHasReadIsCaught) {
   int multiprocessors = 0, blocks = 0, rounds = 0;
   if (!copy_engine_available(multiprocessors)) GTEST_SKIP() << "no GPU of compute capability 9.0 or later";
@@ -212,7 +256,8 @@ TEST(RoundStage, AnAskBeforeEveryWarpHasReadIsCaught) {
   Streamed got;
   stream<Protocol::warp0_asks_round1_early>(blocks, rounds, 0u, got);
   if (!got.staged) GTEST_SKIP() << "the kernel was built without the copy engine (sm_90)";
-  EXPECT_GT(got.wrong_parts, 0u) << "the early ask went unseen in " << blocks << " blocks";
+  EXPECT_EQ(got.wrong_blocks, static_cast<size_t>(blocks)) << "the early ask was seen in only " << got.wrong_blocks
+                                                         << " of " << blocks << " blocks";
   // Only round 0's reads can be wrong (warp 7's, and any other warp's that
   // came after warp 0's ask): the rounds after it follow the protocol.
   EXPECT_EQ(got.wrong_later, 0u);
