@@ -11,10 +11,11 @@
 // wait for round 0 but before warp 7 has read it (warp 7 reads once round 1
 // has landed): the test requires that every block is caught. The third
 // protocol orders the rounds by __syncthreads instead of the count; it is
-// here for compute-sanitizer's racecheck (scripts/gpu-check-staging): what
-// racecheck reports on it, it reports on the copy engine's writes and the
-// mbarrier alone, not on the count. Skips without a GPU of compute capability 9.0 or
-// later, or where the kernel was built for an older one (no copy engine).
+// here for compute-sanitizer's racecheck (scripts/gpu-check-staging), which
+// models __syncthreads: what racecheck still reports on it would be on the
+// copy engine's writes and the mbarrier alone, not on the count. Skips
+// without a GPU of compute capability 9.0 or later, or where the kernel was
+// built for an older one (no copy engine).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -102,12 +103,15 @@ __global__ void __launch_bounds__(kThreads) stream_rounds(const uint4* input, ui
       const bool control_round = kControl && r == 0 && more;
       if (control_round) {
         // Every warp counts its wait (so that no warp can miss round 0's
-        // phase); warp kSlowWarp reads only once round 1 has landed.
+        // phase: its lanes first, then the warp); warp kSlowWarp reads only
+        // once round 1 has landed.
+        __syncwarp();
         if (lane == 0) atomicAdd(&memory.waited, 1);
         if (warp == kSlowWarp) {
           if (lane == 0) {
             while (atomicOr(&memory.landed, 0) == 0) {
             }
+            __threadfence_block();
           }
           __syncwarp();
         }
@@ -119,8 +123,9 @@ __global__ void __launch_bounds__(kThreads) stream_rounds(const uint4* input, ui
         if (sleep_ns > 0) __nanosleep(sleep_ns);
       }
       asm volatile("" ::: "memory");  // the read stays after the sleep or the wait
+      // Stored only after the count and the ask, as the kernels use what
+      // they read only after theirs: the read may still be in flight there.
       const uint4 v = reinterpret_cast<const uint4*>(stage.slot())[threadIdx.x];
-      output[block_at + static_cast<size_t>(r) * kRoundVectors + threadIdx.x] = v;
       if constexpr (kProtocol == Protocol::block_barrier) {
         __syncthreads();
         if (threadIdx.x == 0 && more) {
@@ -148,6 +153,7 @@ __global__ void __launch_bounds__(kThreads) stream_rounds(const uint4* input, ui
           }
         }
       }
+      output[block_at + static_cast<size_t>(r) * kRoundVectors + threadIdx.x] = v;
     }
   }
 }
@@ -229,7 +235,7 @@ TEST(RoundStage, EveryWarpReadsItsRoundWhenTheLastReaderAsks) {
   sizes(multiprocessors, blocks, rounds);
   for (unsigned max_sleep_ns : {0u, 2000u, 10000u}) {
     Streamed got;
-    stream<Protocol::last_reader_asks>(blocks, rounds, max_sleep_ns, got);
+    ASSERT_NO_FATAL_FAILURE(stream<Protocol::last_reader_asks>(blocks, rounds, max_sleep_ns, got));
     if (!got.staged) GTEST_SKIP() << "the kernel was built without the copy engine (sm_90)";
     EXPECT_EQ(got.wrong_parts, 0u) << "of " << got.parts << " warp parts, " << blocks << " blocks x " << rounds
                                    << " rounds, warps held back up to " << max_sleep_ns << " ns";
@@ -241,7 +247,7 @@ TEST(RoundStage, EveryWarpReadsItsRoundWhenABlockBarrierOrdersTheRounds) {
   if (!copy_engine_available(multiprocessors)) GTEST_SKIP() << "no GPU of compute capability 9.0 or later";
   sizes(multiprocessors, blocks, rounds);
   Streamed got;
-  stream<Protocol::block_barrier>(blocks, rounds, 2000u, got);
+  ASSERT_NO_FATAL_FAILURE(stream<Protocol::block_barrier>(blocks, rounds, 2000u, got));
   if (!got.staged) GTEST_SKIP() << "the kernel was built without the copy engine (sm_90)";
   EXPECT_EQ(got.wrong_parts, 0u) << "of " << got.parts << " warp parts";
 }
@@ -254,7 +260,7 @@ TEST(RoundStage, AnAskBeforeEveryWarpHasReadIsCaught) {
   if (!copy_engine_available(multiprocessors)) GTEST_SKIP() << "no GPU of compute capability 9.0 or later";
   sizes(multiprocessors, blocks, rounds);
   Streamed got;
-  stream<Protocol::warp0_asks_round1_early>(blocks, rounds, 0u, got);
+  ASSERT_NO_FATAL_FAILURE(stream<Protocol::warp0_asks_round1_early>(blocks, rounds, 0u, got));
   if (!got.staged) GTEST_SKIP() << "the kernel was built without the copy engine (sm_90)";
   EXPECT_EQ(got.wrong_blocks, static_cast<size_t>(blocks)) << "the early ask was seen in only " << got.wrong_blocks
                                                          << " of " << blocks << " blocks";
