@@ -63,10 +63,12 @@ std::vector<Config> configs() {
 }
 
 // Each form's sizes: a short last block, one element, one past a chunk
-// (4-bit: odd, so that a last byte holds one code).
+// (4-bit: odd, so that a last byte holds one code), and 13 whole spans of
+// 256 and a short one of 5: CUDA's pass 1 reads whole spans in a loop of
+// their own and the short one apart (cuda/lamb_low_bit.cu).
 std::vector<int64_t> sizes_of(int bits) {
-  return bits == 4 ? std::vector<int64_t>{1, 127, 128 + 7, 65536 + 301, 1001}
-                   : std::vector<int64_t>{1, 255, 256 + 7, 65536 + 300, 1000};
+  return bits == 4 ? std::vector<int64_t>{1, 127, 128 + 7, 65536 + 301, 1001, 13 * 256 + 5}
+                   : std::vector<int64_t>{1, 255, 256 + 7, 65536 + 300, 1000, 13 * 256 + 5};
 }
 
 struct Tensors : LowBitMoments {
@@ -460,7 +462,7 @@ INSTANTIATE_TEST_SUITE_P(DevicesAndBits, LambLowBitOptimizer,
                          low_bit_test_name);
 
 // The same steps on the CPU and on CUDA give the same bytes: weights (or
-// deltas), copies, codes, absmax; whole steps and split ones, and a NaN.
+// deltas), copies, codes, absmax; whole steps and split ones, and two NaNs.
 class LambLowBitBackends : public ::testing::TestWithParam<int> {};
 
 TEST_P(LambLowBitBackends, CpuAndCudaAgreeBitForBit) {
@@ -470,9 +472,14 @@ TEST_P(LambLowBitBackends, CpuAndCudaAgreeBitForBit) {
       std::vector<std::vector<std::vector<uint8_t>>> results;
       for (Device device : {Device::cpu(), Device::cuda(0)}) {
         Tensors t(device, c, 81, GetParam());
+        // A NaN in tensor 3's first chunk, and one in tensor 5's last whole
+        // span (its span 12, before the short one).
         std::vector<double> grad = t.g[3].read();
         grad[70] = std::numeric_limits<double>::quiet_NaN();
         t.g[3] = TestTensor(device, c.grad, grad);
+        std::vector<double> grad5 = t.g[5].read();
+        grad5[12 * 256 + 3] = std::numeric_limits<double>::quiet_NaN();
+        t.g[5] = TestTensor(device, c.grad, grad5);
         t.refresh();
         const LambPlan plan(t.tensors(), std::span(&c.h, 1));
         const size_t n = t.w.size();
