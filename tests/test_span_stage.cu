@@ -209,59 +209,54 @@ void stream(int blocks, int rounds, unsigned max_sleep_ns, Streamed& got) {
   }
 }
 
-// Whether the staging can run here: a GPU of compute capability 9.0 or
-// later.
-bool copy_engine_available(int& multiprocessors) {
-  if (!cuda_available()) return false;
-  int device = 0, major = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
-  return major >= 9;
-}
+// The blocks and rounds each test streams, on a GPU of compute capability
+// 9.0 or later (else the test skips): 3 blocks a multiprocessor, 48 rounds;
+// under compute-sanitizer, GRADKIT_STAGE_TEST_SMALL=1 streams 4 blocks of 8
+// rounds (the tool runs the kernel thousands of times slower).
+class RoundStageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int device = 0, major = 0, multiprocessors = 0;
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+    if (major < 9) GTEST_SKIP() << "no copy engine (cp.async.bulk) before compute capability 9.0";
+    const char* small = std::getenv("GRADKIT_STAGE_TEST_SMALL");
+    const bool is_small = small != nullptr && small[0] == '1';
+    blocks = is_small ? 4 : 3 * multiprocessors;
+    rounds = is_small ? 8 : 48;
+  }
+  int blocks = 0, rounds = 0;
+};
 
-// Under compute-sanitizer, GRADKIT_STAGE_TEST_SMALL=1 streams fewer blocks
-// and rounds (the tool runs the kernel thousands of times slower).
-void sizes(int multiprocessors, int& blocks, int& rounds) {
-  const char* small = std::getenv("GRADKIT_STAGE_TEST_SMALL");
-  const bool is_small = small != nullptr && small[0] == '1';
-  blocks = is_small ? 4 : 3 * multiprocessors;
-  rounds = is_small ? 8 : 48;
-}
+#define SKIP_UNLESS_STAGED(got) \
+  if (!(got).staged) GTEST_SKIP() << "the kernel was built without the copy engine (sm_90)"
 
-TEST(RoundStage, EveryWarpReadsItsRoundWhenTheLastReaderAsks) {
-  int multiprocessors = 0, blocks = 0, rounds = 0;
-  if (!copy_engine_available(multiprocessors)) GTEST_SKIP() << "no GPU of compute capability 9.0 or later";
-  sizes(multiprocessors, blocks, rounds);
+TEST_F(RoundStageTest, EveryWarpReadsItsRoundWhenTheLastReaderAsks) {
   for (unsigned max_sleep_ns : {0u, 2000u, 10000u}) {
     Streamed got;
     ASSERT_NO_FATAL_FAILURE(stream<Protocol::last_reader_asks>(blocks, rounds, max_sleep_ns, got));
-    if (!got.staged) GTEST_SKIP() << "the kernel was built without the copy engine (sm_90)";
+    SKIP_UNLESS_STAGED(got);
     EXPECT_EQ(got.wrong_parts, 0u) << "of " << got.parts << " warp parts, " << blocks << " blocks x " << rounds
                                    << " rounds, warps held back up to " << max_sleep_ns << " ns";
   }
 }
 
-TEST(RoundStage, EveryWarpReadsItsRoundWhenABlockBarrierOrdersTheRounds) {
-  int multiprocessors = 0, blocks = 0, rounds = 0;
-  if (!copy_engine_available(multiprocessors)) GTEST_SKIP() << "no GPU of compute capability 9.0 or later";
-  sizes(multiprocessors, blocks, rounds);
+TEST_F(RoundStageTest, EveryWarpReadsItsRoundWhenABlockBarrierOrdersTheRounds) {
   Streamed got;
   ASSERT_NO_FATAL_FAILURE(stream<Protocol::block_barrier>(blocks, rounds, 2000u, got));
-  if (!got.staged) GTEST_SKIP() << "the kernel was built without the copy engine (sm_90)";
+  SKIP_UNLESS_STAGED(got);
   EXPECT_EQ(got.wrong_parts, 0u) << "of " << got.parts << " warp parts";
 }
 
 // The negative control: an ask before every warp has read the round is
 // seen, in every block (warp 7 reads round 0's part once round 1 has
 // landed in the slot).
-TEST(RoundStage, AnAskBeforeEveryWarpHasReadIsCaught) {
-  int multiprocessors = 0, blocks = 0, rounds = 0;
-  if (!copy_engine_available(multiprocessors)) GTEST_SKIP() << "no GPU of compute capability 9.0 or later";
-  sizes(multiprocessors, blocks, rounds);
+TEST_F(RoundStageTest, AnAskBeforeEveryWarpHasReadIsCaught) {
   Streamed got;
   ASSERT_NO_FATAL_FAILURE(stream<Protocol::warp0_asks_round1_early>(blocks, rounds, 0u, got));
-  if (!got.staged) GTEST_SKIP() << "the kernel was built without the copy engine (sm_90)";
+  SKIP_UNLESS_STAGED(got);
   EXPECT_EQ(got.wrong_blocks, static_cast<size_t>(blocks)) << "the early ask was seen in only " << got.wrong_blocks
                                                          << " of " << blocks << " blocks";
   // Only round 0's reads can be wrong (warp 7's, and any other warp's that
