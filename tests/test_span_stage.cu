@@ -26,18 +26,19 @@
 #include <random>
 #include <vector>
 
+#include "cuda/blockwise_lanes.cuh"
 #include "cuda/span_stage.cuh"
 #include "support/test_tensor.h"
 
 namespace {
 
+using gradkit::cuda::kLanes;
 using gradkit::cuda::RoundSignals;
 using gradkit::cuda::RoundStage;
 using gradkit::test::cuda_available;
 
 enum class Protocol { last_reader_asks, warp0_asks_round1_early, block_barrier };
 
-constexpr int kLanes = 32;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kLanes;
 constexpr int kRoundVectors = kThreads;  // a uint4 a lane
@@ -51,19 +52,6 @@ __device__ __forceinline__ uint32_t mix(uint32_t x) {
   x *= 0x846ca68bu;
   x ^= x >> 16;
   return x;
-}
-
-// Waits for the phase of the block's mbarrier with this parity, outside
-// RoundStage's own count of phases (the negative control's warp 0).
-__device__ __forceinline__ void wait_for_phase(RoundSignals* signals, uint32_t parity) {
-  const uint32_t filled = gradkit::cuda::shared_address(&signals->filled);
-  uint32_t done = 0;
-  do {
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done)
-                 : "r"(filled), "r"(parity)
-                 : "memory");
-  } while (!done);
 }
 
 // `staged` is set when the kernel was built with the copy engine
@@ -144,7 +132,9 @@ __global__ void __launch_bounds__(kThreads) stream_rounds(const uint4* input, ui
               while (atomicOr(&memory.waited, 0) < kWarps) {
               }
               ask(1);
-              wait_for_phase(&memory.signals, 1);
+              // Round 1's wait on a copy of the stage, which leaves warp
+              // 0's own count of phases where it is.
+              RoundStage(stage).wait();
               __threadfence_block();
               atomicExch(&memory.landed, 1);
             }
