@@ -16,6 +16,7 @@
 #include "backend/blockwise_math.h"
 #include "backend/quant_tables.h"
 #include "cuda/blockwise_codecs.cuh"
+#include "support/check_cuda.h"
 #include "support/test_tensor.h"
 
 namespace {
@@ -46,8 +47,6 @@ __global__ void check_every_f32(const Table* table, Counts* counts) {
   atomicAdd(&counts->against_cpu, against_cpu);
   atomicAdd(&counts->against_search, against_search);
 }
-
-#define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 template <class Table, bool kSigned>
 void expect_every_f32_counts_as_the_cpu_encode(const Table& host) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/denominator_lanes.cuh"
+#include "support/check_cuda.h"
 #include "support/test_tensor.h"
 
 namespace {
@@ -51,8 +52,6 @@ __global__ void check_every_f32(Counts* counts) {
   atomicAdd(&counts->in_range, in_range);
   atomicAdd(&counts->mismatched, mismatched);
 }
-
-#define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 template <Sequence kSequence>
 void check_every_f32(Counts& got) {

@@ -8,14 +8,13 @@
 #include <vector>
 
 #include "gradkit/ops/gradient.h"
+#include "support/check_cuda.h"
 #include "support/reference.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"
 
 namespace gradkit::test {
 namespace {
-
-#define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 class CudaGradient : public ::testing::Test {
  protected:

@@ -21,12 +21,11 @@
 #include <vector>
 
 #include "gradkit/ops/muon_sharded.h"
+#include "support/check_cuda.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {
 namespace {
-
-#define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 // Two shape classes, so two buckets: 8 square matrices of 1024, then 4 of
 // 1024 x 3072.

@@ -12,12 +12,11 @@
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/mixed_precision.h"
+#include "support/check_cuda.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {
 namespace {
-
-#define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 struct Params {
   std::vector<TestTensor> w, g;

@@ -28,6 +28,7 @@
 
 #include "cuda/blockwise_lanes.cuh"
 #include "cuda/span_stage.cuh"
+#include "support/check_cuda.h"
 #include "support/test_tensor.h"
 
 namespace {
@@ -147,8 +148,6 @@ __global__ void __launch_bounds__(kThreads) stream_rounds(const uint4* input, ui
     }
   }
 }
-
-#define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 struct Streamed {
   bool staged = false;
