@@ -145,6 +145,11 @@ __global__ void __launch_bounds__(kThreads) stream_rounds(const uint4* input, ui
         }
       }
       output[block_at + static_cast<size_t>(r) * kRoundVectors + threadIdx.x] = v;
+      // Round 1 landed before warp kSlowWarp counted round 0: without a
+      // barrier here the other warps' counts of round 1 would come first,
+      // and the count would name a last reader a round early from then on
+      // (asks in a phase that has had its arrival: the launch fails).
+      if (control_round) __syncthreads();
     }
   }
 }
