@@ -101,7 +101,11 @@ class RoundStage {
   // `warps` parts and a __syncwarp: whether this warp read it last, in which
   // case the reads of every warp come before the copy engine's next writes
   // into the slot (the count's acquire and release order the warps' reads;
-  // the proxy fence, those reads before the copies).
+  // the proxy fence, those reads before the copies). compute-sanitizer's
+  // racecheck does not take this count as an order: it reports each read
+  // against the next round's copies, as it does a real early ask, and
+  // nothing when __syncthreads orders the same accesses (bench/RESULTS.md,
+  // 2026-11-29, fourteenth session); tests/test_span_stage.cu is the check.
   __device__ __forceinline__ bool read_last(int warps) const {
     uint32_t before;
     asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;"
