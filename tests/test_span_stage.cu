@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) stream_rounds(const uint4* input, ui
       if constexpr (kProtocol == Protocol::block_barrier) {
         __syncthreads();
         if (threadIdx.x == 0 && more) {
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          RoundStage::reads_before_copies();
           ask(r + 1);
         }
       } else {

@@ -113,8 +113,15 @@ class RoundStage {
                  : "r"(shared_address(&signals_->reads))
                  : "memory");
     const bool last = before % static_cast<uint32_t>(warps) == static_cast<uint32_t>(warps) - 1;
-    if (last) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if (last) reads_before_copies();
     return last;
+  }
+
+  // By the asking lane, once the block's reads of the slot are ordered before
+  // it (read_last's count, or a block barrier): the proxy fence that keeps
+  // those generic reads before the copy engine's next writes.
+  __device__ __forceinline__ static void reads_before_copies() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
 
  private:
