@@ -148,8 +148,5 @@ def test_fused_amp_step_on_a_float16_model(device):
 def test_mixed_dtypes_are_refused(device):
     params = low_params(device, torch.float16)
     params[1] = torch.nn.Parameter(params[1].detach().float())
-    opt = gt.AdamW(params)
-    for p in params:
-        p.grad = torch.ones_like(p)
-    with pytest.raises(TypeError, match="float16"):
-        opt.step()
+    with pytest.raises(TypeError, match="float16"):  # at construction, not at the first step
+        gt.AdamW(params)

@@ -33,6 +33,13 @@ def local(t):
     return t
 
 
+def local_data_ptr(t):
+    """local(t).data_ptr() without the cost of to_local() on a DTensor (a step reads it for
+    every parameter): its local tensor is the same memory."""
+    inner = getattr(t, "_local_tensor", None) if is_dtensor(t) else None
+    return (inner if inner is not None else local(t)).data_ptr()
+
+
 def check_placements(params, what="params"):
     """Refuses a DTensor whose local tensor is not what its update should
     change: Shard and Replicate placements are fine, a Partial one holds a

@@ -81,6 +81,60 @@ def check_int4_map(state_dict):
                              "float32_state_dict(), which loads here")
 
 
+# The largest step count a state may hold: what a float64 counts exactly (torch saves steps as
+# float32 tensors, exact to 2^24; gradkit's counters on the device are int64).
+MAX_STEP = 2 ** 53
+
+
+def step_count(step, where):
+    """A state's "step" (a number or a one-element tensor, as torch saves it) as an int;
+    ValueError or TypeError naming `where` unless it is a whole number in [0, MAX_STEP]."""
+    if torch.is_tensor(step):
+        if step.numel() != 1:
+            raise ValueError(f"{where}['step'] is a tensor of shape {tuple(step.shape)}, expected one element")
+        step = step.item()
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        raise TypeError(f"{where}['step'] is {step!r}, expected a whole number >= 0 (or a tensor of one)")
+    if not (step == step and 0 <= step <= MAX_STEP and step == int(step)):
+        raise ValueError(f"{where}['step'] is {step!r}, expected a whole number in [0, 2^53] (the steps taken)")
+    return int(step)
+
+
+def _shapes_of(p):
+    """The shapes a state tensor of p may have: p's, or its local shard's (DTensors)."""
+    return {tuple(p.shape), tuple(local(p).shape)}
+
+
+def check_moments(p, names, state, where):
+    """Raises ValueError naming `where` and the key unless `state` holds each moment of `names`
+    in a form StateForm.convert takes (floating point, 8-bit or 4-bit codes with their absmax),
+    shaped for p, and any master shaped like p: what loading checks before it replaces a state."""
+    for name in names:
+        if name not in state:
+            raise ValueError(f"{where} has no {name!r} (it holds {', '.join(map(repr, state)) or 'nothing'}); "
+                             "expected the state of a gradkit optimizer of this kind or of torch.optim's counterpart")
+        t = state[name]
+        if not torch.is_tensor(t):
+            raise TypeError(f"{where}[{name!r}] is a {type(t).__name__}, expected a tensor")
+        if _is_4bit(state, name):
+            numels = {gradkit.quant4_bytes(local(p).numel()), gradkit.quant4_bytes(p.numel())}
+            if t.numel() not in numels:
+                raise ValueError(f"{where}[{name!r}] holds {t.numel()} bytes of 4-bit codes, expected "
+                                 f"{min(numels)} for a parameter of shape {tuple(p.shape)}")
+            continue
+        if not (t.is_floating_point() or _is_8bit(state, name)):
+            raise ValueError(f"{where}: {name!r} is {t.dtype} without {absmax_name(name)!r}; expected floating-point "
+                             "moments or uint8 codes with their float32 absmax")
+        if tuple(t.shape) not in _shapes_of(p):
+            raise ValueError(f"{where}[{name!r}] has shape {tuple(t.shape)}, expected {tuple(p.shape)} (the "
+                             "parameter's)")
+    for key in ("master_param", "weight_remainder"):
+        t = state.get(key)
+        if torch.is_tensor(t) and tuple(t.shape) not in _shapes_of(p):
+            raise ValueError(f"{where}[{key!r}] has shape {tuple(t.shape)}, expected {tuple(p.shape)} (the "
+                             "parameter's)")
+
+
 def absmax_name(name):
     return name + "_absmax"
 

@@ -144,17 +144,9 @@ class Muon(AdamW):
                         use_muon=True, betas=tuple(adamw_betas), adamw_eps=adamw_eps, amsgrad=False, maximize=False)
         _PlannedOptimizer.__init__(self, params, defaults)  # add_param_group checks each group
 
-    def add_param_group(self, param_group):
-        """As torch's, refusing a group Muon's step cannot take; a refused group is not added
-        (torch fills in the defaults first, so the check runs on the added group, which then
-        goes again)."""
-        super().add_param_group(param_group)
-        try:
-            _check_group(self.param_groups[-1], len(self.param_groups) - 1)
-        except (TypeError, ValueError):
-            self.param_groups.pop()
-            self._invalidate()
-            raise
+    def _check_group(self, index):
+        """Refuses a group Muon's step cannot take (add_param_group, construction)."""
+        _check_group(self.param_groups[index], index)
 
     # -- what each group takes ----------------------------------------------------
 
@@ -228,22 +220,15 @@ class Muon(AdamW):
                 gradkit.advance_step(c.counter_scalar, skip=found_inf, stream=stream)
                 c.plan.step(found_inf=found_inf, grad_scale_device=grad_divisor, stream=stream)
 
-    def load_state_dict(self, state_dict):
-        """As the other optimizers', and torch.optim.Muon's or AdamW's state dicts: their state
-        counts no steps (Muon's) and their groups lack this optimizer's keys ("use_muon",
-        "betas", "adamw_eps", ...), which keep the values the groups have here (torch's
-        load_state_dict takes the saved groups as they are)."""
-        state = {k: dict(v) for k, v in state_dict.get("state", {}).items()}
+    def _checked_for_loading(self, state_dict):
+        """As the other optimizers' (a group key the saved groups lack keeps this optimizer's
+        value: torch.optim.Muon's and AdamW's groups lack "use_muon", "betas", "adamw_eps",
+        ...), taking torch.optim.Muon's state, which counts no steps."""
+        state = {k: dict(v) if isinstance(v, dict) else v for k, v in state_dict.get("state", {}).items()}
         for s in state.values():
-            if "momentum_buffer" in s and "step" not in s:
+            if isinstance(s, dict) and "momentum_buffer" in s and "step" not in s:
                 s["step"] = torch.tensor(0.0)
-        saved_groups = state_dict.get("param_groups", [])
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"the state dict has {len(saved_groups)} param groups, expected "
-                             f"{len(self.param_groups)}")
-        groups = [{**{k: v for k, v in mine.items() if k != "params"}, **saved}
-                  for mine, saved in zip(self.param_groups, saved_groups)]
-        super().load_state_dict({**state_dict, "state": state, "param_groups": groups})
+        return super()._checked_for_loading({**state_dict, "state": state})
 
 
 def _row_splits(p, ranks):

@@ -65,7 +65,7 @@ import torch
 import gradkit
 from gradkit.torch import _compile
 from gradkit.torch._device import common_device, stream_handle
-from gradkit.torch._state_forms import StateForm, absmax4_name, absmax_name, check_int4_map, mark_int4_map
+from gradkit.torch._state_forms import StateForm, absmax4_name, absmax_name, check_int4_map, mark_int4_map, step_count
 from gradkit.torch._param_groups import adam_hyperparameters, closure_loss, lamb_hyperparameters
 
 _MOMENT_DTYPES = {"float32": gradkit.DType.f32, "bfloat16": gradkit.DType.bf16, "int8": gradkit.DType.u8,
@@ -349,7 +349,7 @@ class _OffloadedBase(torch.optim.Optimizer):
                 if name not in s or s[name].numel() != n:
                     raise ValueError(f"state_dict's state of params[{i}] has no '{name}' of {n} elements")
             masters.append(s.get("master_param"))
-            steps.add(int(s["step"]))
+            steps.add(step_count(s.get("step"), f"state_dict['state'][{key!r}]"))
             moments = {k: v for k, v in s.items() if k in names or k.endswith(("_absmax", "_absmax4"))}
             self._form.convert_moments(_host_proxy(p), names, moments)  # into this form, on the host
             for name in names:

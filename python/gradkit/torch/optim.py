@@ -8,12 +8,15 @@ this module only decides which plans to make and when to re-point them:
   device (torch.optim keeps a step per parameter; a parameter whose .grad is
   None is skipped, so its count falls behind and it joins another cohort).
   Usually every parameter has a gradient every step: one cohort, one plan.
-- A step looks at each parameter's .grad pointer, not at its values: if
-  the pointers are those of the last step (the same tensors, or new tensors
+- A step looks at where each parameter's data and .grad are, not at their
+  values, following what param_groups[i]["params"] holds now: if the
+  addresses are those of the last step (the same tensors, or new gradients
   in the same memory, which is what zero_grad(set_to_none=True) and the
   caching allocator give), the plans are launched as they are; if only the
-  memory moved, the plans are re-pointed (one table upload each); if the
-  set of parameters with gradients changed, the cohorts are made anew.
+  gradients moved, the plans are re-pointed (one table upload each); if the
+  set of parameters with gradients changed, the cohorts are made anew; if a
+  parameter changed (`p.data = ...`, a group's "params" edited), the layout
+  is made anew and checked as at construction.
   With flat gradients (gradkit.torch.flat_gradients) not even the pointers
   are read: the host cost of a step does not depend on the tensor count.
 - float16/bfloat16 parameters get float32 master weights (ONNX Runtime's
@@ -30,15 +33,20 @@ this module only decides which plans to make and when to re-point them:
   FSDP2, so torch.distributed.checkpoint saves it); LAMB's trust ratios and
   the gradient check's norm become collectives over the shards (_dtensor).
 """
+import operator
+from collections import OrderedDict
+from contextlib import contextmanager
+
 import torch
 
 import gradkit
 from gradkit.torch import _compile
 from gradkit.torch._device import common_device, stream_handle
-from gradkit.torch._dtensor import RankRows, check_placements, is_dtensor, local, shard_group
+from gradkit.torch._dtensor import RankRows, check_placements, is_dtensor, local, local_data_ptr, shard_group
 from gradkit.torch._gradient_check import GradientCheck
 from gradkit.torch._param_groups import adam_hyperparameters, closure_loss, lamb_hyperparameters
-from gradkit.torch._state_forms import LOW_PRECISION, StateForm, check_int4_map, float_master
+from gradkit.torch._state_forms import (LOW_PRECISION, StateForm, check_int4_map, check_moments, float_master,
+                                        step_count)
 
 
 class _Cohort:
@@ -54,10 +62,18 @@ class _Cohort:
         self.sums = None  # LAMB over sharded DTensors: the ranks' rows of per-tensor sums (RankRows)
 
 
-class _Layout:
-    """The optimizer's parameters in param_groups order, with their group index."""
+def _data_key(t):
+    """Where a tensor's data is and how it is laid out: what a step compares to notice
+    `p.data = ...` (a new storage, or the same one seen through another shape)."""
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
-    __slots__ = ("params", "group_of", "device", "masters", "dtensors", "_shard_group")
+
+class _Layout:
+    """The optimizer's parameters in param_groups order, with their group index, checked
+    as gradkit's plans take them (named errors at construction, add_param_group and
+    whenever a step finds the parameters changed)."""
+
+    __slots__ = ("params", "group_of", "device", "masters", "dtensors", "data", "_shard_group")
 
     def __init__(self, param_groups):
         self.params = [p for g in param_groups for p in g["params"]]
@@ -65,6 +81,8 @@ class _Layout:
         if not self.params:
             raise ValueError("the optimizer has no parameters")
         self.device = common_device(self.params, "params")
+        if self.device.type not in ("cpu", "cuda", "meta"):
+            raise TypeError(f"params are on {self.device}, expected the CPU or a CUDA device")
         dtypes = {p.dtype for p in self.params}
         if dtypes not in ({torch.float32}, {torch.float64}, {torch.float16}, {torch.bfloat16}):
             raise TypeError(f"params have dtypes {sorted(str(d) for d in dtypes)}, expected one of float32, "
@@ -76,15 +94,59 @@ class _Layout:
         self.dtensors = any(is_dtensor(p) for p in self.params)
         check_placements(self.params)
         for i, p in enumerate(self.params):
+            if p.is_sparse or p.layout != torch.strided:
+                raise TypeError(f"params[{i}] has layout {p.layout}, expected dense (torch.strided) parameters")
             if not local(p).is_contiguous():
-                raise ValueError(f"params[{i}] is not contiguous; expected contiguous parameters")
+                raise ValueError(f"params[{i}] is not contiguous (shape {tuple(p.shape)}, strides {p.stride()}); "
+                                 "expected contiguous parameters (gradkit steps each one as a flat array: "
+                                 "make it with .contiguous() before the optimizer, or p.data = p.data.contiguous())")
+            if p.is_conj() or p.is_neg():
+                raise ValueError(f"params[{i}] is a lazily conjugated or negated view; expected a plain tensor")
+        self.data = [] if self.device.type == "meta" else [_data_key(local(p)) for p in self.params]
         self._shard_group = False  # not yet looked at
+
+    def holds(self, params):
+        """Whether `params` (what the groups hold now) are this layout's parameters, in order,
+        each with the data it had when the layout was made."""
+        return (len(params) == len(self.params) and all(map(operator.is_, params, self.params))
+                and [_data_key(local(p)) for p in params] == self.data)
+
+    def ends_hold(self, param_groups):
+        """holds() for the first and last parameter alone: a flat-gradient step's O(1) look
+        (a model moved or cast, or every weight clipped by `p.data = ...`, changes both)."""
+        first, last = param_groups[0]["params"], param_groups[-1]["params"]
+        return (bool(first) and bool(last) and first[0] is self.params[0] and last[-1] is self.params[-1]
+                and sum(len(g["params"]) for g in param_groups) == len(self.params)
+                and first[0].data_ptr() == self.data[0][0]
+                and last[-1].data_ptr() == self.data[-1][0])
+
+    def refuse_meta(self):
+        if self.device.type == "meta":
+            raise RuntimeError("params are on the meta device (deferred initialisation), with no data to step; "
+                               "make the optimizer over the parameters once they have storage (model.to_empty("
+                               "device=...) makes new parameters, which this optimizer does not hold)")
 
     def shard_group(self):
         """The process group the sharded DTensor parameters are split over (None: none is)."""
         if self._shard_group is False:
             self._shard_group = shard_group(self.params)
         return self._shard_group
+
+
+@contextmanager
+def _torch_hooks(optimizer, kind):
+    """torch's pre and post hooks of `kind` ("state_dict", "load_state_dict") taken out of
+    `optimizer` for the block, which runs them itself where gradkit's state is what the
+    steps use (torch's own method would run them before gradkit converts the state);
+    empty lists under a torch without such hooks."""
+    names = [f"_optimizer_{kind}_pre_hooks", f"_optimizer_{kind}_post_hooks"]
+    held = {n: optimizer.__dict__[n] for n in names if n in optimizer.__dict__}
+    for n in held:
+        optimizer.__dict__[n] = OrderedDict()
+    try:
+        yield [list(held[n].values()) if n in held else [] for n in names]
+    finally:
+        optimizer.__dict__.update(held)
 
 
 class _PlannedOptimizer(torch.optim.Optimizer):
@@ -109,7 +171,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._layout = None
         self._cohorts = []
         self._present = None     # which parameters had a gradient at the last step
-        self._grad_ptrs = None   # and where those gradients were
+        self._keys = None        # where each parameter's data and gradient were (_step_keys)
         self._cohort_version = 0   # changes when the cohorts are made anew
         self._pointer_version = 0  # changes when any plan's gradients change (re-pointed or made anew)
         self._flat = None        # FlatGradients covering every parameter, if given
@@ -138,10 +200,26 @@ class _PlannedOptimizer(torch.optim.Optimizer):
     def __setstate__(self, state):
         self._init_plans()
         super().__setstate__(state)
+        for group in self.param_groups:  # groups pickled by an older gradkit may lack a key
+            self._loaded_group(group)
 
     def add_param_group(self, param_group):
+        """As torch's, then the parameters checked as a step takes them (dtype, device,
+        contiguity: a named error now, not at the first step); a refused group is not added."""
         super().add_param_group(param_group)
-        self._invalidate()
+        try:
+            self._check_group(len(self.param_groups) - 1)
+            _Layout(self.param_groups)
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
+        finally:
+            self._invalidate()
+
+    def _check_group(self, index):
+        """Refuses a group's hyperparameter out of range (Adam's and LAMB's; Muon has its own)."""
+        g = self.param_groups[index]
+        _check_hyperparameters(g["lr"], g["betas"], g["eps"], g["weight_decay"], f"param_groups[{index}]: ")
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -168,7 +246,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         only when the parameters' addresses change."""
         ptrs = [p.data_ptr() for p in params]
         if ptrs != self._graph_param_ptrs:
-            layout = self._get_layout()
+            layout = self._current_layout()
             at = {p.data_ptr(): i for i, p in enumerate(layout.params)}
             indices = [at.get(q, -1) for q in ptrs]
             if len(grads) != len(params) or -1 in indices or indices != sorted(set(indices)):
@@ -223,13 +301,22 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         DTensor parameter (FSDP2), 8-bit moments and remainder masters leave as float32
         DTensors shaped like it, which torch.distributed.checkpoint can reshard (each rank's
         absmax covers its own blocks; int16 is no collective's type); loading encodes them
-        again, into the same codes and remainders when the sharding is the same."""
+        again, into the same codes and remainders when the sharding is the same.
+        torch's state_dict hooks run as under torch: the pre hooks see the state with its
+        step counts, the post hooks the dict this returns."""
         self._write_steps_to_state()
-        out = super().state_dict()
+        with _torch_hooks(self, "state_dict") as (pre_hooks, post_hooks):
+            for hook in pre_hooks:
+                hook(self)
+            out = super().state_dict()
         saved_ids = [i for g in out["param_groups"] for i in g["params"]]
         for key, (p, group) in zip(saved_ids, self._params_with_groups()):
             if key in out["state"] and self._form.portable_differs(p):
                 out["state"][key] = self._form.portable(p, self._moment_names(group), out["state"][key])
+        for hook in post_hooks:
+            result = hook(self, out)
+            if result is not None:
+                out = result
         return out
 
     def float32_state_dict(self):
@@ -246,28 +333,80 @@ class _PlannedOptimizer(torch.optim.Optimizer):
     def state_bytes(self):
         """Bytes of the state tensors this optimizer holds (moments, absmax, masters or
         remainders; on this rank for DTensors)."""
-        return sum(local(t).numel() * t.element_size() for s in self.state.values() for k, t in s.items()
-                   if k != "step" and torch.is_tensor(t))
+        return sum(local(t).numel() * t.element_size() for s in self.state.values() if isinstance(s, dict)
+                   for k, t in s.items() if k != "step" and torch.is_tensor(t))
 
     def _params_with_groups(self):
         return [(p, g) for g in self.param_groups for p in g["params"]]
 
     def load_state_dict(self, state_dict):
         """Loads torch's layout: from this class in any state form (float32, bfloat16 or 8-bit
-        moments; float32 or remainder masters), converted into this optimizer's, or from
-        torch.optim's counterpart (float32 moments, no masters: they start from the weights).
-        Loading a float32 master into the remainder form sets the parameter to its rounding."""
+        moments; float32 or remainder masters), converted into this optimizer's, from
+        torch.optim's counterpart (float32 moments, no masters: they start from the weights),
+        or from another optimizer whose state holds what this one needs (LAMB's into AdamW).
+        As torch does, a group key the saved groups lack (a checkpoint of an older torch or of
+        another optimizer) keeps this optimizer's value. Everything is checked before anything
+        is replaced: a state this optimizer cannot step (moments missing or of another shape,
+        a step count that is not a whole number >= 0) is refused, naming it. Loading a float32
+        master into the remainder form sets the parameter to its rounding. torch's
+        load_state_dict hooks run as under torch: the post hooks see, and may change, the
+        state as the steps will use it."""
+        with _torch_hooks(self, "load_state_dict") as (pre_hooks, post_hooks):
+            state_dict = dict(state_dict)  # shallow, as torch's: a pre hook may change it
+            for hook in pre_hooks:
+                result = hook(self, state_dict)
+                if result is not None:
+                    state_dict = result
+            state_dict = self._checked_for_loading(state_dict)
+            saved = self._saved_tensors(state_dict)
+            self._cohorts = []  # their counters describe the state being replaced
+            super().load_state_dict(state_dict)  # casts every state tensor to its parameter's dtype
+            for p, values in saved.items():
+                self.state[p].update(values)
+            for p, group in self._params_with_groups():
+                if self.state.get(p):
+                    self._form.convert(p, self._moment_names(group), self.state[p])
+            self._invalidate()
+        for hook in post_hooks:
+            hook(self)
+
+    def _checked_for_loading(self, state_dict):
+        """state_dict with each saved group completed by this optimizer's keys (a key the saved
+        group has wins), after checking that every parameter's state fits: ValueError or
+        TypeError naming the group or the state, before anything is loaded."""
         check_int4_map(state_dict)
-        self._cohorts = []  # their counters describe the state being replaced
-        saved = self._saved_tensors(state_dict)
-        super().load_state_dict(state_dict)  # casts every state tensor to its parameter's dtype
-        for p, values in saved.items():
-            self.state[p].update(values)
-        for p, s in self.state.items():
-            if "step" not in s:
-                raise ValueError("the state of a parameter has no 'step'")
-            self._form.convert(p, self._moment_names(self._group_of_param(p)), s)
-        self._invalidate()
+        for key in ("state", "param_groups"):
+            if key not in state_dict:
+                raise ValueError(f"state_dict has no {key!r}; expected an optimizer's state_dict()")
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"state_dict has {len(saved_groups)} param groups, expected {len(self.param_groups)} "
+                             "(this optimizer's)")
+        groups = []
+        for i, (mine, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(saved["params"]) != len(mine["params"]):
+                raise ValueError(f"state_dict's param_groups[{i}] has {len(saved['params'])} parameters, expected "
+                                 f"{len(mine['params'])} (this optimizer's group {i})")
+            group = {**{k: v for k, v in mine.items() if k != "params"}, **saved}
+            self._loaded_group(group)
+            groups.append(group)
+        saved_state = state_dict["state"]
+        for group, mine in zip(groups, self.param_groups):
+            for key, p in zip(group["params"], mine["params"]):
+                if saved_state.get(key):
+                    self._check_state(p, group, saved_state[key], f"state_dict['state'][{key!r}]")
+        return {**state_dict, "param_groups": groups}
+
+    def _loaded_group(self, group):
+        """A subclass's say over a loaded or unpickled group (Adam's weight decay, as torch's)."""
+
+    def _check_state(self, p, group, state, where):
+        """Refuses, naming `where`, a parameter's state that this optimizer cannot step: no
+        whole step count >= 0, or moments missing or not shaped for p (_state_forms)."""
+        if not isinstance(state, dict):
+            raise TypeError(f"{where} is a {type(state).__name__}, expected a dict of the parameter's state")
+        step_count(state.get("step"), where)
+        check_moments(p, self._moment_names(group), state, where)
 
     def _saved_tensors(self, state_dict):
         """The state tensors whose dtype is not their parameter's, as saved: torch's
@@ -299,8 +438,11 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._invalidate()
 
     def _get_layout(self):
+        """The layout of the parameters, made when first needed (a step): not over parameters
+        still on the meta device, which have no data to step (a named error)."""
         if self._layout is None:
             layout = _Layout(self.param_groups)
+            layout.refuse_meta()
             self._form.check(layout.params, any(g.get("amsgrad", False) for g in self.param_groups))
             self._layout = layout
         return self._layout
@@ -312,7 +454,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._layout = None
         self._cohorts = []
         self._present = None
-        self._grad_ptrs = None
+        self._keys = None
         self._hyper_key = None
         self._lrs = None
         self._cohort_version = getattr(self, "_cohort_version", 0) + 1
@@ -323,37 +465,83 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         (a re-point is enqueued on `stream`, before the launches). `grads`: one per parameter
         (None: no gradient), as a compiled graph hands them; default: each parameter's .grad."""
         layout = self._get_layout()
-        params = layout.params
-        if self._flat is not None and self._cohorts and self._flat.attached_cheap():
+        if self._flat is not None and self._cohorts and self._flat.attached_cheap() and \
+                layout.ends_hold(self.param_groups):
             return self._cohorts
         if grads is None:
+            keys = self._step_keys()
+            if keys == self._keys:
+                return self._cohorts
+            layout = self._current_layout()
+            params = layout.params
             grads = [local(p.grad) for p in params] if layout.dtensors else [p.grad for p in params]
-        # -1 for a missing gradient (no tensor has that address, an empty one may have 0), so that
-        # equal pointers mean the same gradients present where they were: the common step reads
-        # each .grad once and compares one list.
-        ptrs = [-1 if g is None else g.data_ptr() for g in grads]
-        if ptrs == self._grad_ptrs:
-            return self._cohorts
+        else:
+            # A compiled graph's parameters were checked against the layout (_graph_gradients).
+            keys = [-1 if g is None else g.data_ptr() for g in grads]
+            if keys == self._keys:
+                return self._cohorts
+            params = layout.params
         self._refuse_in_capture("the gradients moved since the last step")
+        self._check_grads(params, grads)
         present = [g is not None for g in grads]
         if present == self._present:  # the same gradients present, some elsewhere: re-point
             for c in self._cohorts:
                 c.plan.set_grads(self._grad_arrays(grads, c.indices), hold_grads=False, stream=stream)
-            self._grad_ptrs = ptrs
+            self._keys = keys
             self._pointer_version += 1
             return self._cohorts
         self._make_cohorts(grads, present)
-        self._grad_ptrs = ptrs
+        self._keys = keys
         return self._cohorts
 
+    def _step_keys(self):
+        """Where each gradient is (-1: none), then where each parameter's data is, in the order
+        the groups hold them now. Keys equal to the last step's mean that its plans fit: the same
+        parameters with the same data, gradients present where they were. These two lists are
+        a step's only per-tensor work (docs/python.md, "Host cost of a step"); the rest of what
+        a parameter's data is (shape, strides) is compared when a key changed (_current_layout)."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        if self._layout.dtensors:
+            keys = [-1 if (g := local(p.grad)) is None else g.data_ptr() for p in params]
+            keys += [local_data_ptr(p) for p in params]
+        else:
+            keys = [-1 if g is None else g.data_ptr() for g in [p.grad for p in params]]
+            keys += [p.data_ptr() for p in params]
+        return keys
+
+    def _current_layout(self):
+        """The layout of what the groups hold now: made anew (and checked as at construction)
+        if a parameter was added, removed or replaced, or given new data (`p.data = ...`).
+        The steps taken stay in the state, which must fit the parameter (_make_cohorts)."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        if self._get_layout().holds(params):
+            return self._layout
+        self._refuse_in_capture("the parameters changed since the last step")
+        self._invalidate()
+        layout = self._get_layout()
+        if self._flat is not None and set(map(id, self._flat.params)) != set(map(id, layout.params)):
+            self._flat = None
+            raise ValueError("param_groups' parameters changed, and the flat gradients given to use_flat_gradients "
+                             "no longer cover exactly this optimizer's parameters; make a FlatGradients over the "
+                             "new ones and pass it to use_flat_gradients")
+        return layout
+
+    def _check_grads(self, params, grads):
+        """Refuses, naming the parameter, a gradient a step cannot take; `p.grad = x` checks
+        shape and dtype, but `p.grad.data = x` does not."""
+        for i, (p, g) in enumerate(zip(params, grads)):
+            if g is None:
+                continue
+            if g.is_sparse or g.layout != torch.strided:
+                raise TypeError(f"{type(self).__name__} does not support sparse gradients (params[{i}] has a "
+                                f"{g.layout} gradient)")
+            shape = local(p).shape
+            if g.shape != shape or g.dtype != p.dtype or g.device != local(p).device:
+                raise ValueError(f"params[{i}].grad is {g.dtype} of shape {tuple(g.shape)} on {g.device}, expected "
+                                 f"{p.dtype} of shape {tuple(shape)} on {local(p).device}, as the parameter")
+
     def _grad_arrays(self, grads, indices):
-        out = []
-        for i in indices:
-            g = grads[i]
-            if g.is_sparse:
-                raise TypeError(f"{type(self).__name__} does not support sparse gradients (params[{i}])")
-            out.append(g)
-        return out
+        return [grads[i] for i in indices]
 
     def present_grads(self):
         """The gradients the last prepared step covers, in cohort order (those a compiled
@@ -367,6 +555,9 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._write_steps_to_state()
         layout = self._get_layout()
         by_step = {}
+        for i, p in enumerate(layout.params):  # a state made for other data (p.data = ...) is refused
+            if present[i] and self.state.get(p):
+                self._check_state(p, self.param_groups[layout.group_of[i]], self.state[p], f"the state of params[{i}]")
         self._init_states([p for i, p in enumerate(layout.params) if present[i] and not self.state[p]])
         for i, p in enumerate(layout.params):
             if present[i]:
@@ -505,15 +696,25 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         return [local(self.state[params[i]][name]) for i in indices]
 
 
-def _check_betas(betas, eps, weight_decay, lr):
-    if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
-        raise ValueError(f"betas is {betas}, expected two values in [0, 1)")
+def _check_hyperparameters(lr, betas, eps, weight_decay, where=""):
+    """Refuses, with torch's ValueError, an Adam-like group's hyperparameter out of range,
+    naming it (`where`: the group, "" for the constructor's arguments). A tensor lr or betas
+    must hold one element, as torch's."""
+    if torch.is_tensor(lr) and lr.numel() != 1:
+        raise ValueError(f"{where}lr is a tensor of {lr.numel()} elements, expected one (a tensor lr holds one value)")
+    if not float(lr) >= 0.0 or float(lr) == float("inf"):
+        raise ValueError(f"{where}lr is {lr}, expected a finite value >= 0")
+    if isinstance(betas, (str, bytes)) or len(betas) != 2:
+        raise ValueError(f"{where}betas is {betas!r}, expected two values (beta1, beta2)")
+    for i, b in enumerate(betas):
+        if torch.is_tensor(b) and b.numel() != 1:
+            raise ValueError(f"{where}betas[{i}] is a tensor of {b.numel()} elements, expected one")
+        if not 0.0 <= float(b) < 1.0:
+            raise ValueError(f"{where}betas[{i}] is {float(b)}, expected a value in [0, 1)")
     if not eps > 0.0:
-        raise ValueError(f"eps is {eps}, expected a value > 0")
+        raise ValueError(f"{where}eps is {eps}, expected a value > 0")
     if not weight_decay >= 0.0:
-        raise ValueError(f"weight_decay is {weight_decay}, expected a value >= 0")
-    if not float(lr) >= 0.0:
-        raise ValueError(f"lr is {lr}, expected a value >= 0")
+        raise ValueError(f"{where}weight_decay is {weight_decay}, expected a value >= 0")
 
 
 class Adam(_PlannedOptimizer):
@@ -527,18 +728,20 @@ class Adam(_PlannedOptimizer):
     master="float32" (4 bytes per parameter) or "remainder" (2 bytes, the same
     master bit for bit); gradkit.torch._state_forms says what each stores."""
 
-    _decay = gradkit.WeightDecay.l2
     _copied_attributes = ("_form",)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
                  maximize=False, foreach=None, fused=None, capturable=False, differentiable=False,
-                 moments="float32", master="float32", min_8bit_size=4096, min_4bit_size=4096):
-        _check_betas(betas, eps, weight_decay, lr)
+                 decoupled_weight_decay=False, moments="float32", master="float32", min_8bit_size=4096,
+                 min_4bit_size=4096):
+        _check_hyperparameters(lr, betas, eps, weight_decay)
         if differentiable:
             raise ValueError("differentiable=True is not supported: gradkit's step is not part of the autograd graph")
         self._form = StateForm(moments, master, min_8bit_size, min_4bit_size)
+        # torch.optim.Adam's group keys, so that state dicts move both ways with their meaning.
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        maximize=maximize)
+                        maximize=maximize, foreach=foreach, capturable=capturable, differentiable=differentiable,
+                        fused=fused, decoupled_weight_decay=bool(decoupled_weight_decay))
         super().__init__(params, defaults)
         # A state form the parameters cannot take is refused now rather than at the first step.
         self._form.check([p for g in self.param_groups for p in g["params"]], amsgrad)
@@ -546,8 +749,15 @@ class Adam(_PlannedOptimizer):
     def _moment_names(self, group):
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
 
+    def _loaded_group(self, group):
+        """L2 weight decay unless the loaded group says otherwise, as torch.optim.Adam loads."""
+        group.setdefault("decoupled_weight_decay", False)
+
     def _hyperparameters(self, g):
-        return adam_hyperparameters(g, self._decay)
+        """A group's hyperparameters; its "decoupled_weight_decay" picks AdamW's weight decay
+        (torch.optim.Adam's key: a torch.optim.AdamW state dict loaded here stays AdamW)."""
+        decay = gradkit.WeightDecay.decoupled if g.get("decoupled_weight_decay") else gradkit.WeightDecay.l2
+        return adam_hyperparameters(g, decay)
 
     def _make_plan(self, indices, grads):
         weights, g, groups, copy, remainder = self._plan_lists(indices, grads)
@@ -582,14 +792,17 @@ class Adam(_PlannedOptimizer):
 class AdamW(Adam):
     """torch.optim.AdamW (decoupled weight decay, default 1e-2) in gradkit's one-pass kernel."""
 
-    _decay = gradkit.WeightDecay.decoupled
-
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, fused=None, capturable=False, differentiable=False,
                  moments="float32", master="float32", min_8bit_size=4096, min_4bit_size=4096):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, foreach=foreach,
-                         fused=fused, capturable=capturable, differentiable=differentiable, moments=moments,
-                         master=master, min_8bit_size=min_8bit_size, min_4bit_size=min_4bit_size)
+                         fused=fused, capturable=capturable, differentiable=differentiable,
+                         decoupled_weight_decay=True, moments=moments, master=master, min_8bit_size=min_8bit_size,
+                         min_4bit_size=min_4bit_size)
+
+    def _loaded_group(self, group):
+        """Decoupled weight decay whatever the loaded group says, as torch.optim.AdamW loads."""
+        group["decoupled_weight_decay"] = True
 
 
 class Lamb(_PlannedOptimizer):
@@ -608,7 +821,7 @@ class Lamb(_PlannedOptimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, *,
                  min_trust=float("-inf"), max_trust=float("inf"), max_grad_norm=None, bias_correction=True,
                  moments="float32", master="float32", min_8bit_size=4096, min_4bit_size=4096):
-        _check_betas(betas, eps, weight_decay, lr)
+        _check_hyperparameters(lr, betas, eps, weight_decay)
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm is {max_grad_norm}, expected a value > 0 (or None: no clipping)")
         self._form = StateForm(moments, master, min_8bit_size, min_4bit_size)
