@@ -182,12 +182,18 @@ def test_gradient_arena_views_share_one_allocation(device):
     assert flat[0] == info[0][0] and flat[0] + 4 * flat[1] == info[2][0] + 4
 
 
-def test_errors_map_to_python_exception_types():
+def test_errors_map_to_python_exception_types(tmp_path):
     with pytest.raises(ValueError, match="device"):
         gradkit.LossScaler("gpu")
+    adam = gradkit.Adam([{"params": [np.ones(4, np.float32)], "grads": [np.ones(4, np.float32)]}])
     with pytest.raises(OSError):
-        adam = gradkit.Adam([{"params": [np.ones(4, np.float32)], "grads": [np.ones(4, np.float32)]}])
         adam.load("/nonexistent/state")
+    # Files that are no state file: named, as OSError, and never read whole
+    # (/dev/zero has no end).
+    with pytest.raises(OSError, match="is a directory"):
+        adam.load(str(tmp_path))
+    with pytest.raises(OSError, match="is not a regular file"):
+        adam.load("/dev/zero")
 
 
 def test_gradient_check_partials_of_shards_combine_to_the_whole_lists_check(rng, device):

@@ -9,6 +9,10 @@
 
 namespace gradkit {
 
-uint64_t state_file_checksum(const uint8_t* data, size_t n);
+inline constexpr uint64_t kStateFileChecksumStart = 0xcbf29ce484222325ull;  // FNV-1a's offset basis
+
+// The checksum of `data` continued from `h`, the checksum of the bytes
+// before it: a file is summed piece by piece as it is read.
+uint64_t state_file_checksum(const uint8_t* data, size_t n, uint64_t h = kStateFileChecksumStart);
 
 }  // namespace gradkit

@@ -29,13 +29,31 @@ class StateFile {
   // The sections' names, in the order they were added (or read).
   std::vector<std::string> names() const;
 
-  // Writes atomically: to a temporary file beside `path`, flushed to disk,
-  // then renamed over `path`, so a crash mid-write leaves the old file whole.
+  // Writes atomically: to a temporary file beside `path`
+  // (temporary_path), flushed to disk, then renamed over `path` and the
+  // directory flushed, so a crash mid-write leaves the old file whole and a
+  // finished write survives a power loss. A file replaced keeps its mode.
+  // Then removes the temporaries of `path` that writers now gone (killed
+  // mid-write) left behind; a live writer's is kept.
   void write(const std::string& path) const;
-  // Reads and checks magic, version, checksum and the sections' framing;
-  // throws Error(io_error) saying what is wrong (missing, truncated,
-  // corrupt, newer version, a section repeated or badly named).
+  // Reads and checks magic, version, the sections' framing against the
+  // file's size, then the sections and the checksum, reading no byte the
+  // framing does not account for; throws Error(io_error) saying what is
+  // wrong (missing, a directory or not a regular file, truncated, corrupt,
+  // newer version, a section repeated or badly named).
   static StateFile read(const std::string& path);
+  // What read() checks first, without reading the sections: `path` is a
+  // regular file with the magic and a version this reader takes. For a
+  // caller that names a wrong file before any work.
+  static void check_readable(const std::string& path);
+
+  // The temporary file write() makes beside `path`: `path`.tmp.<pid>.
+  static std::string temporary_path(const std::string& path, long pid);
+  // A mkstemp() template of the longest temporary name of `path` (a pid's
+  // ten digits as X's, so that no writer's temporary has it): made and
+  // removed, it tells a caller before any work that write() can make its
+  // temporary there (a directory that takes files, a name not too long).
+  static std::string temporary_template(const std::string& path);
 
  private:
   std::string source_;  // the path it was read from, for messages
