@@ -545,7 +545,10 @@ TEST(Training, ChecksItsOptionsFirst) {
   check_train_options(o, false);  // the sharded step keeps remainders too
   o = small_run();
   o.resume = temp("no_such.ckpt");
-  expect_error([&] { check_train_options(o, false); }, ErrorCode::io_error, {"--resume: cannot read"});
+  expect_error([&] { check_train_options(o, false); }, ErrorCode::io_error,
+               {"--resume: state file '" + o.resume + "': cannot be opened"});
+  o.resume = ::testing::TempDir();  // opens, but is no file: named before any work
+  expect_error([&] { check_train_options(o, false); }, ErrorCode::io_error, {"--resume:", "is a directory"});
 }
 
 // --offload where it cannot run: refused before any work, naming the option.

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -263,10 +264,43 @@ TEST(Files, UnwritablePathsAreRefusedBeforeTraining) {
   EXPECT_NE(r.err.find("it is a directory"), std::string::npos) << r.err;
   r = run({"train", "--ranks", "1", "--resume", temp("no_such.ckpt")});
   EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("--resume: cannot read"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--resume: state file '" + temp("no_such.ckpt") + "': cannot be opened (No such file"),
+            std::string::npos)
+      << r.err;
   r = run({"bench", "--csv", "/proc/nope/bench.csv"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--csv: cannot write"), std::string::npos) << r.err;
+}
+
+// 3a. What --resume names must be a state file, and --save's temporary
+// file must fit the file system's names: both known before any work.
+TEST(Files, WhatCannotBeResumedOrSavedIsRefusedBeforeTraining) {
+  const std::string text = temp("not_a_checkpoint.csv");
+  std::ofstream(text) << "epoch,train_loss\n1,0.5\n";
+  const std::string directory = ::testing::TempDir();
+  const std::vector<std::pair<std::string, std::string>> resumes = {
+      {directory, "': is a directory"},
+      {"/dev/zero", "': is not a regular file"},  // read whole, it would fill the memory
+      {text, "': is not a gradkit state file (bad magic)"}};
+  // A name that fits, whose temporary (NAME.tmp.PID) does not.
+  const std::string long_name = directory + "/" + std::string(250, 'c');
+  for (const char* ranks : {"1", "2"}) {
+    for (const auto& [path, why] : resumes) {
+      const Result r = run({"train", "--ranks", ranks, "--resume", path});
+      EXPECT_EQ(r.status, 2) << path << ": " << r.err;
+      EXPECT_EQ(r.out, "");  // nothing loaded, nothing trained
+      EXPECT_EQ(r.err.rfind("gradkit train: error: --resume: state file '" + path + why, 0), 0u) << r.err;
+    }
+    const Result r = run({"train", "--ranks", ranks, "--save", long_name, "--log", ""});
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find("--save: cannot write '" + long_name + "': the name of the temporary file written beside "
+                         "it, '" + std::string(250, 'c') + ".tmp."),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("is too long for the file system"), std::string::npos) << r.err;
+  }
+  std::remove(text.c_str());
 }
 
 // 3b. --moments and --master: a bad value or a combination that cannot

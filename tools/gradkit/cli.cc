@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "gradkit/core/error.h"
+#include "gradkit/optim/state_file.h"
 
 namespace gradkit::tool {
 
@@ -35,9 +36,17 @@ void check_writable(const std::string& option, const std::string& path, bool in_
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   const std::string directory = parent.empty() ? "." : parent.string();
   // Whether a file can be made there is known only by making one: access()
-  // says yes to root on read-only and virtual file systems.
-  std::string probe = directory + "/.gradkit-write-test-XXXXXX";
+  // says yes to root on read-only and virtual file systems. In place, the
+  // probe's name is any; replaced, it is as long as the longest temporary
+  // file the write makes beside `path`, so that a name too long for the
+  // file system is found now rather than at the first save.
+  std::string probe = in_place ? directory + "/.gradkit-write-test-XXXXXX" : StateFile::temporary_template(path);
   const int fd = ::mkstemp(probe.data());
+  if (fd < 0 && errno == ENAMETOOLONG && !in_place) {
+    fail("the name of the temporary file written beside it, '" +
+         std::filesystem::path(StateFile::temporary_path(path, ::getpid())).filename().string() +
+         "', is too long for the file system (" + std::strerror(ENAMETOOLONG) + ")");
+  }
   if (fd < 0) fail("no file can be created in '" + directory + "' (" + std::strerror(errno) + ")");
   ::close(fd);
   ::unlink(probe.c_str());

@@ -17,8 +17,9 @@ void print_error(const std::string& command, const std::string& message);
 // Throws gradkit::Error(io_error) naming `option` unless a file can be
 // written at `path` now: its directory exists and takes new files, and
 // `path` is not a directory. `in_place`: the file is opened and written
-// where it is (an existing one must be writable); otherwise it is replaced
-// by renaming a new file over it (only the directory matters). Nothing is
+// where it is (an existing one must be writable); otherwise it is a state
+// file, replaced by renaming StateFile::write's temporary over it (the
+// directory must take that temporary, its name not too long). Nothing is
 // left behind.
 void check_writable(const std::string& option, const std::string& path, bool in_place);
 

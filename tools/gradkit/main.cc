@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -9,7 +10,6 @@
 #ifdef GRADKIT_WITH_TRAIN
 #include "train/train_command.h"
 #endif
-#include "gradkit/core/error.h"
 #include "cli.h"
 
 namespace {
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
 #endif
     gradkit::tool::print_error("gradkit", "unknown command '" + command + "' (see gradkit --help)");
     return gradkit::tool::kExitUsage;
-  } catch (const gradkit::Error& e) {
+  } catch (const std::exception& e) {  // gradkit::Error, or the standard library's: said, never an abort
     gradkit::tool::print_error("gradkit " + command, e.what());
     return gradkit::tool::kExitFailure;
   }

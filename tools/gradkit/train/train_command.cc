@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <sstream>
 
 #include "gradkit/comm/communicator.h"
@@ -170,6 +171,9 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
     }
     tool::print_error(kCommand, message);
     // One rank's error (a bad file, say) would leave the others waiting.
+    std::_Exit(tool::kExitFailure);
+  } catch (const std::exception& e) {  // not gradkit's (the standard library's): said, not an abort
+    tool::print_error(kCommand, e.what());
     std::_Exit(tool::kExitFailure);
   }
   return 0;

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <type_traits>
-#include <cerrno>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
@@ -222,9 +221,14 @@ void check_train_options(const TrainOptions& o, bool writes) {
   if (!o.plot.empty() && o.log.empty()) {
     throw Error(ErrorCode::invalid_argument, "--plot: needs --log (the curves are drawn from the log)");
   }
+  // A directory, a device or a file of another kind is named now, not after
+  // the data and the model are loaded.
   if (!o.resume.empty()) {
-    if (std::FILE* f = std::fopen(o.resume.c_str(), "rb")) std::fclose(f);
-    else throw Error(ErrorCode::io_error, "--resume: cannot read '" + o.resume + "': " + std::strerror(errno));
+    try {
+      StateFile::check_readable(o.resume);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::io_error, std::string("--resume: ") + e.what());
+    }
   }
   if (!writes) return;
   // The checkpoint replaces its file by a rename; the log and the plot are
