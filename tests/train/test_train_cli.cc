@@ -404,4 +404,43 @@ TEST(Timeout, AStoppedRankEndsTheRunAfterTheTimeout) {
   EXPECT_FALSE(alive(stopped)) << "the stopped rank outlived mpiexec";
 }
 
+// 6. An epoch's log line follows its checkpoint: a run that fails (or is
+// killed) between the two has not logged the epoch that a resumed run
+// trains again, so that every epoch is logged once.
+TEST(Checkpoints, AnEpochIsLoggedOnlyOnceItsCheckpointIsWritten) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const std::filesystem::path directory = temp("checkpoints");
+  std::filesystem::remove_all(directory);
+  std::filesystem::create_directories(directory);
+  const std::string save = (directory / "run.ckpt").string(), log = temp("checkpoints.csv");
+  const std::vector<std::string> args = {"train", "--ranks", "1", "--epochs", "2", "--limit", "1024", "--progress",
+                                         "off", "--save", save, "--log", log};
+  // The first save fails: a directory has the name of its temporary file
+  // (one rank: the process that trains is the one started).
+  const std::string out = temp("checkpoints_stdout.txt"), err = temp("checkpoints_stderr.txt");
+  const pid_t pid = start(args, out, err);
+  const std::filesystem::path blocker = save + ".tmp." + std::to_string(pid);
+  std::filesystem::create_directory(blocker);
+  EXPECT_EQ(finish(pid, Clock::now() + 120s), 1) << read_file(err);
+  EXPECT_NE(read_file(err).find("cannot create '" + blocker.string() + "'"), std::string::npos) << read_file(err);
+  EXPECT_EQ(read_file(log), "epoch,train_loss,test_accuracy,samples_per_second,seconds\n");
+  EXPECT_EQ(read_file(out).find("epoch 1/2:"), std::string::npos) << read_file(out);
+  std::filesystem::remove(blocker);
+  // Stopped after epoch 1, then resumed: each epoch once in the log.
+  std::vector<std::string> first = args;
+  first.insert(first.end(), {"--stop-after", "1"});
+  Result r = run(first);
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<std::string> resumed = args;
+  resumed.insert(resumed.end(), {"--resume", save});
+  r = run(resumed);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string lines = read_file(log);
+  EXPECT_EQ(count(lines, "\n1,"), 1u) << lines;
+  EXPECT_EQ(count(lines, "\n2,"), 1u) << lines;
+  EXPECT_EQ(count(lines, "\n"), 3u) << lines;
+  std::filesystem::remove_all(directory);
+  std::remove(log.c_str());
+}
+
 }  // namespace

@@ -361,13 +361,16 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
                   "epoch %d/%d: train loss %.4f, test accuracy %.4f, %.0f samples/s, %.1f s%s%s", epoch, o.epochs,
                   result.train_loss, result.test_accuracy, result.samples_per_second, seconds,
                   note.empty() ? "" : ", ", note.c_str());
-    progress.finish(summary);
-    if (lead && !o.log.empty()) log_epoch(o.log, result);
+    // The checkpoint first, then the epoch's lines: a run stopped between
+    // the two resumes after this epoch and logs it never, rather than
+    // resuming before it and logging it twice.
     if (!o.save.empty()) {
       CheckpointHeader h = header;
       h.completed_epochs = epoch;
       save_checkpoint(o.save, h, o, params, *optimizer, /*write=*/lead);
     }
+    progress.finish(summary);
+    if (lead && !o.log.empty()) log_epoch(o.log, result);
   }
   if (lead && !o.plot.empty()) {
     write_plot(o.plot, o.log);
