@@ -443,4 +443,61 @@ TEST(Checkpoints, AnEpochIsLoggedOnlyOnceItsCheckpointIsWritten) {
   std::remove(log.c_str());
 }
 
+// The ranks of a run on 2 ranks, once rank 0 has printed its header (both
+// have their communicator then); empty if that does not come in a minute.
+std::vector<pid_t> ranks_of(pid_t job, const std::string& out) {
+  const auto give_up = Clock::now() + 60s;
+  while (read_file(out).find("gradkit train: MLP") == std::string::npos && Clock::now() < give_up) {
+    std::this_thread::sleep_for(20ms);
+  }
+  std::vector<pid_t> ranks;
+  for (pid_t p : descendants(job)) {
+    if (has_variable(p, "OMPI_COMM_WORLD_RANK=0") || has_variable(p, "OMPI_COMM_WORLD_RANK=1")) ranks.push_back(p);
+  }
+  return ranks;
+}
+
+// Seconds until none of `pids` is alive, or `limit` if some still are then.
+double seconds_until_gone(const std::vector<pid_t>& pids, std::chrono::seconds limit) {
+  const auto start = Clock::now();
+  auto any_alive = [&] {
+    for (pid_t p : pids) {
+      if (alive(p)) return true;
+    }
+    return false;
+  };
+  while (any_alive() && Clock::now() < start + limit) std::this_thread::sleep_for(20ms);
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// 7. The ranks end with the launcher: killed with SIGKILL (which it cannot
+// pass on), it leaves no rank training; and a signal to the job's process
+// group reaches every rank. (Without a watch of their own, Open MPI's ranks
+// notice mpiexec's end after about a second: the bound is below that.)
+TEST(Launcher, TheRanksEndWithIt) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  // Muon's epochs are long (seconds on 2 cores): ranks that outlived the
+  // launcher would go on until the end of the first.
+  const std::vector<std::string> args = {"train", "--ranks", "2", "--epochs", "1000", "--optimizer", "muon", "--log",
+                                         "", "--progress", "off"};
+  const std::string out = temp("launcher_stdout.txt"), err = temp("launcher_stderr.txt");
+  for (int signal : {SIGKILL, SIGTERM}) {
+    const pid_t pid = start(args, out, err);
+    const std::vector<pid_t> ranks = ranks_of(pid, out);
+    struct Cleanup {  // whatever fails below, leave no process behind
+      pid_t job;
+      ~Cleanup() { ::kill(-job, SIGKILL); }
+    } cleanup{pid};
+    ASSERT_EQ(ranks.size(), 2u) << read_file(out) << read_file(err);
+    if (signal == SIGKILL) {
+      ASSERT_EQ(::kill(pid, SIGKILL), 0);  // the launcher alone, as `kill -9 PID` does
+    } else {
+      ASSERT_EQ(::kill(-pid, SIGTERM), 0);  // the job's group, as `kill -- -PGID` does
+    }
+    ::waitpid(pid, nullptr, 0);
+    const double seconds = seconds_until_gone(ranks, 20s);
+    EXPECT_LT(seconds, 0.6) << strsignal(signal) << ": the ranks outlived the launcher\n" << read_file(err);
+  }
+}
+
 }  // namespace

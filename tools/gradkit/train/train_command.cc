@@ -9,12 +9,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <sstream>
 
 #include "gradkit/comm/communicator.h"
 #include "gradkit/core/error.h"
 #include "options.h"
 #include "train/fashion_mnist.h"
+#include "train/launcher.h"
 #include "train/trainer.h"
 
 namespace gradkit::train {
@@ -59,8 +61,13 @@ std::string seconds_text(double seconds) {
 [[noreturn]] void relaunch(const std::string& self, int ranks, const std::vector<std::string>& args, bool bar) {
   std::vector<std::string> argv = {"mpiexec", "-n", std::to_string(ranks), "--oversubscribe"};
   if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
-  for (const std::string& variable : {std::string("OMP_NUM_THREADS=1"), std::string("OPENBLAS_NUM_THREADS=1"),
-                                      std::string(kBarVariable) + (bar ? "=1" : "=0")}) {
+  std::vector<std::string> variables = {"OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1",
+                                        std::string(kBarVariable) + (bar ? "=1" : "=0")};
+  // This process becomes mpiexec: the ranks watch it (train/launcher.h).
+  if (std::optional<std::string> identity = launcher_identity()) {
+    variables.push_back(std::string(kLauncherVariable) + "=" + *identity);
+  }
+  for (const std::string& variable : variables) {
     argv.push_back("-x");
     argv.push_back(variable);
   }
@@ -159,6 +166,7 @@ int run_train_command(const std::string& self, const std::vector<std::string>& a
     if (count > 1) relaunch(self, count, args, o.progress);
   }
 
+  if (under_mpi()) watch_launcher(kCommand);
   int argc = 0;
   char** argv = nullptr;
   MpiEnvironment mpi(&argc, &argv);
