@@ -46,13 +46,13 @@ Output: a markdown table on stdout (and --markdown FILE), one JSON line per run 
 --json (default $OUT/big_model.jsonl when $OUT is set), each run's log in --log-dir
 (default $OUT/big_model-logs).
 
-Run it on a GPU machine through scripts/gpu-bench-big (builds the Python module,
+Run it on a GPU machine through scripts/gpu offload big (builds the Python module,
 puts .data/pylibs on PYTHONPATH for bitsandbytes and torchao). The offloaded
 optimizers keep 8 bytes per parameter in host memory with int8 moments, 10 with
 bfloat16 ones (torchao about 8), so the 13b and larger sizes want the 2-GPU machine kind's 251 GiB of host memory; one GPU
 is used. For example:
 
-  scripts/gpu-bench-big --sizes 6.7b,13b --configs fwdbwd,gradkit-offload,gradkit-release,torchao
+  scripts/gpu offload big --sizes 6.7b,13b --configs fwdbwd,gradkit-offload,gradkit-release,torchao
   python3 bench/big_model.py --sizes 1.3b,d4096xL8 --configs fwdbwd,torch-bf16 --steps 5
   python3 bench/big_model.py --dry-run --sizes 1.3b,6.7b,13b,20b,30b   # the size table, no GPU
 """

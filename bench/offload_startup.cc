@@ -15,7 +15,7 @@
 // cast), the first and second step (every bucket handed by finish), and the
 // destructor. One row per phase: seconds, GB, GB/s.
 //
-// Usage (on a GPU machine; scripts/gpu-bench-offload-startup builds it):
+// Usage (on a GPU machine; scripts/gpu offload startup builds it):
 //   build/bench/offload_startup [GiB ...]      default: 2 8
 // Host memory needed: about 7x the weights' size (masters 2x, moments 4x,
 // the staging 1x; the phases alone need 3x, before); GPU memory 2x

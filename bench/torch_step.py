@@ -22,7 +22,7 @@ time, calls) written to FILE: where a whole step's time goes.
 With --low-bit LISTS (default gpt2): AdamW.step() with 8-bit moments and
 remainder masters on float32 and bfloat16 parameters, beside torch's fused
 float32 AdamW and, where importable, bitsandbytes' AdamW8bit and torchao's
-AdamW8bit and bf16 stochastic-rounding AdamW (put scripts/gpu-carry's
+AdamW8bit and bf16 stochastic-rounding AdamW (put scripts/gpu carry's
 .data/pylibs on PYTHONPATH), with the state each holds per parameter.
 With --compiled LISTS (default gpt2): AdamW.step() and AmpStep.step() under
 torch.compile (gradkit.torch._compile's operator; default mode and

@@ -11,7 +11,7 @@
 // wait for round 0 but before warp 7 has read it (warp 7 reads once round 1
 // has landed): the test requires that every block is caught. The third
 // protocol orders the rounds by __syncthreads instead of the count; it is
-// here for compute-sanitizer's racecheck (scripts/gpu-check-staging), which
+// here for compute-sanitizer's racecheck (scripts/gpu sanitizers staging), which
 // models __syncthreads: what racecheck still reports on it would be on the
 // copy engine's writes and the mbarrier alone, not on the count. Skips
 // without a GPU of compute capability 9.0 or later, or where the kernel was

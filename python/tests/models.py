@@ -91,7 +91,7 @@ def _idx(path, header):
 def held_out_accuracy(model, device, dtype=torch.float32, count=4096):
     """The fraction of the first `count` images of Fashion-MNIST's training split that the
     model classifies right. image_batches trains on the test split, so these are unseen
-    (scripts/gpu-carry carries only the first 4096 of them to the GPU machine)."""
+    (scripts/gpu carry carries only the first 4096 of them to the GPU machine)."""
     images = _idx(FASHION_MNIST / "train-images-idx3-ubyte.gz", 16)[:count * 784].reshape(-1, 1, 28, 28)
     labels = _idx(FASHION_MNIST / "train-labels-idx1-ubyte.gz", 8)[:count]
     x = (torch.tensor(images, dtype=torch.float32) / 255.0).to(device=device, dtype=dtype)

@@ -600,7 +600,7 @@ def test_cuda_steps_equal_cpu_steps_bit_for_bit_in_training(form):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bitsandbytes' 8-bit step needs CUDA")
 @pytest.mark.parametrize("kind", ["gpt", "cnn"])
 def test_bitsandbytes_adamw8bit_beside_ours(kind):
-    """The same training with bitsandbytes' AdamW8bit, where it is importable (scripts/gpu-carry
+    """The same training with bitsandbytes' AdamW8bit, where it is importable (scripts/gpu carry
     unpacks it into .data/pylibs): printed beside gradkit's 8-bit run, both held to the bound."""
     bnb = pytest.importorskip("bitsandbytes")
     want = float32_runs(kind, "cuda")[0].final()

@@ -88,7 +88,7 @@ struct AdamLowBitOp {
   // At two blocks a chunk (kChunkParts below), the remainder form at three
   // blocks against four (2026-11-28, twelfth session, each of three
   // rounds): 82.2-82.3% against 84.0-84.3%. A constant per form, so that a
-  // sweep's choice can set one (scripts/kernel_variant.py).
+  // sweep's choice can set one (dev/gpu/kernel_variant.py).
   static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
   static constexpr int kBlockThreads = kEightBit ? 256 : 512;
   static constexpr int kMinBlocks8Bit = 3;

@@ -71,7 +71,7 @@ struct NormsLowBitOp {
   // twelfth session; % of copy over the step's floor, both passes, pass 2
   // at three blocks), four blocks against three: 8-bit 69.3% against 67.7%,
   // 4-bit 67.8% against 64.8%. (Named apart from kMinBlocks, so that
-  // scripts/gpu-sweep-low-bit can set each pass's alone.)
+  // dev/gpu/sweep-low-bit can set each pass's alone.)
   static constexpr int kNormsBlocks = 4;
   static constexpr int kBlockThreads = 256;
   static constexpr int kMinBlocks = kNormsBlocks;

@@ -59,7 +59,7 @@ std::string backend_unavailable_reason(Backend backend) {
 std::unique_ptr<Communicator> make_communicator(Backend backend, CommunicatorOptions options, MpiCommHandle over) {
   if (options.timeout == CommunicatorOptions{}.timeout) options.timeout = kTestTimeout;
   // GRADKIT_TEST_BLOCKING_CALLS=0 or 1: every NCCL communicator of the
-  // tests issues its calls that way (scripts/gpu-check-comm runs the
+  // tests issues its calls that way (scripts/gpu comm test runs the
   // communication tests both ways).
   options.blocking_calls = test_blocking_calls();
   if (backend == Backend::nccl && options.cuda_device == -1) options.cuda_device = test_gpu();

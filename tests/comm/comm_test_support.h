@@ -36,7 +36,7 @@ inline std::string backend_test_name(const ::testing::TestParamInfo<Backend>& in
 int test_gpu();
 
 // Whether the tests' NCCL communicators issue blocking calls: the default,
-// unless GRADKIT_TEST_BLOCKING_CALLS is 0 or 1 (scripts/gpu-check-comm runs
+// unless GRADKIT_TEST_BLOCKING_CALLS is 0 or 1 (scripts/gpu comm test runs
 // them both ways).
 bool test_blocking_calls();
 

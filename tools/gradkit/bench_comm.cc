@@ -2,7 +2,7 @@
 // single raw NCCL call on one flat buffer of the same bytes (made here, on the
 // same NCCL, in the same run), and beside torch.distributed when its results
 // are given (bench/torch_dist_bench.py, run under the same launcher first;
-// scripts/gpu-bench-comm does both). Run as
+// scripts/gpu comm bench does both). Run as
 //   mpiexec -n N gradkit-bench-comm [--sizes 1,16,256,1024] [--reps 20]
 // Rank 0 prints; every time is the median over reps of the slowest rank's
 // time in that rep (CUDA events, after warm-up, ranks synchronized before

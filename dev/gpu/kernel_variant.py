@@ -2,7 +2,7 @@
 """Builds a copy of libgradkit whose multi-tensor ops in some CUDA sources run
 at other launch constants, beside an existing build: for comparing a kernel's
 block size and register budget, or another of its constants
-(scripts/gpu-sweep-low-bit), in one run, without a build per choice.
+(dev/gpu/sweep-low-bit), in one run, without a build per choice.
 
 The choice is THREADSxBLOCKS or "same", then optionally "@DIR", then any
 number of ":NAME=VALUE". With @DIR, each source is read from DIR (a copy of
@@ -22,7 +22,7 @@ originals; the build itself is left as it was. The variant is
 BUILD/variants/NAME/<the library's file name>; ptxas's register and spill
 report for each kernel is BUILD/variants/NAME/<source>.ptxas.
 
-Usage: scripts/kernel_variant.py BUILD NAME CHOICE SOURCE...
+Usage: dev/gpu/kernel_variant.py BUILD NAME CHOICE SOURCE...
        (CHOICE as 256x3, same:kPrefetchAhead=1, 256x3:kChunkParts=2 or
        same@/tmp/head/src; SOURCE relative to src/, as cuda/adam_low_bit.cu)
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The Muon kernels of an Nsight Systems profile of bench/torch_muon.py --lists gpt2
-(scripts/gpu-check-muon profile): each kernel's average time, and for the element
+(dev/gpu/profile-muon): each kernel's average time, and for the element
 kernels the bytes they move per launch, GB/s and percent of copy bandwidth
 measured here (torch's device-to-device copy of 1 GiB).
 
@@ -10,7 +10,7 @@ elements on average (float32 parameters, gradients and momentum, bf16 X):
 momentum reads g and m, writes m and X (14 B an element); the normalisation
 reads and writes X (4 B); the weight update reads p and the orthogonal bf16 O
 and writes p (10 B).
-usage: scripts/muon_kernel_table.py KERNELS_CSV BENCH_LOG
+usage: dev/gpu/muon_kernel_table.py KERNELS_CSV BENCH_LOG
 """
 import csv
 import re
