@@ -67,7 +67,7 @@ struct AdamLowBitOp {
   // at 80 registers). One block of 512 (16 warps, each owning one
   // quantization block at a time) left the memory system idle between their
   // loads (Nsight Compute: 25% occupancy, DRAM 20% busy). Measured on an H100 over the GPT-2 list, in
-  // interleaved rounds (bench/RESULTS.md, 2026-11-26, the block-size sweep):
+  // interleaved rounds (bench/log/2026-11-26.md, the block-size sweep):
   // at 256 x 3 against 512 x 2, 8-bit 82.5% of copy over its floor against
   // 81.8%, 8-bit remainder 75.2% against 68.4%; 4-bit 84.4% against 85.5%,
   // 4-bit remainder 62.5% against 63.8%. In an earlier sweep, 384 x 2,
@@ -76,7 +76,7 @@ struct AdamLowBitOp {
   // forms' instructions, the remainder form runs faster at four blocks of
   // 256 (64 registers, 136 bytes spilled), where its rounds are fewer bytes
   // in flight than the f32 form's; over the GPT-2 list on an H200
-  // (bench/RESULTS.md, 2026-11-28, ninth session; % of copy over each floor,
+  // (bench/log/2026-11-28.md, ninth session; % of copy over each floor,
   // 256 x 4 against 256 x 3): int8 remainder 83.6% against 81.4%, int8 86.3%
   // against 88.6%. On an H100 the remainder form at four ran at 86.8%
   // (90.5% at three with the division, the eighth session; not measured side
@@ -98,7 +98,7 @@ struct AdamLowBitOp {
       kEightBit ? (kRemainder ? kMinBlocks8BitRemainder : kMinBlocks8Bit) : kMinBlocks4Bit;
   // How many of its blocks ahead a warp asks L2 for (prefetch_l2), per form.
   // Before the codes and halves stayed in their words, one block ahead helped
-  // every form (bench/RESULTS.md, 2026-11-26 and 2026-11-27). With them
+  // every form (bench/log/2026-11-26.md and 2026-11-27.md). With them
   // (2026-11-27, third session, the prefetch sweep; % of copy over each floor,
   // one block ahead against none): 8-bit 81.8% against 74.6%, 8-bit remainder
   // 78.0% against 84.8%, 4-bit 89.7% against 93.9%, 4-bit remainder 84.7%
@@ -112,7 +112,7 @@ struct AdamLowBitOp {
                                                   : (kRemainder ? kPrefetch4BitRemainder : kPrefetch4Bit);
   // Thread blocks per chunk (cuda/multi_tensor.cuh), each on whole warp spans,
   // per form. Before the words change, two parts helped the forms with f32
-  // weights and cost the remainder forms (bench/RESULTS.md, 2026-11-26 run 3,
+  // weights and cost the remainder forms (bench/log/2026-11-26.md run 3,
   // 2026-11-27). After it (2026-11-27, third session, the chunk sweep; % of
   // copy over each floor at 1, 2 and 4 parts, the prefetch as above): 8-bit
   // 85.8%, 81.5%, 81.4%; 8-bit remainder 84.9% at 1, 81.3% at 4; 4-bit 90.1%,
@@ -127,7 +127,7 @@ struct AdamLowBitOp {
   // engine's 16, so none of its spans is staged) cost the remainder form 8
   // points (76.2-76.6% against 84.0-84.3%, a third run).
   // Whether whole spans are read and written in quads (cuda::LaneSpan), in
-  // a loop of their own, per form. On an H200 (bench/RESULTS.md, 2026-11-27,
+  // a loop of their own, per form. On an H200 (bench/log/2026-11-27.md,
   // fifth session; % of copy over each floor, quads against 8 consecutive
   // elements a lane, both with the loop of their own): int4 86.2% against
   // 77.3%, int4 remainder 76.1% against 71.9%; int8 70.1% against 79.0%,
@@ -140,7 +140,7 @@ struct AdamLowBitOp {
   // of spans (one a warp) at a time, copied by the copy engine one round
   // ahead (cuda/span_stage.cuh), per form; and whether lanes read them there
   // in quads (no bank conflicts; 8 consecutive f32 a lane are two-way), and
-  // so write them in quads too. On an H100 (bench/RESULTS.md, 2026-11-27,
+  // so write them in quads too. On an H100 (bench/log/2026-11-27.md,
   // sixth session; % of copy over each floor, staged against not): int8
   // 93.1% against 90.7%, int8 remainder 89.6% against 86.1%; lanes reading
   // 8 consecutive elements there, 92.3% and 89.9%. Staged, the 4-bit forms
@@ -158,7 +158,7 @@ struct AdamLowBitOp {
   // (kPrefetchAbsmax). Loaded from the lists without either, they were
   // where the warps waited most (Nsight Compute's stall sampling on an H100:
   // 22% of the samples on their first use, 10% on the round's mbarrier).
-  // Over the GPT-2 list (bench/RESULTS.md, 2026-11-27, seventh session; ms,
+  // Over the GPT-2 list (bench/log/2026-11-27.md, seventh session; ms,
   // staged, prefetched, neither), on an H200: int8 0.5348, 0.5487, 0.5578
   // (the last the committed kernel before them); int8 remainder 0.5145,
   // 0.5314, 0.5510. On an H100: int8 0.7326, 0.7185, 0.7200; int8
@@ -167,7 +167,7 @@ struct AdamLowBitOp {
   // registers, int8 fell to 73.2% on the H100. A block keeps one slot:
   // with two, each round asked for two rounds ahead (dynamic shared memory;
   // commit b7be758), both forms were slower on an H100 at the same
-  // occupancy (bench/RESULTS.md, 2026-11-28; ms, two slots against one):
+  // occupancy (bench/log/2026-11-28.md; ms, two slots against one):
   // int8 0.7505 against 0.7247, int8 remainder 0.6839 against 0.6528; at
   // the profiler's base clock 746 against 728 us and 706 against 667. On
   // an H200 too (2026-11-28, twelfth session; % of copy over each floor,

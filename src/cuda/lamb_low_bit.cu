@@ -61,7 +61,7 @@ struct NormsLowBitOp {
   // block sums' order does not depend on the block's size): at one block of
   // 512 (90 registers), the whole 8-bit LAMB step (both passes and the
   // ratios) took 1.87 ms over the GPT-2 list on an H100, at two (64
-  // registers, a few bytes spilled) 1.41 ms (bench/RESULTS.md, 2026-11-26,
+  // registers, a few bytes spilled) 1.41 ms (bench/log/2026-11-26.md,
   // run 2). In the block-size sweep (same file, interleaved rounds), three
   // blocks of 256 against two of 512: 8-bit 67.9% of copy over its floor
   // against 64.3%, 4-bit 59.5% against 57.6%. Since the folded form
@@ -205,7 +205,7 @@ struct UpdateLowBitOp {
   static constexpr bool kUpdate = !std::is_same_v<Update, None>;
   static constexpr int kCodeBytes = Codec::kCodeBytes;
   // Five blocks of 256 threads per multiprocessor (48 registers, none
-  // spilled): on an H200 (bench/RESULTS.md, 2026-11-28, twelfth session; %
+  // spilled): on an H200 (bench/log/2026-11-28.md, twelfth session; %
   // of copy over the step's floor, pass 1 at four blocks), five against
   // three: 8-bit 70.1% against 69.3%, 4-bit 67.9% against 67.8%; six (40
   // registers, a few bytes spilled) were slower than three.

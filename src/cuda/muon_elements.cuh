@@ -25,7 +25,7 @@ __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(_
 // thread in flight (cuda/multi_tensor.cuh, for_each_group), as the other
 // element kernels do. One element at a time (four in flight), the GPT-2
 // list's momentum and update ran at about 60% of copy bandwidth
-// (bench/RESULTS.md, 2026-11-27).
+// (bench/log/2026-11-27.md).
 constexpr int kGroup = 8;
 constexpr int kUnroll = 2;
 
