@@ -49,6 +49,11 @@ from gradkit.torch._state_forms import (LOW_PRECISION, StateForm, check_int4_map
                                         step_count)
 
 
+# torch's C++ check that tensors' data pointers are given ones (torch 2.1 and newer; it takes
+# tensors only, not None); without it a step compares Python lists of data_ptr().
+_data_ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
 class _Cohort:
     """Parameters stepped together by one plan; they share their step count."""
 
@@ -172,6 +177,8 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         self._cohorts = []
         self._present = None     # which parameters had a gradient at the last step
         self._keys = None        # where each parameter's data and gradient were (_step_keys)
+        self._key_indices = []   # 0 .. n-1, for _same_addresses
+        self._missing_grads = True
         self._cohort_version = 0   # changes when the cohorts are made anew
         self._pointer_version = 0  # changes when any plan's gradients change (re-pointed or made anew)
         self._flat = None        # FlatGradients covering every parameter, if given
@@ -469,7 +476,10 @@ class _PlannedOptimizer(torch.optim.Optimizer):
                 layout.ends_hold(self.param_groups):
             return self._cohorts
         if grads is None:
-            keys = self._step_keys()
+            params = [p for g in self.param_groups for p in g["params"]]
+            if self._same_addresses(params):
+                return self._cohorts
+            keys = self._step_keys(params)
             if keys == self._keys:
                 return self._cohorts
             layout = self._current_layout()
@@ -477,7 +487,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
             grads = [local(p.grad) for p in params] if layout.dtensors else [p.grad for p in params]
         else:
             # A compiled graph's parameters were checked against the layout (_graph_gradients).
-            keys = [-1 if g is None else g.data_ptr() for g in grads]
+            keys = ([-1 if g is None else g.data_ptr() for g in grads], None)
             if keys == self._keys:
                 return self._cohorts
             params = layout.params
@@ -487,27 +497,45 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         if present == self._present:  # the same gradients present, some elsewhere: re-point
             for c in self._cohorts:
                 c.plan.set_grads(self._grad_arrays(grads, c.indices), hold_grads=False, stream=stream)
-            self._keys = keys
+            self._set_keys(keys)
             self._pointer_version += 1
             return self._cohorts
         self._make_cohorts(grads, present)
-        self._keys = keys
+        self._set_keys(keys)
         return self._cohorts
 
-    def _step_keys(self):
-        """Where each gradient is (-1: none), then where each parameter's data is, in the order
-        the groups hold them now. Keys equal to the last step's mean that its plans fit: the same
-        parameters with the same data, gradients present where they were. These two lists are
-        a step's only per-tensor work (docs/python.md, "Host cost of a step"); the rest of what
-        a parameter's data is (shape, strides) is compared when a key changed (_current_layout)."""
-        params = [p for g in self.param_groups for p in g["params"]]
+    def _set_keys(self, keys):
+        self._keys = keys
+        self._missing_grads = -1 in keys[0]
+        if len(self._key_indices) != len(keys[0]):
+            self._key_indices = list(range(len(keys[0])))
+
+    def _step_keys(self, params):
+        """Where each gradient of `params` (what the groups hold now) is (-1: none), and where
+        each parameter's data is: two lists. Keys equal to the last step's mean that its plans
+        fit: the same parameters with the same data, gradients present where they were. The
+        rest of what a parameter's data is (shape, strides) is compared when a key changed
+        (_current_layout)."""
         if self._layout.dtensors:
-            keys = [-1 if (g := local(p.grad)) is None else g.data_ptr() for p in params]
-            keys += [local_data_ptr(p) for p in params]
-        else:
-            keys = [-1 if g is None else g.data_ptr() for g in [p.grad for p in params]]
-            keys += [p.data_ptr() for p in params]
-        return keys
+            return ([-1 if (g := local(p.grad)) is None else g.data_ptr() for p in params],
+                    [local_data_ptr(p) for p in params])
+        return [-1 if g is None else g.data_ptr() for g in [p.grad for p in params]], [p.data_ptr() for p in params]
+
+    def _same_addresses(self, params):
+        """_step_keys(params) == the last step's keys, for the common step (every parameter has
+        a gradient, none is a DTensor) in torch's own C++ comparison of data pointers where this
+        torch has it (the one its CUDA graph trees use): the only per-tensor work of such a step
+        is then reading each .grad (docs/python.md, "Host cost of a step")."""
+        keys = self._keys
+        if _data_ptrs_equal is None or keys is None or keys[1] is None or len(params) != len(keys[1]) or \
+                self._missing_grads or self._layout.dtensors:
+            return False
+        indices = self._key_indices
+        try:
+            return _data_ptrs_equal([p.grad for p in params], keys[0], indices) and \
+                _data_ptrs_equal(params, keys[1], indices)
+        except (RuntimeError, TypeError):  # a gradient gone since (None is no tensor)
+            return False
 
     def _current_layout(self):
         """The layout of what the groups hold now: made anew (and checked as at construction)
