@@ -49,7 +49,7 @@ from gradkit.torch._state_forms import (LOW_PRECISION, StateForm, check_int4_map
                                         step_count)
 
 
-# torch's C++ check that tensors' data pointers are given ones (torch 2.1 and newer; it takes
+# torch's C++ check that tensors' data pointers are given ones (2.11 has it, 1.13 not; it takes
 # tensors only, not None); without it a step compares Python lists of data_ptr().
 _data_ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
