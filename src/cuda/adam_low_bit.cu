@@ -58,37 +58,15 @@ template <class Codec, class W, class G, class Copy, bool kRemainder>
 struct AdamLowBitOp {
   using Tables = typename Codec::Tables;
   static constexpr bool kCopy = !std::is_same_v<Copy, NoCopy>;
-  // The 8-bit forms: three blocks of 256 threads per multiprocessor, 80
-  // registers, where those without a model copy spill nothing (ptxas; with
-  // f32 gradients and a remainder 16 bytes, with a copy up to 24); two
-  // blocks of 512 held them to 64 registers with 12 to 100 bytes spilled.
-  // The 4-bit forms: two blocks of 512, 64 registers (the f32-weights form
-  // spills 4 bytes there, the remainder form 108, and still ran faster than
-  // at 80 registers). One block of 512 (16 warps, each owning one
-  // quantization block at a time) left the memory system idle between their
-  // loads (Nsight Compute: 25% occupancy, DRAM 20% busy). Measured on an H100 over the GPT-2 list, in
-  // interleaved rounds (bench/log/2026-11-26.md, the block-size sweep):
-  // at 256 x 3 against 512 x 2, 8-bit 82.5% of copy over its floor against
-  // 81.8%, 8-bit remainder 75.2% against 68.4%; 4-bit 84.4% against 85.5%,
-  // 4-bit remainder 62.5% against 63.8%. In an earlier sweep, 384 x 2,
-  // 128 x 5 and 256 x 2 were slower than 256 x 3 in every form.
-  // Since the reciprocal form (denominator_lanes.cuh) took 10% of the 8-bit
-  // forms' instructions, the remainder form runs faster at four blocks of
-  // 256 (64 registers, 136 bytes spilled), where its rounds are fewer bytes
-  // in flight than the f32 form's; over the GPT-2 list on an H200
-  // (bench/log/2026-11-28.md, ninth session; % of copy over each floor,
-  // 256 x 4 against 256 x 3): int8 remainder 83.6% against 81.4%, int8 86.3%
-  // against 88.6%. On an H100 the remainder form at four ran at 86.8%
-  // (90.5% at three with the division, the eighth session; not measured side
-  // by side): taken for the H200, the further from its floor. Eight blocks
-  // of 128 (as many warps, rounds of half the bytes) were slower on an H200
-  // (2026-11-28, tenth session): int8 83.9% against 88.1%, int8 remainder
-  // 81.3% against 83.4%. 16 warps a block do not build for the staged
-  // forms (their slot and tables pass the 48 KB of static shared memory).
-  // At two blocks a chunk (kChunkParts below), the remainder form at three
-  // blocks against four (2026-11-28, twelfth session, each of three
-  // rounds): 82.2-82.3% against 84.0-84.3%. A constant per form, so that a
-  // sweep's choice can set one (dev/gpu/kernel_variant.py).
+  // Threads a block and blocks kept per multiprocessor (so the register
+  // budget), per form: 8-bit 256 x 3 (80 registers), its remainder form
+  // 256 x 4 (64 registers, fewer bytes in flight a round), 4-bit 512 x 2 (64
+  // registers), the fastest over the GPT-2 list (measured:
+  // bench/log/2026-11-26.md, "block sizes and register budgets";
+  // bench/log/2026-11-28.md, "the remainder form at four blocks"). 16 warps a
+  // block do not build for the staged forms (their slot and tables pass the
+  // 48 KB of static shared memory). A constant per form, so that a sweep's
+  // choice can set one (dev/gpu/kernel_variant.py).
   static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
   static constexpr int kBlockThreads = kEightBit ? 256 : 512;
   static constexpr int kMinBlocks8Bit = 3;
@@ -96,43 +74,19 @@ struct AdamLowBitOp {
   static constexpr int kMinBlocks4Bit = 2;
   static constexpr int kMinBlocks =
       kEightBit ? (kRemainder ? kMinBlocks8BitRemainder : kMinBlocks8Bit) : kMinBlocks4Bit;
-  // How many of its blocks ahead a warp asks L2 for (prefetch_l2), per form.
-  // Before the codes and halves stayed in their words, one block ahead helped
-  // every form (bench/log/2026-11-26.md and 2026-11-27.md). With them
-  // (2026-11-27, third session, the prefetch sweep; % of copy over each floor,
-  // one block ahead against none): 8-bit 81.8% against 74.6%, 8-bit remainder
-  // 78.0% against 84.8%, 4-bit 89.7% against 93.9%, 4-bit remainder 84.7%
-  // against 82.8%. Then with the 8-bit form at one thread block a chunk
-  // (below): 8-bit 85.7% against 90.2% without.
+  // How many of its blocks ahead a warp asks L2 for (prefetch_l2), per form:
+  // only the 4-bit remainder form gains (measured: bench/log/2026-11-27.md,
+  // "the low-bit kernels on their words").
   static constexpr int kPrefetch8Bit = 0;
   static constexpr int kPrefetch8BitRemainder = 0;
   static constexpr int kPrefetch4Bit = 0;
   static constexpr int kPrefetch4BitRemainder = 1;
   static constexpr int kPrefetchAhead = kEightBit ? (kRemainder ? kPrefetch8BitRemainder : kPrefetch8Bit)
                                                   : (kRemainder ? kPrefetch4BitRemainder : kPrefetch4Bit);
-  // Thread blocks per chunk (cuda/multi_tensor.cuh), each on whole warp spans,
-  // per form. Before the words change, two parts helped the forms with f32
-  // weights and cost the remainder forms (bench/log/2026-11-26.md run 3,
-  // 2026-11-27). After it (2026-11-27, third session, the chunk sweep; % of
-  // copy over each floor at 1, 2 and 4 parts, the prefetch as above): 8-bit
-  // 85.8%, 81.5%, 81.4%; 8-bit remainder 84.9% at 1, 81.3% at 4; 4-bit 90.1%,
-  // 94.2%, 95.8%; 4-bit remainder 84.6% at 1, 85.6% at 4. With the 8-bit
-  // forms staged, on an H200 (2026-11-28, twelfth session; each of three
-  // interleaved rounds, 2 parts against 1): int8 89.8%, 89.1%, 88.7%
-  // against 88.1%, 88.5%, 88.6%; int8 remainder 84.4%, 84.1%, 83.5% against
-  // 83.7%, 83.0%, 83.0%; in a second run, 4 parts against 2: int8 0.5273
-  // to 0.5288 ms against 0.5293 to 0.5310 (within the spread between runs),
-  // int8 remainder 0.4980 to 0.5048 against 0.4921 to 0.4945. Three parts
-  // (86, 86 and 84 spans: the second's absmax start 8 bytes off the copy
-  // engine's 16, so none of its spans is staged) cost the remainder form 8
-  // points (76.2-76.6% against 84.0-84.3%, a third run).
   // Whether whole spans are read and written in quads (cuda::LaneSpan), in
-  // a loop of their own, per form. On an H200 (bench/log/2026-11-27.md,
-  // fifth session; % of copy over each floor, quads against 8 consecutive
-  // elements a lane, both with the loop of their own): int4 86.2% against
-  // 77.3%, int4 remainder 76.1% against 71.9%; int8 70.1% against 79.0%,
-  // int8 remainder 64.7% against 67.1%. The 8-bit forms keep one loop, whose
-  // remainder form the second loop cost 5.8% (72.1% with one).
+  // a loop of their own, per form: faster for the 4-bit forms, slower for the
+  // 8-bit forms, which keep one loop (measured: bench/log/2026-11-27.md, "the
+  // 4-bit forms' accesses in quads").
   static constexpr bool kQuads8Bit = false;
   static constexpr bool kQuads4Bit = true;
   static constexpr bool kQuads = kEightBit ? kQuads8Bit : kQuads4Bit;
@@ -140,14 +94,11 @@ struct AdamLowBitOp {
   // of spans (one a warp) at a time, copied by the copy engine one round
   // ahead (cuda/span_stage.cuh), per form; and whether lanes read them there
   // in quads (no bank conflicts; 8 consecutive f32 a lane are two-way), and
-  // so write them in quads too. On an H100 (bench/log/2026-11-27.md,
-  // sixth session; % of copy over each floor, staged against not): int8
-  // 93.1% against 90.7%, int8 remainder 89.6% against 86.1%; lanes reading
-  // 8 consecutive elements there, 92.3% and 89.9%. Staged, the 4-bit forms
-  // lost: int4 94.9% against 96.5%, int4 remainder 87.4% against 93.5%.
-  // Copied per warp rather than per round, the extra instructions (11 an
-  // element, the compiler's moves of each copy's operands into uniform
-  // registers) cost int8 2% (88.6% against 90.6%).
+  // so write them in quads too. Staging pays for the 8-bit forms and costs
+  // the 4-bit forms; one copy a list a round, not one a warp, keeps the
+  // copies' operand moves off the element path (measured:
+  // bench/log/2026-11-27.md, "the 8-bit forms' spans through shared
+  // memory").
   static constexpr bool kStage8Bit = true;
   static constexpr bool kStage4Bit = false;
   static constexpr bool kStage = (kEightBit ? kStage8Bit : kStage4Bit) && cuda::kCanStage;
@@ -155,31 +106,23 @@ struct AdamLowBitOp {
   // A staged span's two absmax: copied with the round into the slot
   // (kStageAbsmax), or loaded from the lists after the warp's read of the
   // round, with the round's absmax asked of L2 as the round is asked for
-  // (kPrefetchAbsmax). Loaded from the lists without either, they were
-  // where the warps waited most (Nsight Compute's stall sampling on an H100:
-  // 22% of the samples on their first use, 10% on the round's mbarrier).
-  // Over the GPT-2 list (bench/log/2026-11-27.md, seventh session; ms,
-  // staged, prefetched, neither), on an H200: int8 0.5348, 0.5487, 0.5578
-  // (the last the committed kernel before them); int8 remainder 0.5145,
-  // 0.5314, 0.5510. On an H100: int8 0.7326, 0.7185, 0.7200; int8
-  // remainder 0.6500, 0.6491, 0.6535. Both forms stage them: the H200 is the
-  // further from its floor. Read from the lists a span ahead into
-  // registers, int8 fell to 73.2% on the H100. A block keeps one slot:
-  // with two, each round asked for two rounds ahead (dynamic shared memory;
-  // commit b7be758), both forms were slower on an H100 at the same
-  // occupancy (bench/log/2026-11-28.md; ms, two slots against one):
-  // int8 0.7505 against 0.7247, int8 remainder 0.6839 against 0.6528; at
-  // the profiler's base clock 746 against 728 us and 706 against 667. On
-  // an H200 too (2026-11-28, twelfth session; % of copy over each floor,
-  // commit 26381de, the remainder form at four blocks): int8 84.1% against
-  // 88.3%, int8 remainder 79.4% against 83.0%. Asking L2 for the round one,
-  // two or four after the one asked into the slot (cp.async.bulk.prefetch;
-  // commit 2e4ee37) was slower the further ahead: int8 87.7%, 75.9%, 64.8%
-  // against 88.4%, int8 remainder 79.8%, 71.9%, 61.1% against 84.1%. More
-  // bytes in flight cost these kernels.
+  // (kPrefetchAbsmax). Loaded from the lists without either, they are where
+  // the warps wait most; both 8-bit forms stage them (measured:
+  // bench/log/2026-11-27.md, "the absmax through the slot"). A block keeps
+  // one slot: more bytes in flight cost these kernels, so a second slot (a
+  // round asked two ahead) and L2 asks for later rounds are slower (measured:
+  // bench/log/2026-11-28.md, "two staging slots a block" and "two slots and
+  // L2 asked ahead").
   static constexpr bool kStageAbsmax8Bit = true;
   static constexpr bool kStageAbsmax = kStage && kStageAbsmax8Bit;
   static constexpr bool kPrefetchAbsmax = true;
+  // Thread blocks per chunk (cuda/multi_tensor.cuh), each on whole warp
+  // spans, per form: two for the 8-bit forms, four for the 4-bit forms, which
+  // shortens the launch's tail (measured: bench/log/2026-11-27.md, "the
+  // low-bit kernels on their words"; bench/log/2026-11-28.md, "two blocks a
+  // chunk for the 8-bit forms"). Three parts would start the second part's
+  // absmax 8 bytes off the copy engine's 16, so none of its spans would be
+  // staged.
   static constexpr int kChunkParts8Bit = 2;
   static constexpr int kChunkParts8BitRemainder = 2;
   static constexpr int kChunkParts4Bit = 4;
@@ -276,12 +219,8 @@ struct AdamLowBitOp {
     // The group's constants and both code tables, once per thread block.
     // Thread 0 asks for the chunk's first staged round before it computes
     // the constants, so that the round's loads are in flight while the
-    // block sets up: asked after the setup's barrier, as before, the spin
-    // on the rounds' mbarrier took 22% of the remainder form's warp samples
-    // and the setup 5%, on an H200 at full clock (bench/RESULTS.md,
-    // 2026-11-28, tenth session). Timed in the eleventh session's run 2,
-    // same run: the remainder form 84.2% of copy over its floor against
-    // 83.2%, int8 88.3% against 88.2%.
+    // block sets up (measured: bench/log/2026-11-28.md, "the first round
+    // asked earlier, timed").
     __shared__ AdamCoefficients<float> shared;
     __shared__ Tables tables;
     __shared__ Stage stage;
