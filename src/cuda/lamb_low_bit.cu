@@ -57,26 +57,18 @@ struct NormsLowBitOp {
   using Tables = typename Codec::Tables;
   static constexpr int kChunkBlocks = static_cast<int>(MultiTensorPlan::kDefaultChunkElements / Codec::kBlock);
   static constexpr int kCodeBytes = Codec::kCodeBytes;
-  // Four blocks of 256 threads per multiprocessor (registers <= 64; the
-  // block sums' order does not depend on the block's size): at one block of
-  // 512 (90 registers), the whole 8-bit LAMB step (both passes and the
-  // ratios) took 1.87 ms over the GPT-2 list on an H100, at two (64
-  // registers, a few bytes spilled) 1.41 ms (bench/log/2026-11-26.md,
-  // run 2). In the block-size sweep (same file, interleaved rounds), three
-  // blocks of 256 against two of 512: 8-bit 67.9% of copy over its floor
-  // against 64.3%, 4-bit 59.5% against 57.6%. Since the folded form
-  // (backend/lamb_math.h) the pass fits 64 registers (ptxas: spill loads
-  // of 4 bytes in the 8-bit form with f32 gradients, 20 in the 4-bit
-  // forms, none in the others); on an H200 (2026-11-28,
-  // twelfth session; % of copy over the step's floor, both passes, pass 2
-  // at three blocks), four blocks against three: 8-bit 69.3% against 67.7%,
-  // 4-bit 67.8% against 64.8%. (Named apart from kMinBlocks, so that
+  // Four blocks of 256 threads per multiprocessor (at most 64 registers;
+  // the block sums' order does not depend on the block's size), the fastest
+  // for pass 1 (measured: bench/log/2026-11-26.md, "block sizes and register
+  // budgets"; bench/log/2026-11-28.md, "LAMB's low-bit passes at four and
+  // five blocks"). (Named apart from kMinBlocks, so that
   // dev/gpu/sweep-low-bit can set each pass's alone.)
   static constexpr int kNormsBlocks = 4;
   static constexpr int kBlockThreads = 256;
   static constexpr int kMinBlocks = kNormsBlocks;
-  // L2 asked for the warp's next block (cuda/adam_low_bit.cu says why):
-  // 0.3-1.7% faster in the same measurement.
+  // L2 asked for the warp's next block (prefetch_l2), which pays here
+  // (measured: bench/log/2026-11-26.md, "the low-bit kernels nearer their
+  // floors").
   static constexpr int kPrefetchAhead = 1;
   LambLaunch launch;
 
@@ -205,10 +197,9 @@ struct UpdateLowBitOp {
   static constexpr bool kUpdate = !std::is_same_v<Update, None>;
   static constexpr int kCodeBytes = Codec::kCodeBytes;
   // Five blocks of 256 threads per multiprocessor (48 registers, none
-  // spilled): on an H200 (bench/log/2026-11-28.md, twelfth session; %
-  // of copy over the step's floor, pass 1 at four blocks), five against
-  // three: 8-bit 70.1% against 69.3%, 4-bit 67.9% against 67.8%; six (40
-  // registers, a few bytes spilled) were slower than three.
+  // spilled), the fastest for pass 2; six (40 registers) spill and are
+  // slower (measured: bench/log/2026-11-28.md, "LAMB's low-bit passes at
+  // four and five blocks").
   static constexpr int kUpdateBlocks = 5;
   static constexpr int kBlockThreads = 256;
   static constexpr int kMinBlocks = kUpdateBlocks;
