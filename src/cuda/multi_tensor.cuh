@@ -95,9 +95,8 @@ constexpr int chunk_parts() {
 // over it, and small tensors still yield many blocks for the scheduler to
 // spread over the multiprocessors. As many blocks as the GPU holds, each
 // with an even share of the plan's elements (no tail of half-empty
-// multiprocessors), ran the low-bit Adam kernels 3% (8-bit) to 15% (4-bit)
-// slower over the GPT-2 list on an H200 (bench/log/2026-11-28.md,
-// tenth session).
+// multiprocessors), is slower for the low-bit Adam kernels (measured:
+// bench/log/2026-11-28.md, "an even share a resident block").
 template <class Op>
 __global__ void __launch_bounds__(block_threads<Op>(), min_blocks<Op>()) multi_tensor_kernel(PlanArgs plan, Op op) {
   constexpr int parts = chunk_parts<Op>();

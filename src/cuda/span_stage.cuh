@@ -3,13 +3,13 @@
 // this round: what the low-bit kernels (cuda/adam_low_bit.cu) need to have
 // their loads in flight without registers to hold them. Their register
 // budgets (64 or 80 a thread) leave none for a span loaded ahead (two spans'
-// registers cost occupancy more than they gave, bench/RESULTS.md,
-// 2026-11-27, fifth session), and staging by each lane (cp.async) cost 9 to
-// 11 instructions an element in addresses (fourth session). Here one lane
-// asks for each list's round in one copy, and a warp's part of a round
-// costs it a wait on one mbarrier and one shared atomic (a copy per warp
-// and list cost 11 instructions an element: the compiler moves each copy's
-// operands into uniform registers).
+// registers cost more occupancy than they give), and staging by each lane
+// (cp.async) costs 9 to 11 instructions an element in addresses (measured:
+// bench/log/2026-11-27.md, "the low-bit kernels on the H200" and "where the
+// int8 kernel waits"). Here one lane asks for each list's round in one
+// copy, and a warp's part of a round costs it a wait on one mbarrier and
+// one shared atomic (a copy per warp and list costs 11 instructions an
+// element: the compiler moves each copy's operands into uniform registers).
 #pragma once
 
 #include <cstdint>
@@ -104,8 +104,9 @@ class RoundStage {
   // the proxy fence, those reads before the copies). compute-sanitizer's
   // racecheck does not take this count as an order: it reports each read
   // against the next round's copies, as it does a real early ask, and
-  // nothing when __syncthreads orders the same accesses (bench/RESULTS.md,
-  // 2026-11-29, fourteenth session); tests/test_span_stage.cu is the check.
+  // nothing when __syncthreads orders the same accesses (measured:
+  // bench/log/2026-11-29.md, "the staged kernels' round protocol");
+  // tests/test_span_stage.cu is the check.
   __device__ __forceinline__ bool read_last(int warps) const {
     uint32_t before;
     asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;"
