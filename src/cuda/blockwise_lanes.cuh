@@ -135,9 +135,9 @@ __device__ __forceinline__ void split_span(bool whole, F&& f) {
 // read and written in quads: kPerQuad consecutive elements from `quad_at`
 // and kPerQuad more `half` elements later, so that each vector access of the
 // warp covers consecutive memory. (A lane's 8 consecutive f32, as two
-// 16-byte accesses 32 bytes apart, used half of each 32-byte sector an
-// access: Nsight Compute counted 41% of the int8 kernel's sectors in excess,
-// L2 72% busy at DRAM 78%, on an H100.) Any other span is read and written
+// 16-byte accesses 32 bytes apart, use half of each 32-byte sector an
+// access; measured: bench/log/2026-11-27.md, "where the int8 kernel
+// waits".) Any other span is read and written
 // value by value, its first n values from `at` (the layout of
 // for_each_warp_block). Each layout keeps a quantization block within its
 // lanes, so the block's absmax is the same either way.

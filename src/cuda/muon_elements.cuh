@@ -23,9 +23,9 @@ __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(_
 // vector load or store of each tensor a group where every address allows it
 // (8 bf16 values are 16 bytes; an f32 tensor takes two), kUnroll groups per
 // thread in flight (cuda/multi_tensor.cuh, for_each_group), as the other
-// element kernels do. One element at a time (four in flight), the GPT-2
-// list's momentum and update ran at about 60% of copy bandwidth
-// (bench/log/2026-11-27.md).
+// element kernels do; one element at a time (four in flight) is slower
+// (measured: bench/log/2026-11-27.md, "Muon's element passes in vector
+// groups").
 constexpr int kGroup = 8;
 constexpr int kUnroll = 2;
 

@@ -79,10 +79,9 @@ void check_tensor(size_t i, const MatrixShape& s, std::span<const int64_t> split
 // equal matrices is thus dealt out over the ranks, so an exchange bucket
 // of such classes gives every owner a share of its work (a class of fewer
 // matrices than ranks cannot be). Giving classes whole to owners (twice
-// the batch) was measured and dropped: GPT-2's owners' products ran at the
-// same 415 TFLOP/s, and the 1B list's bucketed step went from 49 to 55 ms,
-// a bucket owned by one rank holding up the other (bench/RESULTS.md,
-// 2026-11-26).
+// the batch) makes the products no faster and the bucketed step slower, a
+// bucket owned by one rank holding up the other (measured:
+// bench/log/2026-11-26.md, "Muon's exchanges in buckets").
 std::vector<int32_t> assign_owners(std::span<const double> flops, int32_t ranks) {
   std::vector<size_t> order(flops.size());
   std::iota(order.begin(), order.end(), size_t{0});

@@ -25,8 +25,9 @@ void muon_sharded_step(const MuonShardedPlan& plan, Communicator& comm, const Mu
   // path is the first bucket's momentum and exchange, every bucket's
   // products, and the last bucket's exchange back and update. A plan of one
   // bucket has nothing to overlap: its products run on the stream, as
-  // gradkit.torch.Muon runs them (its side-stream path measured 0.15 ms
-  // slower over GPT-2 small on two H100s).
+  // gradkit.torch.Muon runs them (the side-stream path costs a one-bucket
+  // step time of its own; measured: bench/log/2026-11-26.md, "Muon's
+  // exchanges in buckets").
   const bool beside = plan.num_buckets() > 1;
   for (size_t k = 0; k < plan.num_buckets(); ++k) {
     plan.momentum(k, inputs, stream);

@@ -56,15 +56,16 @@ struct CommunicatorOptions {
   // twice this many bytes is all-reduced in pieces of about this size, so
   // that packing piece i + 1 and unpacking piece i - 1 overlap the collective
   // on piece i (a back-to-back list goes in the same pieces, uncopied). 0
-  // means one piece (pack, collective, unpack in turn). 256 MiB was the best
-  // of 64, 128, 256 MiB and one piece for the BERT-large list all packed on
-  // 2x H200 (bench/RESULTS.md).
+  // means one piece (pack, collective, unpack in turn). 256 MiB: the best of
+  // 64, 128, 256 MiB and one piece for the BERT-large list all packed on
+  // 2x H200 (measured: bench/log/2026-11-22.md).
   size_t fusion_pipeline_bytes = size_t{256} << 20;
   // NCCL only: in a list, each tensor of at least this many bytes is
   // all-reduced where it lies (one collective each, all
   // in one NCCL group) instead of going through the fusion buffer; the
   // smaller ones are still packed. 0 packs everything. 1 MiB: the BERT-large
-  // list ran at 0.98x the flat buffer's time on 2x H200 (bench/RESULTS.md).
+  // list then takes about the flat buffer's time on 2x H200 (measured:
+  // bench/log/2026-11-22.md, "large tensors reduced where they lie").
   // This and fusion_pipeline_bytes decide which collectives an all-reduce
   // issues: every rank must use the same values (checked mode compares them).
   size_t direct_tensor_bytes = size_t{1} << 20;
@@ -80,8 +81,9 @@ struct CommunicatorOptions {
   // recorded for the watchdog). false: the non-blocking communicator
   // carries everything; NCCL hands each of its calls to a new thread and
   // answers "in progress" (NCCL 2.28's ncclGroupEndInternal), which the
-  // call polls: 150-300 us more host time per call with 4 ranks
-  // (bench/RESULTS.md), and a stuck call's work is found only by wait().
+  // call polls: 150-300 us more host time per call with 4 ranks (measured:
+  // bench/log/2026-11-23.md, "Ranks sharing one H100"), and a stuck call's
+  // work is found only by wait().
   bool blocking_calls = true;
 };
 

@@ -2,12 +2,12 @@
 // `direct_bytes` are reduced where they lie, one ncclAllReduce each, all in
 // one NCCL group (one launch); the smaller ones are packed into the fusion
 // buffer and reduced by one more collective in the same group. On 2x H200 the
-// BERT-large list took 0.98x the time of one flat buffer this way,
-// against 1.31x when all of it was packed (bench/RESULTS.md): packing
-// moves every byte four more times through memory, while NCCL runs grouped
-// collectives of a few MiB each at the flat buffer's bandwidth. Tiny tensors
-// are still packed because each grouped collective has a fixed cost of a few
-// microseconds.
+// BERT-large list takes about the time of one flat buffer this way, and a
+// third longer all packed (measured: bench/log/2026-11-22.md, "large tensors
+// reduced where they lie"): packing moves every byte four more times
+// through memory, while NCCL runs grouped collectives of a few MiB each at
+// the flat buffer's bandwidth. Tiny tensors are still packed because each
+// grouped collective has a fixed cost of a few microseconds.
 #pragma once
 
 #include <cstdint>
