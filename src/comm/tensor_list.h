@@ -52,7 +52,7 @@ ListPair inspect_lists(std::string_view op, std::span<const TensorView> inputs, 
 // Remembers the last few (inputs, outputs) pairs that passed
 // inspect_lists, so that a training loop that passes the same lists every
 // step pays one comparison of its views instead of a CUDA pointer query per
-// tensor: the host cost of a repeated call no longer grows with CUDA calls
+// tensor: the host cost of a repeated call does not grow with CUDA calls
 // per tensor. A view equal in every field (pointer, count, dtype, device) to
 // one checked before is taken as checked.
 class ListCheckCache {

@@ -19,9 +19,10 @@ std::shared_ptr<void> allocate_host(size_t bytes, bool huge_pages = true);
 // from mmap, whose anonymous pages the kernel guarantees zero, advised as
 // transparent huge pages (fewer, cheaper page faults, fewer pages for
 // cudaHostRegister to pin and for the CPU step's TLB), and are first
-// touched by every core in parallel: the page faults of tens of GB, one
-// thread's job, took most of issue 37's 74 s. `huge_pages` false leaves the
-// pages at the system's default (for bench/offload_startup.cc's comparison).
+// touched by every core in parallel: the page faults of tens of GB are
+// tens of seconds of one thread's work (issue 37). `huge_pages` false
+// leaves the pages at the system's default (for bench/offload_startup.cc's
+// comparison).
 std::shared_ptr<void> map_host(size_t bytes, bool huge_pages = true);
 
 }  // namespace gradkit::detail

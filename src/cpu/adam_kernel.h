@@ -47,8 +47,8 @@ struct StepValues {
 // gradient the other sign. The choice is a template parameter: the kernels
 // pick the loop once per chunk (with_scaling), so no element loop carries
 // it. (A select on a loop-invariant bool is unswitched by GCC only while the
-// loop is small; maximize with 16-bit gradients was past that size, and its
-// loops kept a branch and did not vectorize.)
+// loop is small; maximize with 16-bit gradients is past that size, and its
+// loops would keep a branch and not vectorize.)
 template <bool Scaled, class C, class G>
 inline C unscaled(G g, C scale) {
   const C x = cpu::to_compute<C>(g);

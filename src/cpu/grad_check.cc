@@ -19,7 +19,7 @@ namespace {
 // One chunk's partial norm and non-finite flag, with the norm type and the
 // write-back as template parameters. The element work runs as vector loops
 // over blocks of kBlock; the L2 partial is then summed one element at a
-// time, in element order, as it always was (and as the results promise:
+// time, in element order (as the results promise:
 // docs/cpu-kernels.md), so that sum is the loop's latency floor. The
 // infinity norm's maximum does not depend on the order: it is taken as the
 // largest magnitude's bit pattern (for doubles >= 0 the integer order is the

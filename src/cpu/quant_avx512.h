@@ -41,8 +41,9 @@ GRADKIT_AVX512 inline Table256 load_table256(const float* table) {
 // reads: a two-register permute per 32 entries (the index's low 5 bits),
 // then three blends on its bits 5, 6 and 7. Permutes run at one a cycle,
 // where a gather of 16 costs tens of cycles (microcode, on CPUs with the
-// gather-data-sampling mitigation): the gathers were most of the 8-bit
-// step's time on the CPU.
+// gather-data-sampling mitigation): gathers would be most of the 8-bit
+// step's time on the CPU (measured: bench/log/2026-11-26.md, "CPU 8-bit
+// Adam: the tables read by permutes").
 GRADKIT_AVX512 inline __m512 lookup256(const Table256& t, __m512i index) {
   __m512 r[8];
   for (int j = 0; j < 8; ++j) r[j] = _mm512_permutex2var_ps(t.part[2 * j], index, t.part[2 * j + 1]);

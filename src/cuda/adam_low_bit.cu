@@ -287,7 +287,7 @@ struct AdamLowBitOp {
       typename Codec::Codes mr, vr;
       // Every load of the span under one branch, and the stores under one
       // (two for the remainder forms, below; cuda::split_span): a branch
-      // each took 3 or 4 instructions, and the compiler kept their
+      // each costs 3 or 4 instructions, and the compiler keeps their
       // predicates as bits of a register. A whole span in quads, so that
       // each access of the warp is coalesced (cuda::LaneSpan).
       cuda::split_span(whole, [&](bool whole) {

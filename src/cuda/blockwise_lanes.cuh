@@ -39,9 +39,9 @@ __device__ __forceinline__ void store_lane(T* p, const T (&src)[kPerLane], int n
 // 16-bit remainders) as the 32-bit words that hold them in memory, value k
 // at bit (k % kPerWord) * kBits of word k / kPerWord. One vector load fills
 // them and each value is taken out where it is used: held as an array of
-// bytes or halves, they took a register each, unpacked on load and masked
-// again at use (3.5 instructions a code on the 8-bit path), and were masked
-// and shifted back into bytes to be stored.
+// bytes or halves, they would take a register each, be unpacked on load and
+// masked again at use (3.5 instructions a code on the 8-bit path), and be
+// masked and shifted back into bytes to be stored.
 template <int kBits>
 struct LaneBits {
   static_assert(kBits == 4 || kBits == 8 || kBits == 16);

@@ -144,7 +144,7 @@ std::shared_ptr<void> allocate_registered(size_t bytes, bool huge_pages) {
   if (backend::cuda_device_count() == 0) throw refused(ErrorCode::backend_unavailable, "no CUDA device is visible");
   std::shared_ptr<void> host = map_host(bytes, huge_pages);
   if (!host) throw refused(ErrorCode::cuda_error, "the host has no such memory to give");
-  // Portable: pinned for every CUDA context, as cudaHostAllocPortable was;
+  // Portable: pinned for every CUDA context, as cudaHostAllocPortable's is;
   // mapped: reachable from the device, as cudaHostAlloc's memory is on
   // every system with unified addressing (all 64-bit ones).
   const cudaError_t status = cudaHostRegister(host.get(), bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);

@@ -18,8 +18,8 @@ namespace detail {
 // them (the CPU kernels' loads and stores of f16/bf16 tensors) has no control
 // flow and vectorizes (docs/cpu-kernels.md). (A `?:` between the cases is
 // not enough: GCC sinks a case's float work under a branch again.) Every
-// case computes what it always did; tests/test_half.cc checks them against
-// references, and each was compared with the branching form over every input.
+// case gives the branching form's result for every input; tests/test_half.cc
+// checks them against references.
 
 // All ones where `condition`, else zero.
 inline uint32_t mask_if(bool condition) { return 0u - static_cast<uint32_t>(condition); }

@@ -15,8 +15,8 @@ class Buffer {
   // `bytes` of zero-filled memory on `device`, aligned to 256 bytes and
   // rounded up to whole 256-byte blocks: NCCL's LL protocols read whole 4-
   // and 16-byte words, past the end of an odd-sized f16 buffer (bytes()
-  // still reports what was asked for). A side effect: memcheck no longer
-  // sees an over-read that stays inside the padding.
+  // still reports what was asked for). A side effect: memcheck does not
+  // see an over-read that stays inside the padding.
   Buffer(Device device, size_t bytes);
   // `bytes` of zero-filled page-locked host memory (device cpu), laid out
   // as above, for asynchronous copies to and from a GPU. Needs CUDA and a
