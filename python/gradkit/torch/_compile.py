@@ -100,9 +100,8 @@ if AVAILABLE:
     # registered for the CPU and CUDA keys and the Autograd key falls through to it (the step
     # is not differentiable, and gradkit writes the parameters as its eager step does, without
     # bumping their version counters), which skips custom_op's autograd and ADInplaceOrView
-    # wrappers (custom_op's dispatch of a no-op over 148 tensors: about 90 us on the 2-core
-    # development machine, 300 with grad mode on); a compiled step over 148 small CPU
-    # parameters went from 295 to 229 us. The schema declares what the step mutates. Tagged unsafe for CUDA graphs: under
+    # wrappers, whose dispatch over a model's tensor list costs tens to hundreds of microseconds
+    # a step. The schema declares what the step mutates. Tagged unsafe for CUDA graphs: under
     # mode="reduce-overhead" Inductor runs the step between the graphs it records (graph
     # partitions), eagerly, so that its plans may follow gradients that moved.
     _library = torch.library.Library("gradkit", "DEF")

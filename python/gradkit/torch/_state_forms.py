@@ -230,8 +230,9 @@ class StateForm:
         `entries` (the names of p's moments; state filled in place). The low-bit state's
         plain tensors (8- and 4-bit codes, their absmax, remainders) of every entry are cut
         from one buffer per device and dtype (_ZeroArena): made one by one, torch's caching
-        allocator rounds up each tensor's block, which added 0.17 to 0.37 bytes per
-        parameter to 4-bit moments' 1.07 on the GPT-2 list (bench/RESULTS.md). They are
+        allocator rounds up each tensor's block, which adds 0.17 to 0.37 bytes per
+        parameter to 4-bit moments' 1.07 on the GPT-2 list (measured:
+        bench/log/2026-11-27.md, "low-bit state from one buffer per dtype"). They are
         views of that buffer: disjoint, and torch.save writes the buffer once for a whole
         state dict (torch.distributed.checkpoint copies each view alone)."""
         arena = _ZeroArena()

@@ -297,8 +297,8 @@ class _ShardedMuon(_Wrapping):
         # bucket by bucket its products joined, its rows back and their update,
         # which runs while the next bucket's products still do. A plan of one
         # bucket has nothing to overlap: its products run on the stream (the
-        # side-stream path cost the 1-bucket step about 0.15 ms of GPT-2's 3 ms
-        # on 2 H100s, bench/RESULTS.md, 2026-11-26, evening). muon_sharded_step
+        # side-stream path costs a 1-bucket step time of its own; measured:
+        # bench/log/2026-11-26.md, "Muon's exchanges in buckets"). muon_sharded_step
         # (C++) runs the same order over a gradkit communicator.
         plan, buckets = self.plan, range(len(self.shard))
         beside = len(buckets) > 1
