@@ -24,7 +24,7 @@ using Quant4Buckets = QuantBuckets<3, 12>;
 //
 // pairs[b][h] is codes[nibble(b, h)]: the value of each half of a byte of
 // codes, so that the CUDA kernels decode a code from its byte with one
-// byte permute and one table read (dequantize4_byte), where its nibble took
+// byte permute and one table read (dequantize4_byte), where its nibble would take
 // a shift and a mask more.
 struct QuantTable4 {
   using Buckets = Quant4Buckets;

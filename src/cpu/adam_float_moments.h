@@ -4,7 +4,7 @@
 // for the instruction set isa.h picks. Its two instances (f32 weights, or
 // bf16 weights with remainders) are compiled in two files, adam_plain.cc
 // and adam_remainder.cc, so that a build compiles them at once: in one file
-// they took 270 s of one core of a 2-core machine.
+// they take minutes of one core.
 // adam.cc picks the instance (and runs float64 weights).
 #pragma once
 

@@ -6,8 +6,8 @@
 // template parameter. Its four instances (8- or 4-bit codes, f32 weights or
 // bf16 weights with remainders) are compiled in four files,
 // adam_{8,4}bit_{plain,remainder}.cc, so that a build compiles them at
-// once: in one file they took 569 s of one core of a 2-core machine, the
-// longest compile of the build by far. adam_8bit.cc picks the instance.
+// once: in one file they take about ten minutes of one core, the longest
+// compile of the build by far. adam_8bit.cc picks the instance.
 #pragma once
 
 #include <algorithm>

@@ -19,7 +19,7 @@ using backend::QuantTables;
 using backend::QuantTables4;
 
 // q + 1 when x > y, else q (a NaN on either side: q), as a compare and a
-// predicated add (the compiler's form of q + (x > y ? 1 : 0) took a compare,
+// predicated add (the compiler's form of q + (x > y ? 1 : 0) takes a compare,
 // an add and a select).
 __device__ __forceinline__ uint32_t add_if_greater(uint32_t q, float x, float y) {
   asm("{\n\t"
@@ -39,7 +39,7 @@ __device__ __forceinline__ uint32_t add_if_greater(uint32_t q, float x, float y)
 // starts; unsigned (a table whose decision points are all at least +0, the
 // second moments'): the positive buckets only. The magnitude is clamped to
 // [lowest bucket, 2.0] as floats, one min and one max whose absolute value
-// is an operand modifier (the integer clamp took a mask more); a NaN clamps
+// is an operand modifier (the integer clamp takes a mask more); a NaN clamps
 // to 2.0 (min returns the other operand), whose starts are 0 as in the
 // integer form. The unsigned form clamps x itself: a negative x or -0 lands
 // in the lowest bucket (the integer form: 2.0's), whose start is 0 and whose

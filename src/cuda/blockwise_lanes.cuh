@@ -229,7 +229,7 @@ __device__ __forceinline__ void store_bits(void* base, const LaneBits<kBits>& sr
 }
 
 // The lane's values in f32. A 16-bit type comes from its words: a bf16 is
-// its f32's top half, one shift or mask each where unpacking took two.
+// its f32's top half, one shift or mask each where unpacking takes two.
 template <class T>
 __device__ __forceinline__ void load_lane_f32(float (&dst)[kPerLane], const T* base, const LaneSpan& s, bool whole) {
   if constexpr (sizeof(T) == 2) {
@@ -313,7 +313,7 @@ __device__ __forceinline__ void for_each_warp_block(int length, int ahead, Prefe
 // first `whole` blocks, then body(b, at, n, std::false_type{}) for the rest,
 // so that a body whose whole spans take other addresses (LaneSpan) holds
 // only one layout's in each loop: in one loop, with both, the int8 kernel
-// kept both sets of pointers and spilled 40 bytes at its 80 registers.
+// keeps both sets of pointers and spills 40 bytes at its 80 registers.
 template <class Prefetch, class Body>
 __device__ __forceinline__ void for_each_warp_block(int length, int whole, int ahead, Prefetch&& prefetch,
                                                     Body&& body, int first = threadIdx.x / kLanes) {
