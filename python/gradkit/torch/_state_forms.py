@@ -45,8 +45,8 @@ _CODES = {"exp_avg": gradkit.QuantCode.signed_dynamic, "exp_avg_sq": gradkit.Qua
 
 
 # A parameter's state holding 4-bit codes says which map its second moment's codes are
-# on: INT4_MAP_KEY = INT4_DE0. gradkit before state format 4 (docs/state-format.md) kept
-# them on the linear map (i + 1) / 16, whose codes stand for other values than DE-0's:
+# on: INT4_MAP_KEY = INT4_DE0. State format 3 (docs/state-format.md) keeps them on the
+# linear map (i + 1) / 16, whose codes stand for other values than DE-0's:
 # 4-bit codes without the mark are refused rather than misread. The mark is an int (a
 # flattened optimizer state dict of torch.distributed.checkpoint takes tensors, ints and
 # floats), and the optimizer's own state keeps it beside the codes: a flattened state
