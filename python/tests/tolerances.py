@@ -80,8 +80,9 @@ LOW_BIT_FINAL_LOSS = 0.01
 # the same with 4-bit moments (moments="int4"): issue 38's 2%, the published
 # 4-bit optimizer's margin over its 8-bit and 32-bit runs, after 300 steps
 # (GRADKIT_LONG_TESTS; on 2 CPU cores the CNN ended -1.6%, bf16 with the
-# remainder +0.8%). CI's 30 steps end before the moments settle: the CNN was
-# +3.2% and +3.9% there (the linear map that DE-0 replaced: +6.1%).
+# remainder +0.8%). CI's 30 steps end before the moments settle: the CNN ends
+# +3.2% and +3.9% there (state format 3's linear map: +6.1%; measured:
+# bench/log/2026-11-26.md, "4-bit second moments on DE-0").
 INT4_FINAL_LOSS = 0.02
 INT4_EARLY_FINAL_LOSS = 0.05
 # LAMB with 4-bit moments beside another LAMB run of 10 steps at lr 1e-2: the RMS of the
