@@ -284,7 +284,7 @@ TEST_P(AdamOptimizer, RefusesBadHyperparametersAsAnIoErrorNamingTheFile) {
   // no file.
   HandMadeAdamFile file(device(), "adam_beta1");
   put_at<float>(find_section(file.sections, "groups").bytes, kBeta1, 1.8f);
-  file.expect_refused("has bad hyperparameters: adam_step: argument 'groups[0].beta1' is 1.79999995, expected a value in [0, 1)");
+  file.expect_refused("has bad hyperparameters: Adam: argument 'groups[0].beta1' is 1.79999995, expected a value in [0, 1)");
 }
 
 TEST_P(AdamOptimizer, RefusesTrailingBytesAndUnprintableNames) {

@@ -36,14 +36,13 @@ void check_quantized_lists(const AdamTensors& t, std::span<const AdamHyperparame
 }  // namespace
 
 void validate(const AdamHyperparameters& h, std::string_view op, const std::string& arg) {
-  (void)op;
-  check_value(std::isfinite(h.lr) && h.lr >= 0, kOp, arg + ".lr", h.lr, "a finite value >= 0");
-  check_value(h.beta1 >= 0 && h.beta1 < 1, kOp, arg + ".beta1", h.beta1, "a value in [0, 1)");
-  check_value(h.beta2 >= 0 && h.beta2 < 1, kOp, arg + ".beta2", h.beta2, "a value in [0, 1)");
-  check_value(std::isfinite(h.eps) && h.eps > 0, kOp, arg + ".eps", h.eps, "a finite value > 0");
-  check_value(std::isfinite(h.weight_decay) && h.weight_decay >= 0, kOp, arg + ".weight_decay", h.weight_decay, "a finite value >= 0");
+  check_value(std::isfinite(h.lr) && h.lr >= 0, op, arg + ".lr", h.lr, "a finite value >= 0");
+  check_value(h.beta1 >= 0 && h.beta1 < 1, op, arg + ".beta1", h.beta1, "a value in [0, 1)");
+  check_value(h.beta2 >= 0 && h.beta2 < 1, op, arg + ".beta2", h.beta2, "a value in [0, 1)");
+  check_value(std::isfinite(h.eps) && h.eps > 0, op, arg + ".eps", h.eps, "a finite value > 0");
+  check_value(std::isfinite(h.weight_decay) && h.weight_decay >= 0, op, arg + ".weight_decay", h.weight_decay, "a finite value >= 0");
   const auto decay = static_cast<int32_t>(h.decay);
-  check_value(decay >= 0 && decay <= 2, kOp, arg + ".decay", decay, "l2, decoupled or hugging_face");
+  check_value(decay >= 0 && decay <= 2, op, arg + ".decay", decay, "l2, decoupled or hugging_face");
 }
 
 AdamPlan::AdamPlan(const AdamTensors& t, std::span<const AdamHyperparameters> hyperparameters,

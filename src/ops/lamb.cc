@@ -20,14 +20,14 @@ constexpr std::string_view kOp = "lamb_step";
 
 }  // namespace
 
-void validate(const LambHyperparameters& h, std::string_view, const std::string& arg) {
-  check_value(h.alpha >= 0 && h.alpha < 1, kOp, arg + ".alpha", h.alpha, "a value in [0, 1)");
-  check_value(h.beta >= 0 && h.beta < 1, kOp, arg + ".beta", h.beta, "a value in [0, 1)");
-  check_value(std::isfinite(h.lambda) && h.lambda >= 0, kOp, arg + ".lambda", h.lambda, "a finite value >= 0");
-  check_value(std::isfinite(h.epsilon) && h.epsilon > 0, kOp, arg + ".epsilon", h.epsilon, "a finite value > 0");
-  check_value(!std::isnan(h.ratio_min), kOp, arg + ".ratio_min", h.ratio_min, "a number (not NaN)");
-  check_value(!std::isnan(h.ratio_max) && h.ratio_max >= h.ratio_min, kOp, arg + ".ratio_max", h.ratio_max, "a number >= ratio_min");
-  check_value(std::isfinite(h.max_norm), kOp, arg + ".max_norm", h.max_norm, "a finite value (<= 0 turns clipping off)");
+void validate(const LambHyperparameters& h, std::string_view op, const std::string& arg) {
+  check_value(h.alpha >= 0 && h.alpha < 1, op, arg + ".alpha", h.alpha, "a value in [0, 1)");
+  check_value(h.beta >= 0 && h.beta < 1, op, arg + ".beta", h.beta, "a value in [0, 1)");
+  check_value(std::isfinite(h.lambda) && h.lambda >= 0, op, arg + ".lambda", h.lambda, "a finite value >= 0");
+  check_value(std::isfinite(h.epsilon) && h.epsilon > 0, op, arg + ".epsilon", h.epsilon, "a finite value > 0");
+  check_value(!std::isnan(h.ratio_min), op, arg + ".ratio_min", h.ratio_min, "a number (not NaN)");
+  check_value(!std::isnan(h.ratio_max) && h.ratio_max >= h.ratio_min, op, arg + ".ratio_max", h.ratio_max, "a number >= ratio_min");
+  check_value(std::isfinite(h.max_norm), op, arg + ".max_norm", h.max_norm, "a finite value (<= 0 turns clipping off)");
 }
 
 LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hyperparameters,

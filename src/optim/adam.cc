@@ -107,7 +107,7 @@ void Adam::set_lr(int group, float lr) {
   check_group_index(kOp, group, groups_.size());
   AdamHyperparameters h = groups_[group].hyperparameters;
   h.lr = lr;
-  validate(h, kOp, "lr");
+  validate(h, kOp, "groups[" + std::to_string(group) + "]");
   groups_[group].hyperparameters.lr = lr;
   copy_from_host(lr_device() + group, device_, &lr, sizeof lr);
 }
@@ -134,7 +134,7 @@ void Adam::check_state(const std::string& path, const StateFile& file) const {
   SectionReader meta(file.get("meta"), "meta");
   read_step_and_moment(meta, path, moment_code(exp_avg_.empty() ? options_.moment_dtype : exp_avg_[0].dtype, plan_.moment_bits()));
   if (!meta.done()) throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has trailing bytes");
-  const std::vector<AdamHyperparameters> hyper = read_groups(path, file.get("groups"), master_groups(groups_));
+  const std::vector<AdamHyperparameters> hyper = read_groups(kOp, path, file.get("groups"), master_groups(groups_));
   for (size_t g = 0; g < hyper.size(); ++g) {
     if (hyper[g].amsgrad && max_exp_avg_sq_.empty()) {
       throw Error(ErrorCode::io_error, "state file '" + path + "' uses amsgrad in group " + std::to_string(g) +
@@ -147,7 +147,7 @@ void Adam::check_state(const std::string& path, const StateFile& file) const {
 void Adam::apply_state(const StateFile& file) {
   SectionReader meta(file.get("meta"), "meta");
   const auto step = meta.get<int64_t>();
-  const std::vector<AdamHyperparameters> hyper = read_groups("", file.get("groups"), master_groups(groups_));
+  const std::vector<AdamHyperparameters> hyper = read_groups(kOp, "", file.get("groups"), master_groups(groups_));
   apply_sections(file, sections());
   copy_from_host(counter_.data(), device_, &step, sizeof step);
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];

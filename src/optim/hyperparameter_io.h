@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gradkit/core/error.h"
@@ -56,9 +57,10 @@ std::vector<uint8_t> write_groups(const std::vector<Group>& groups, const std::v
 
 // Reads the groups back and checks them against `groups` and each group's
 // hyperparameters with validate(); returns the hyperparameters. Throws
-// io_error naming the file and what differs or is out of range.
+// io_error naming the file and what differs or is out of range (with `op`,
+// the reading optimizer, before the argument a bad hyperparameter is).
 template <class Group, class Hyper = decltype(Group{}.hyperparameters)>
-std::vector<Hyper> read_groups(const std::string& path, const std::vector<uint8_t>& bytes,
+std::vector<Hyper> read_groups(std::string_view op, const std::string& path, const std::vector<uint8_t>& bytes,
                                const std::vector<Group>& groups) {
   auto mismatch = [&](const std::string& what) {
     throw Error(ErrorCode::io_error, "state file '" + path + "' does not match this optimizer: " + what);
@@ -72,7 +74,7 @@ std::vector<Hyper> read_groups(const std::string& path, const std::vector<uint8_
   for (size_t g = 0; g < groups.size(); ++g) {
     hyper.push_back(read_hyperparameters(in, static_cast<const Hyper*>(nullptr)));
     try {
-      validate(hyper.back(), "", "groups[" + std::to_string(g) + "]");
+      validate(hyper.back(), op, "groups[" + std::to_string(g) + "]");
     } catch (const Error& e) {
       throw Error(ErrorCode::io_error, "state file '" + path + "' has bad hyperparameters: " + e.what());
     }

@@ -122,7 +122,7 @@ void Lamb::check_state(const std::string& path, const StateFile& file) const {
     throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has a bad eta: " + e.what());
   }
   if (!meta.done()) throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has trailing bytes");
-  read_groups(path, file.get("groups"), master_groups(groups_));
+  read_groups(kOp, path, file.get("groups"), master_groups(groups_));
   check_sections(path, file, sections());
 }
 
@@ -131,7 +131,7 @@ void Lamb::apply_state(const StateFile& file) {
   const auto completed = meta.get<int64_t>();
   meta.get<uint32_t>();
   const auto eta = meta.get<float>();
-  const std::vector<LambHyperparameters> hyper = read_groups("", file.get("groups"), master_groups(groups_));
+  const std::vector<LambHyperparameters> hyper = read_groups(kOp, "", file.get("groups"), master_groups(groups_));
   apply_sections(file, sections());
   const int64_t next = completed + 1;
   copy_from_host(counter_.data(), device_, &next, sizeof next);

@@ -111,7 +111,7 @@ void Muon::check_state(const std::string& path, const StateFile& file) const {
   SectionReader meta(file.get("meta"), "meta");
   read_step_and_moment(meta, path, options_.momentum_dtype);
   if (!meta.done()) throw Error(ErrorCode::io_error, "state file '" + path + "' section 'meta' has trailing bytes");
-  read_groups(path, file.get("groups"), groups_);
+  read_groups(kOp, path, file.get("groups"), groups_);
   if (file.get("shapes") != shapes_section()) {
     throw Error(ErrorCode::io_error, "state file '" + path +
                                          "' does not match this optimizer: its matrices have other shapes (section "
@@ -123,7 +123,7 @@ void Muon::check_state(const std::string& path, const StateFile& file) const {
 void Muon::apply_state(const StateFile& file) {
   SectionReader meta(file.get("meta"), "meta");
   const auto completed = meta.get<int64_t>();
-  const std::vector<MuonHyperparameters> hyper = read_groups("", file.get("groups"), groups_);
+  const std::vector<MuonHyperparameters> hyper = read_groups(kOp, "", file.get("groups"), groups_);
   plan_.set_hyperparameters(hyper);
   apply_sections(file, sections());
   copy_from_host(counter_.data(), device_, &completed, sizeof completed);

@@ -57,13 +57,13 @@ void Offloaded<Optimizer>::check_state(const std::string& path, const StateFile&
     check_sections(path, file, masters);
   }
   if (scaler_ && file.has("scaler")) read_scaler_section(path, file, *scaler_);
-  (void)read_groups(path, file.get("groups"), groups_);
+  (void)read_groups(OffloadTraits<Optimizer>::op, path, file.get("groups"), groups_);
 }
 
 template <class Optimizer>
 void Offloaded<Optimizer>::apply_state(const StateFile& file) {
   synchronize();
-  const auto hyper = read_groups("", file.get("groups"), groups_);
+  const auto hyper = read_groups(OffloadTraits<Optimizer>::op, "", file.get("groups"), groups_);
   optimizer_->apply_state(file);
   for (Piece& p : pieces_) p.plan.set_hyperparameters(hyper);
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].hyperparameters = hyper[g];

@@ -540,7 +540,7 @@ void Sharded<Optimizer>::save_to(StateFile& file) {
   std::vector<uint8_t> masters = mixed_ ? gather({"masters", sizeof(float), 1}) : std::vector<uint8_t>();
   if (!root) return;
   file.add("meta", mine.get("meta"));
-  file.add("groups", write_groups(model_shapes_, read_groups("", mine.get("groups"), shard_shapes_[0])));
+  file.add("groups", write_groups(model_shapes_, read_groups(kOp, "", mine.get("groups"), shard_shapes_[0])));
   if (mixed_) file.add("masters", std::move(masters));
   if (mixed_ || scaler_.options().mode != LossScaling::none) file.add("scaler", scaler_section(scaler_));
 }
@@ -568,7 +568,7 @@ typename Sharded<Optimizer>::ShardState Sharded<Optimizer>::shard_state(const st
   // The file checked against the whole model, then cut to this rank's
   // pieces as a state file for each of its optimizers, which check the rest.
   ShardState shard;
-  const auto hyper = read_groups(path, file.get("groups"), model_shapes_);
+  const auto hyper = read_groups(kOp, path, file.get("groups"), model_shapes_);
   auto cut = [&](const SplitSection& section, size_t first, size_t last) {
     const std::vector<int64_t> at = section_offsets(layout_, section.unit);
     const size_t width = section.width;

@@ -33,8 +33,9 @@ struct AdamHyperparameters {
   bool maximize = false;
 };
 
-// Throws Error naming `arg` (e.g. "groups[1].beta1") unless every field is in
-// range: lr >= 0, 0 <= beta < 1, eps > 0, weight_decay >= 0, all finite.
+// Throws Error naming `op` and `arg` (e.g. "groups[1].beta1") unless every
+// field is in range: lr >= 0, 0 <= beta < 1, eps > 0, weight_decay >= 0, all
+// finite.
 void validate(const AdamHyperparameters& h, std::string_view op, const std::string& arg);
 
 }  // namespace gradkit

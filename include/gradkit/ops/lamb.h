@@ -29,8 +29,9 @@ struct LambHyperparameters {
   bool bias_correction = true;
 };
 
-// Throws Error naming `arg` unless 0 <= alpha, beta < 1, epsilon > 0,
-// lambda >= 0, ratio_min <= ratio_max (neither NaN), max_norm finite.
+// Throws Error naming `op` and `arg` unless 0 <= alpha, beta < 1,
+// epsilon > 0, lambda >= 0, ratio_min <= ratio_max (neither NaN), max_norm
+// finite.
 void validate(const LambHyperparameters& h, std::string_view op, const std::string& arg);
 
 // Throws Error naming `op` and `arg` unless eta, LAMB's learning rate, is

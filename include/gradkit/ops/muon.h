@@ -42,9 +42,9 @@ struct MuonHyperparameters {
   MuonLrAdjust adjust_lr = MuonLrAdjust::original;
 };
 
-// Throws Error naming `arg` unless lr, weight_decay and momentum are finite
-// and >= 0 (momentum < 1 too), eps finite and > 0, the coefficients finite,
-// ns_steps in [1, 100) and adjust_lr one of the two.
+// Throws Error naming `op` and `arg` unless lr, weight_decay and momentum
+// are finite and >= 0 (momentum < 1 too), eps finite and > 0, the
+// coefficients finite, ns_steps in [1, 100) and adjust_lr one of the two.
 void validate(const MuonHyperparameters& h, std::string_view op, const std::string& arg);
 
 }  // namespace gradkit
