@@ -33,8 +33,9 @@ import gradkit
 from gradkit.torch._device import stream_handle
 from gradkit.torch._dtensor import is_dtensor, local
 from gradkit.torch._param_groups import adam_hyperparameters
+from gradkit.torch._planned import _PlannedOptimizer
 from gradkit.torch._state_forms import StateForm
-from gradkit.torch.optim import AdamW, _PlannedOptimizer
+from gradkit.torch.optim import AdamW
 
 _ADJUST_LR = {None: gradkit.MuonLrAdjust.original, "original": gradkit.MuonLrAdjust.original,
               "match_rms_adamw": gradkit.MuonLrAdjust.match_rms_adamw}
