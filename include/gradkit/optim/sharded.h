@@ -52,9 +52,8 @@ struct ShardedOptions {
   // The update of this rank's shard runs in at most this many launches (>=
   // 1), each over whole buckets; the buckets of one are all-gathered while
   // the next is updated. More hide more of the update behind the
-  // all-gathers, but each launch pays a ramp-up and a tail (about 15 us on
-  // an H200: one launch per 64 MiB bucket made BERT-large's step 0.4 ms
-  // slower on one rank than one launch).
+  // all-gathers, but each launch pays a ramp-up and a tail (measured:
+  // bench/log/2026-11-23.md, "The sharded step on one rank").
   int update_parts = 8;
   // f16/bf16 models: each rank keeps its shard's f32 masters as f32 tensors,
   // or (bf16 models) as i16 remainders completing the model's bf16 weights
