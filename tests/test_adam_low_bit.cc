@@ -4,7 +4,7 @@
 // small gradient beside a large one, skipped and non-finite steps,
 // determinism; and the CPU and CUDA backends bit for bit. What only one form
 // has (its tables, its encoders, its bad arguments, its owning optimizer)
-// is in test_adam_8bit.cc and test_adam_4bit.cc.
+// is in test_adam_low_bit_int8.cc and test_adam_low_bit_int4.cc.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,9 +16,9 @@
 
 #include "gradkit/core/memory.h"
 #include "gradkit/ops/adam.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "support/adam_reference.h"
-#include "support/eight_bit.h"
+#include "support/low_bit_checks.h"
 #include "support/low_bit_adam.h"
 #include "support/test_tensor.h"
 #include "support/tolerance.h"

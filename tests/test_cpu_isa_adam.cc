@@ -1,7 +1,7 @@
 // Every instruction-set copy of the CPU Adam kernels (src/cpu/isa.h:
 // baseline, AVX2, AVX-512, those this CPU has) against a scalar reference
-// built here from the shared element formulas (backend/adam_math.h,
-// master_math.h, blockwise_math.h), bit for bit: every dtype combination the
+// built here from the shared element formulas (spec/adam_math.h,
+// master_math.h, low_bit_int8_math.h), bit for bit: every dtype combination the
 // kernels take, every mode (weight decay rule, amsgrad, maximize), a scaled
 // and an unscaled gradient, tensors of 0, 1, 7 and 4097 elements in one
 // plan, and an Inf and a NaN among the gradients. The float64-reference
@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "backend/adam_math.h"
-#include "backend/master_math.h"
-#include "backend/quant_tables.h"
+#include "spec/adam_math.h"
+#include "spec/master_math.h"
+#include "spec/low_bit_tables.h"
 #include "cpu/isa.h"
 #include "cpu/types.h"
 #include "gradkit/ops/adam.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/ops/master.h"
 #include "support/cpu_isa.h"
 #include "support/element_bytes.h"
@@ -31,7 +31,7 @@
 namespace gradkit::test {
 namespace {
 
-using backend::AdamCoefficients;
+using spec::AdamCoefficients;
 
 const std::vector<int64_t> kSizes = {0, 1, 7, 4097};
 
@@ -107,14 +107,14 @@ struct State {
 // the definition), element by element.
 template <class C, class G, class M, class Copy>
 void reference(State& s, int64_t n, const Case& k, const AdamHyperparameters& h, int64_t step, float scale) {
-  const AdamCoefficients<C> c = backend::adam_coefficients<C>(h, h.lr, step);
+  const AdamCoefficients<C> c = spec::adam_coefficients<C>(h, h.lr, step);
   const bool quantized = k.moments == DType::u8;
-  const backend::QuantTables& tables = backend::quant_tables();
+  const spec::QuantTables& tables = spec::quant_tables();
   for (int64_t base = 0; base < n; base += kQuantBlock) {
     const int64_t end = std::min<int64_t>(n, base + kQuantBlock);
     std::vector<float> m_new, v_new;
     for (int64_t i = base; i < end; ++i) {
-      C w = k.remainder ? static_cast<C>(backend::join_master(get<uint16_t>(s.w, i), get<int16_t>(s.r, i)))
+      C w = k.remainder ? static_cast<C>(spec::join_master(get<uint16_t>(s.w, i), get<int16_t>(s.r, i)))
                         : cpu::to_compute<C>(get<std::conditional_t<std::is_same_v<C, double>, double, float>>(s.w, i));
       C g = cpu::to_compute<C>(get<G>(s.g, i));
       // 8-bit moments take the folded form (docs/ops.md): the gradient times
@@ -122,23 +122,23 @@ void reference(State& s, int64_t n, const Case& k, const AdamHyperparameters& h,
       if (scale != 1.0f) g = quantized ? g * (C(1) / static_cast<C>(scale)) : g / static_cast<C>(scale);
       C m, v, vmax = 0;
       if (quantized) {
-        m = backend::dequantize(tables.table[0], get<uint8_t>(s.m, i), get<float>(s.am, i / kQuantBlock));
-        v = backend::dequantize(tables.table[1], get<uint8_t>(s.v, i), get<float>(s.av, i / kQuantBlock));
+        m = spec::dequantize(tables.table[0], get<uint8_t>(s.m, i), get<float>(s.am, i / kQuantBlock));
+        v = spec::dequantize(tables.table[1], get<uint8_t>(s.v, i), get<float>(s.av, i / kQuantBlock));
       } else {
         m = cpu::to_compute<C>(get<M>(s.m, i));
         v = cpu::to_compute<C>(get<M>(s.v, i));
         if (h.amsgrad) vmax = cpu::to_compute<C>(get<M>(s.vmax, i));
       }
       if (quantized) {
-        backend::adam_element<C, backend::RuntimeAdamFlags, backend::AdamForm::folded>(
-            w, g, m, v, vmax, c, backend::RuntimeAdamFlags{c.decay, c.amsgrad, c.maximize});
+        spec::adam_element<C, spec::RuntimeAdamFlags, spec::AdamForm::folded>(
+            w, g, m, v, vmax, c, spec::RuntimeAdamFlags{c.decay, c.amsgrad, c.maximize});
       } else {
-        backend::adam_element(w, g, m, v, vmax, c);
+        spec::adam_element(w, g, m, v, vmax, c);
       }
       if (k.remainder) {
         uint16_t wb;
         int16_t rb;
-        backend::split_master(static_cast<float>(w), wb, rb);
+        spec::split_master(static_cast<float>(w), wb, rb);
         put(s.w, i, wb);
         put(s.r, i, rb);
       } else {
@@ -158,11 +158,11 @@ void reference(State& s, int64_t n, const Case& k, const AdamHyperparameters& h,
     for (int t = 0; t < 2; ++t) {
       const std::vector<float>& x = t == 0 ? m_new : v_new;
       float amax = 0.0f;
-      for (float value : x) amax = backend::absmax_fold(amax, value);
-      const float inv = backend::quant_scale(amax);
+      for (float value : x) amax = spec::absmax_fold(amax, value);
+      const float inv = spec::quant_scale(amax);
       for (size_t j = 0; j < x.size(); ++j) {
         put(t == 0 ? s.m : s.v, base + static_cast<int64_t>(j),
-            backend::quantize_search(tables.table[t], backend::exact::mul(x[j], inv)));
+            spec::quantize_search(tables.table[t], spec::exact::mul(x[j], inv)));
       }
       put(t == 0 ? s.am : s.av, base / kQuantBlock, amax);
     }
@@ -293,7 +293,7 @@ GRADKIT_INSTANTIATE_EACH_CPU_ISA(CpuIsaAdam);
 // permute) equals the baseline copy's bit for bit, weights, codes and
 // absmax, over f32 and bf16-with-remainder weights, scaled and unscaled
 // gradients with an Inf and a NaN; the baseline copy is the one the
-// float64-reference tests (test_adam_4bit.cc) hold to the definition.
+// float64-reference tests (test_adam_low_bit_int4.cc) hold to the definition.
 class CpuIsaAdam4bit : public EachCpuIsa {};
 
 struct FourBitRun {

@@ -1,6 +1,6 @@
 // Every instruction-set copy of the CPU kernels for accumulate, the gradient
 // check and LAMB (src/cpu/isa.h) against scalar references built here from
-// the shared formulas (backend/*_math.h), bit for bit: every dtype pair,
+// the shared formulas (spec/*_math.h), bit for bit: every dtype pair,
 // tensors of 0, 1, 7, 4097 and 65836 elements (two chunks) in one plan, and
 // non-finite values where the kernel has a path for them. Adam's copies:
 // test_cpu_isa_adam.cc.
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/grad_check_math.h"
-#include "backend/lamb_blockwise.h"  // lane_strided_sum
-#include "backend/lamb_math.h"
+#include "spec/grad_check_math.h"
+#include "spec/lamb_low_bit.h"  // lane_strided_sum
+#include "spec/lamb_math.h"
 #include "cpu/types.h"
 #include "gradkit/core/multi_tensor_plan.h"
 #include "gradkit/ops/grad_check.h"
@@ -121,20 +121,20 @@ TEST_P(CpuIsaKernels, GradientCheckEqualsTheScalarReference) {
               double partial = 0;
               for (int64_t i = begin; i < std::min(kSizes[t], begin + kChunk); ++i) {
                 const float raw = cpu::to_compute<float>(get<G>(want[t], i));
-                bad = bad || !backend::finite(raw);
-                partial = backend::norm_accumulate(partial, static_cast<double>(raw) * (1.0 / scale), type);
+                bad = bad || !spec::finite(raw);
+                partial = spec::norm_accumulate(partial, static_cast<double>(raw) * (1.0 / scale), type);
                 put(want[t], i, cpu::from_compute<G>(raw * (1.0f / scale)));
               }
-              tensor = backend::norm_combine(tensor, partial, type);
-              all = backend::norm_combine(all, partial, type);
+              tensor = spec::norm_combine(tensor, partial, type);
+              all = spec::norm_combine(all, partial, type);
             }
             any = any || bad;
-            want_norms.push_back(bad ? NAN : static_cast<float>(backend::norm_finish(tensor, type)));
+            want_norms.push_back(bad ? NAN : static_cast<float>(spec::norm_finish(tensor, type)));
           }
         });
         bool want_found = false;
         float want_divisor = 0, want_global = 0;
-        backend::write_check_outputs({&want_found, &want_divisor, &want_global}, all, any, type, scale, 1.0f);
+        spec::write_check_outputs({&want_found, &want_divisor, &want_global}, all, any, type, scale, 1.0f);
         const std::string label = std::string(GetParam()) + " " + std::string(dtype_name(gt)) +
                                   (type == NormType::l2 ? " l2" : " inf") + (specials ? " with Inf/NaN" : "");
         EXPECT_EQ(found.read(), want_found) << label;
@@ -157,7 +157,7 @@ void lamb_reference(std::vector<std::vector<uint8_t>>& w, const std::vector<std:
                     std::vector<std::vector<uint8_t>>& copy, std::vector<std::vector<uint8_t>>& update,
                     const LambHyperparameters& h, const LambStepInputs& in, bool with_copy, bool with_update) {
   using C = cpu::compute_t<W>;
-  const auto c = backend::lamb_coefficients<C>(h, in.eta, in.loss_scale, in.gradient_norm, in.step);
+  const auto c = spec::lamb_coefficients<C>(h, in.eta, in.loss_scale, in.gradient_norm, in.step);
   for (size_t t = 0; t < kSizes.size(); ++t) {
     std::vector<double> partials;  // (w2, d2) per chunk, added in the CUDA ratio kernel's order
     for (int64_t begin = 0; begin < kSizes[t]; begin += kChunk) {
@@ -165,10 +165,10 @@ void lamb_reference(std::vector<std::vector<uint8_t>>& w, const std::vector<std:
       for (int64_t i = begin; i < std::min(kSizes[t], begin + kChunk); ++i) {
         const C wc = cpu::to_compute<C>(get<W>(w[t], i));
         C mc = cpu::to_compute<C>(get<M>(m[t], i)), vc = cpu::to_compute<C>(get<M>(v[t], i));
-        backend::lamb_moments(cpu::to_compute<C>(get<G>(g[t], i)), mc, vc, c);
+        spec::lamb_moments(cpu::to_compute<C>(get<G>(g[t], i)), mc, vc, c);
         const M ms = cpu::from_compute<M>(mc), vs = cpu::from_compute<M>(vc);
-        const C d = backend::lamb_direction(wc, cpu::to_compute<C>(ms), cpu::to_compute<C>(vs), c);
-        if (backend::finite(d)) {
+        const C d = spec::lamb_direction(wc, cpu::to_compute<C>(ms), cpu::to_compute<C>(vs), c);
+        if (spec::finite(d)) {
           put(m[t], i, ms);
           put(v[t], i, vs);
           d2c += static_cast<double>(d) * d;
@@ -181,9 +181,9 @@ void lamb_reference(std::vector<std::vector<uint8_t>>& w, const std::vector<std:
       partials.push_back(d2c);
     }
     const auto chunks = static_cast<int64_t>(partials.size() / 2);
-    const double w2 = chunks ? backend::lane_strided_sum(partials.data(), chunks, 2) : 0.0;
-    const double d2 = chunks ? backend::lane_strided_sum(partials.data() + 1, chunks, 2) : 0.0;
-    const C step_size = c.eta * static_cast<C>(backend::lamb_ratio(w2, d2, h));
+    const double w2 = chunks ? spec::lane_strided_sum(partials.data(), chunks, 2) : 0.0;
+    const double d2 = chunks ? spec::lane_strided_sum(partials.data() + 1, chunks, 2) : 0.0;
+    const C step_size = c.eta * static_cast<C>(spec::lamb_ratio(w2, d2, h));
     for (int64_t i = 0; i < kSizes[t]; ++i) {
       const C w_old = cpu::to_compute<C>(get<W>(w[t], i));
       const C vc = cpu::to_compute<C>(get<M>(v[t], i));
@@ -192,8 +192,8 @@ void lamb_reference(std::vector<std::vector<uint8_t>>& w, const std::vector<std:
         put(v[t], i, cpu::from_compute<M>(-vc));
       } else {
         const C updated =
-            backend::lamb_apply(w_old, step_size, backend::lamb_direction(w_old, cpu::to_compute<C>(get<M>(m[t], i)), vc, c));
-        if (backend::finite(updated)) w_new = updated;
+            spec::lamb_apply(w_old, step_size, spec::lamb_direction(w_old, cpu::to_compute<C>(get<M>(m[t], i)), vc, c));
+        if (spec::finite(updated)) w_new = updated;
       }
       if (with_update) put(update[t], i, cpu::from_compute<W>(w_new - w_old));
       else put(w[t], i, cpu::from_compute<W>(w_new));

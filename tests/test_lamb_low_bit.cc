@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "gradkit/core/memory.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/ops/lamb.h"
 #include "gradkit/optim/lamb.h"
-#include "support/blockwise_reference.h"
+#include "support/low_bit_reference.h"
 #include "support/device_param.h"
-#include "support/eight_bit.h"
+#include "support/low_bit_checks.h"
 #include "support/expect_error.h"
 #include "support/low_bit_moments.h"
 #include "support/test_tensor.h"
@@ -407,7 +407,7 @@ INSTANTIATE_TEST_SUITE_P(DevicesAndBits, LambLowBit,
                          devices_and_bits(),
                          low_bit_test_name);
 
-// The owning Lamb with 8- and 4-bit moments (support/eight_bit.h): a resumed
+// The owning Lamb with 8- and 4-bit moments (support/low_bit_checks.h): a resumed
 // run equals the straight one bit for bit, and the state is what the form
 // promises per parameter (4-bit: 1.06 plus each tensor's alignment, 1.10 on
 // this small model, as Adam's).

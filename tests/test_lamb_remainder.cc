@@ -16,7 +16,7 @@
 
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/ops/lamb.h"
 #include "gradkit/ops/master.h"
 #include "support/device_param.h"

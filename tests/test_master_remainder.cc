@@ -13,7 +13,7 @@
 
 #include "gradkit/core/memory.h"
 #include "gradkit/ops/adam.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/ops/master.h"
 #include "support/device_param.h"
 #include "support/expect_error.h"

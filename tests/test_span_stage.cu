@@ -26,7 +26,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/blockwise_lanes.cuh"
+#include "cuda/low_bit_lanes.cuh"
 #include "cuda/span_stage.cuh"
 #include "support/check_cuda.h"
 #include "support/test_tensor.h"

@@ -1,5 +1,5 @@
 // The encoded forms of optimizer state: 8-bit blockwise moments and the
-// remainder master (gradkit/ops/blockwise.h, gradkit/ops/master.h), so that
+// remainder master (gradkit/ops/low_bit.h, gradkit/ops/master.h), so that
 // state can be moved between gradkit's compact form and float32 (a
 // torch.optim state_dict, a checkpoint) with the kernels' own formulas.
 #include <nanobind/stl/vector.h>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "bindings.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/ops/master.h"
 #include "tensors.h"
 

@@ -12,7 +12,7 @@ if(NOT MPI_CXX_FOUND)
 endif()
 
 target_sources(gradkit PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/adasum/adasum_cpu.cc
+  ${CMAKE_CURRENT_LIST_DIR}/../cpu/adasum.cc
   ${CMAKE_CURRENT_LIST_DIR}/adasum/adasum_plan.cc
   ${CMAKE_CURRENT_LIST_DIR}/adasum/schedule.cc
   ${CMAKE_CURRENT_LIST_DIR}/communicator.cc
@@ -44,9 +44,9 @@ endif()
 
 if(GRADKIT_WITH_NCCL)
   target_sources(gradkit PRIVATE
-    ${CMAKE_CURRENT_LIST_DIR}/adasum/adasum_cuda.cu
-    ${CMAKE_CURRENT_LIST_DIR}/nccl/divide.cu
-    ${CMAKE_CURRENT_LIST_DIR}/nccl/fusion_copy.cu
+    ${CMAKE_CURRENT_LIST_DIR}/../cuda/adasum.cu
+    ${CMAKE_CURRENT_LIST_DIR}/../cuda/nccl_divide.cu
+    ${CMAKE_CURRENT_LIST_DIR}/../cuda/fusion_copy.cu
     ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_communicator.cc
     ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_create.cc
     ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_list_reduce.cc

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda_runtime.h"
+#include "spec/cuda_runtime.h"
 #include "gradkit/core/error.h"
 
 namespace gradkit::comm {
@@ -69,7 +69,7 @@ ListInfo inspect_list(std::string_view op, std::string_view arg, std::span<const
       throw_argument_error(ErrorCode::invalid_argument, op, element_name(arg, i),
                            "starts at an address that is not a multiple of its element size; expected aligned data");
     }
-    backend::check_memory_location(op, arg, i, t);
+    spec::check_memory_location(op, arg, i, t);
     auto* begin = static_cast<unsigned char*>(t.data);
     if (info.base == nullptr) info.base = begin;
     else if (begin != next) info.contiguous = false;

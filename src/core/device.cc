@@ -3,7 +3,7 @@
 #include <charconv>
 #include <string>
 
-#include "backend/cuda_runtime.h"
+#include "spec/cuda_runtime.h"
 #include "gradkit/core/error.h"
 
 namespace gradkit {
@@ -26,6 +26,6 @@ Device parse_device(const std::string& text, const char* arg) {
                        "is '" + text + "', expected 'cpu', 'cuda' or 'cuda:N' with N >= 0");
 }
 
-int cuda_device_count() { return backend::cuda_device_count(); }
+int cuda_device_count() { return spec::cuda_device_count(); }
 
 }  // namespace gradkit

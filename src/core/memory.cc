@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "backend/cuda_runtime.h"
+#include "spec/cuda_runtime.h"
 #include "core/host_memory.h"
 #include "core/pinned.h"
 #include "gradkit/core/error.h"
@@ -33,7 +33,7 @@ Buffer::Buffer(Device device, size_t bytes) : bytes_(bytes), device_(device) {
   const size_t rounded = allocation_bytes(bytes);
   if (rounded < bytes) throw Error(ErrorCode::invalid_argument, "Buffer: cannot allocate " + std::to_string(bytes) + " bytes");
   if (device.is_cuda()) {
-    data_ = backend::allocate(device, rounded);
+    data_ = spec::allocate(device, rounded);
     return;
   }
   data_ = detail::allocate_host(rounded);  // zero-filled, a large one by every core (host_memory.h)
@@ -60,17 +60,17 @@ TensorView Buffer::view(DType dtype, size_t byte_offset, int64_t numel) const {
 }
 
 void copy_to_host(void* host_destination, const void* source, size_t bytes, Device source_device) {
-  if (source_device.is_cuda()) backend::copy_to_host(host_destination, source, bytes, source_device);
+  if (source_device.is_cuda()) spec::copy_to_host(host_destination, source, bytes, source_device);
   else if (bytes > 0) std::memcpy(host_destination, source, bytes);
 }
 
 void copy_from_host(void* destination, Device destination_device, const void* host_source, size_t bytes) {
-  if (destination_device.is_cuda()) backend::copy_from_host(destination, host_source, bytes, destination_device);
+  if (destination_device.is_cuda()) spec::copy_from_host(destination, host_source, bytes, destination_device);
   else if (bytes > 0) std::memcpy(destination, host_source, bytes);
 }
 
 void synchronize(Device device) {
-  if (device.is_cuda()) backend::synchronize(device);
+  if (device.is_cuda()) spec::synchronize(device);
 }
 
 }  // namespace gradkit

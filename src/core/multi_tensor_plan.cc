@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "backend/cuda_runtime.h"
+#include "spec/cuda_runtime.h"
 #include "gradkit/core/error.h"
 
 namespace gradkit {
@@ -61,7 +61,7 @@ void check_tensor(std::string_view op, std::string_view list, size_t i, const Te
                          "starts at an address that is not a multiple of its " +
                              std::to_string(dtype_size(t.dtype)) + "-byte elements; expected aligned data");
   }
-  if (t.numel > 0) backend::check_memory_location(op, list, i, t);
+  if (t.numel > 0) spec::check_memory_location(op, list, i, t);
 }
 
 // A tensor's byte range, for the overlap check.
@@ -117,7 +117,7 @@ void MultiTensorPlan::upload_tables(Impl& impl) {
   std::memcpy(table.data(), impl.chunks.data(), chunk_bytes);
   std::memcpy(table.data() + chunk_bytes, impl.pointers.data(), pointer_bytes);
   std::memcpy(table.data() + chunk_bytes + pointer_bytes, impl.groups.data(), group_bytes);
-  impl.device_table = backend::upload(impl.device, table.data(), table.size());
+  impl.device_table = spec::upload(impl.device, table.data(), table.size());
 }
 
 MultiTensorPlan::MultiTensorPlan(std::string_view op, std::span<const PlanList> lists,
@@ -246,7 +246,7 @@ void MultiTensorPlan::repoint(int list, std::span<const TensorView> tensors, Str
     // The list's pointers sit after the chunk table, list-major.
     auto* table = static_cast<unsigned char*>(old.device_table.get()) + old.chunks.size() * sizeof(PlanChunk) +
                   static_cast<size_t>(list) * n * sizeof(void*);
-    backend::copy_from_host_async(table, pointers, n * sizeof(void*), old.device, stream);
+    spec::copy_from_host_async(table, pointers, n * sizeof(void*), old.device, stream);
   }
 }
 

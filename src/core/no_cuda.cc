@@ -2,18 +2,18 @@
 // request for one is a clear error rather than a silent CPU fallback.
 #include <string>
 
-#include "backend/adam.h"
-#include "backend/cuda_runtime.h"
-#include "backend/grad_check.h"
-#include "backend/gradient.h"
-#include "backend/lamb.h"
-#include "backend/loss_scaler.h"
-#include "backend/muon.h"
-#include "backend/step_counter.h"
+#include "spec/adam.h"
+#include "spec/cuda_runtime.h"
+#include "spec/grad_check.h"
+#include "spec/gradient.h"
+#include "spec/lamb.h"
+#include "spec/loss_scaler.h"
+#include "spec/muon.h"
+#include "spec/step_counter.h"
 #include "core/pinned.h"
 #include "gradkit/core/error.h"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 
 int cuda_device_count() { return 0; }
 
@@ -74,7 +74,7 @@ void muon_cuda_join(const void*, Stream, size_t) { upload(Device::cuda(0), nullp
 void muon_cuda_step(const void*, std::span<const MuonLaunch>, bool, bool, Stream, size_t) { upload(Device::cuda(0), nullptr, 0); }
 void muon_cuda_prepare(const void*, std::span<const MuonLaunch>) { upload(Device::cuda(0), nullptr, 0); }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec
 
 namespace gradkit::detail {
 

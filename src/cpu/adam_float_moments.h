@@ -1,5 +1,5 @@
 // The CPU Adam loop over float moments: the same per-element formula as
-// the CUDA kernel (backend/adam_math.h), over the plan's chunks, with every
+// the CUDA kernel (spec/adam_math.h), over the plan's chunks, with every
 // per-launch choice a template parameter (adam_kernel.h) that GCC vectorizes
 // for the instruction set isa.h picks. Its two instances (f32 weights, or
 // bf16 weights with remainders) are compiled in two files, adam_plain.cc
@@ -12,7 +12,7 @@
 
 #include "cpu/adam_kernel.h"
 
-namespace gradkit::backend::cpu_adam {
+namespace gradkit::spec::cpu_adam {
 
 // One chunk with moments stored as M (f32, bf16, f64).
 template <class Weights, class G, class M, class Copy, class Mode, bool Scaled>
@@ -83,4 +83,4 @@ void run_weights(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa
 extern GRADKIT_CPU_ADAM(PlainWeights<float>);
 extern GRADKIT_CPU_ADAM(RemainderWeights);
 
-}  // namespace gradkit::backend::cpu_adam
+}  // namespace gradkit::spec::cpu_adam

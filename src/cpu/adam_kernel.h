@@ -7,14 +7,14 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backend/adam.h"
-#include "backend/adam_math.h"
+#include "spec/adam.h"
+#include "spec/adam_math.h"
 #include "cpu/isa.h"
 #include "cpu/master_weights.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace cpu_adam {
 
 using namespace cpu_master;  // the weights, remainders and model copy of every CPU optimizer kernel
@@ -95,9 +95,9 @@ void with_mode(const AdamCoefficients<C>& c, const F& f) {
 
 }  // namespace cpu_adam
 
-// 8-bit moments (launch.absmax_list >= 0): adam_8bit.cc.
-void adam_8bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa);
-// 4-bit moments (launch.moment_bits == 4): adam_8bit.cc, the same loop (adam_low_bit.h).
-void adam_4bit_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa);
+// 8-bit moments (launch.absmax_list >= 0): adam_low_bit.cc.
+void adam_int8_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa);
+// 4-bit moments (launch.moment_bits == 4): adam_low_bit.cc, the same loop (adam_low_bit.h).
+void adam_int4_cpu(const MultiTensorPlan& plan, const AdamLaunch& launch, cpu::Isa isa);
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

@@ -1,24 +1,24 @@
 // The CPU Adam loop over 8- or 4-bit blockwise moments: block by block, m
 // and v decoded, every element updated by the shared formula
-// (backend/adam_math.h, its folded form), then the block encoded again with
-// its new absmax (the codecs: cpu/blockwise_codecs.h), as the CUDA kernel
+// (spec/adam_math.h, its folded form), then the block encoded again with
+// its new absmax (the codecs: cpu/low_bit_codecs.h), as the CUDA kernel
 // does; one loop per instruction set (isa.h), every per-launch choice a
 // template parameter. Its four instances (8- or 4-bit codes, f32 weights or
 // bf16 weights with remainders) are compiled in four files,
 // adam_{8,4}bit_{plain,remainder}.cc, so that a build compiles them at
 // once: in one file they take about ten minutes of one core, the longest
-// compile of the build by far. adam_8bit.cc picks the instance.
+// compile of the build by far. adam_low_bit.cc picks the instance.
 #pragma once
 
 #include <algorithm>
 #include <type_traits>
 
-#include "backend/blockwise4_math.h"
-#include "backend/quant_tables.h"
+#include "spec/low_bit_int4_math.h"
+#include "spec/low_bit_tables.h"
 #include "cpu/adam_kernel.h"
-#include "cpu/blockwise_codecs.h"
+#include "cpu/low_bit_codecs.h"
 
-namespace gradkit::backend::cpu_adam {
+namespace gradkit::spec::cpu_adam {
 
 using cpu_blockwise::Codec4;
 using cpu_blockwise::Codec8;
@@ -110,4 +110,4 @@ extern GRADKIT_CPU_ADAM_LOW_BIT(Codec8, RemainderWeights);
 extern GRADKIT_CPU_ADAM_LOW_BIT(Codec4, PlainWeights<float>);
 extern GRADKIT_CPU_ADAM_LOW_BIT(Codec4, RemainderWeights);
 
-}  // namespace gradkit::backend::cpu_adam
+}  // namespace gradkit::spec::cpu_adam

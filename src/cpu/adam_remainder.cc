@@ -2,6 +2,6 @@
 // cpu/adam_float_moments.h's two instances, in a file of its own.
 #include "cpu/adam_float_moments.h"
 
-namespace gradkit::backend::cpu_adam {
+namespace gradkit::spec::cpu_adam {
 GRADKIT_CPU_ADAM(RemainderWeights);
-}  // namespace gradkit::backend::cpu_adam
+}  // namespace gradkit::spec::cpu_adam

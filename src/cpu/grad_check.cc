@@ -6,14 +6,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/grad_check.h"
-#include "backend/grad_check_math.h"
-#include "backend/lamb_math.h"  // finite()
+#include "spec/grad_check.h"
+#include "spec/grad_check_math.h"
+#include "spec/lamb_math.h"  // finite()
 #include "cpu/isa.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 // One chunk's partial norm and non-finite flag, with the norm type and the
@@ -129,4 +129,4 @@ void grad_check_combine_cpu(const double* partials, int count, const GradCheckLa
   write_check_outputs(l.outputs, partial, nonfinite, l.options.norm, scale, l.options.max_norm);
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

@@ -3,13 +3,13 @@
 // runs in the copy for the active instruction set (isa.h).
 #include <cstring>
 
-#include "backend/dtype_pairs.h"
-#include "backend/gradient.h"
+#include "spec/dtype_pairs.h"
+#include "spec/gradient.h"
 #include "cpu/isa.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 // No restrict: the values may be the buffers themselves (the plan allows
@@ -54,4 +54,4 @@ void accumulate_cpu(const MultiTensorPlan& plan, const AccumulateArgs& args) {
   });
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

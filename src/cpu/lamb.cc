@@ -1,5 +1,5 @@
 // LAMB on the CPU: the same two passes and the same per-element formulas as
-// the CUDA backend (backend/lamb.h, backend/lamb_math.h), and each tensor's
+// the CUDA backend (spec/lamb.h, spec/lamb_math.h), and each tensor's
 // chunk sums added in the CUDA ratio kernel's order. The element loops of
 // float moments are templates on their dtypes and choices (the weights plain
 // or completed by their remainders: cpu/master_weights.h), run in the copy
@@ -9,17 +9,17 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/lamb.h"
-#include "backend/lamb_blockwise.h"
-#include "backend/lamb_math.h"
-#include "backend/master_math.h"  // bits_as
+#include "spec/lamb.h"
+#include "spec/lamb_low_bit.h"
+#include "spec/lamb_math.h"
+#include "spec/master_math.h"  // bits_as
 #include "cpu/isa.h"
 #include "cpu/lamb_low_bit.h"
 #include "cpu/master_weights.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 using namespace cpu_master;  // the weights, remainders and model copy (shared with Adam)
@@ -69,7 +69,7 @@ struct Pass1 {
         const C d = lamb_direction(wc, cpu::to_compute<C>(m_stored), cpu::to_compute<C>(v_stored), c);
         const bool ok = finite(d);
         m[i] = stored_if(ok, m_stored, m_old);
-        v[i] = stored_if(ok, v_stored, cpu::from_compute<M>(-cpu::to_compute<C>(v_old)));  // mark (see backend/lamb.h)
+        v[i] = stored_if(ok, v_stored, cpu::from_compute<M>(-cpu::to_compute<C>(v_old)));  // mark (see spec/lamb.h)
         const C d_kept = kept_or_zero(d, ok);
         d_squares[k] = static_cast<double>(d_kept) * d_kept;
         w_squares[k] = static_cast<double>(wc) * wc;
@@ -230,4 +230,4 @@ void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& l) {
   if (l.inputs.step_device != nullptr && l.inputs.split.pass != LambPass::first) ++*l.inputs.step_device;
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

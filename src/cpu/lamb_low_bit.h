@@ -1,8 +1,8 @@
 // LAMB's two passes over 8- or 4-bit moments on the CPU, block by block, with
-// the element formulas and the block rule of backend/lamb_blockwise.h and
+// the element formulas and the block rule of spec/lamb_low_bit.h and
 // each block's sums added in the order of the CUDA lanes that own the block
 // (a warp for an 8-bit block, a half-warp for a 4-bit one); the blocks'
-// decode and encode are Adam's (cpu/blockwise_codecs.h), and each pass runs
+// decode and encode are Adam's (cpu/low_bit_codecs.h), and each pass runs
 // in the copy for the active instruction set (isa.h). Included by
 // cpu/lamb.cc (its run() calls these as it calls PlainMoments).
 #pragma once
@@ -11,17 +11,17 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backend/blockwise4_math.h"
-#include "backend/lamb.h"
-#include "backend/lamb_blockwise.h"
-#include "backend/quant_tables.h"
-#include "cpu/blockwise_codecs.h"
+#include "spec/low_bit_int4_math.h"
+#include "spec/lamb.h"
+#include "spec/lamb_low_bit.h"
+#include "spec/low_bit_tables.h"
+#include "cpu/low_bit_codecs.h"
 #include "cpu/isa.h"
 #include "cpu/master_weights.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace cpu_lamb_low_bit {
 
 using cpu_blockwise::block_bytes;
@@ -164,4 +164,4 @@ struct BlockwiseMoments {
   }
 };
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

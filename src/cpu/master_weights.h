@@ -1,17 +1,17 @@
 // How the CPU optimizer kernels (Adam, LAMB) read and write their master
 // weights: stored as they are (f32, f64), or as bf16 weights completed to an
-// f32 master by the remainder list (backend/master_math.h). The element
+// f32 master by the remainder list (spec/master_math.h). The element
 // loops are templates on one of these, so the choice is made once per launch.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "backend/master_math.h"
+#include "spec/master_math.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 
-namespace gradkit::backend::cpu_master {
+namespace gradkit::spec::cpu_master {
 
 // Weights stored as they are (f32, f64).
 template <class W>
@@ -58,4 +58,4 @@ inline void store_copy(Copy* copy, int64_t i, C x) {
   if constexpr (!std::is_same_v<Copy, NoCopy>) copy[i] = cpu::from_compute<Copy>(static_cast<float>(x));
 }
 
-}  // namespace gradkit::backend::cpu_master
+}  // namespace gradkit::spec::cpu_master

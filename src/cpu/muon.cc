@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/muon.h"
-#include "backend/muon_math.h"
+#include "spec/muon.h"
+#include "spec/muon_math.h"
 #include "cpu/multi_tensor.h"
 #include "cpu/types.h"
 #include "gradkit/core/error.h"
@@ -16,7 +16,7 @@
 #include <cblas.h>
 #endif
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 float round_bf16(float x) { return static_cast<float>(bfloat16(x)); }
@@ -248,4 +248,4 @@ void muon_cpu(const MuonLaunch& l) {
   else dispatch_grad<bfloat16>(l);
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

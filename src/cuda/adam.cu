@@ -3,14 +3,14 @@
 // v (vmax, the model copy, the remainder). 8- and 4-bit moments: cuda/adam_low_bit.cu.
 #include <type_traits>
 
-#include "backend/adam.h"
-#include "backend/adam_math.h"
-#include "backend/master_math.h"
+#include "spec/adam.h"
+#include "spec/adam_math.h"
+#include "spec/master_math.h"
 #include "cuda/adam_launch.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 using cuda::load;
@@ -135,10 +135,10 @@ struct FloatMoments {
 
 void adam_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream) {
   if (launch.absmax_list >= 0) {
-    return launch.moment_bits == 4 ? adam_4bit_cuda(plan, launch, stream) : adam_8bit_cuda(plan, launch, stream);
+    return launch.moment_bits == 4 ? adam_int4_cuda(plan, launch, stream) : adam_int8_cuda(plan, launch, stream);
   }
   if (plan.dtype(0) == DType::f64) return launch_adam<double, double, double, cuda::NoCopy>(plan, launch, stream);
   cuda::dispatch_adam<FloatMoments>(plan, launch, stream);
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

@@ -8,8 +8,8 @@
 
 #include <type_traits>
 
-#include "backend/adam.h"
-#include "backend/adam_math.h"
+#include "spec/adam.h"
+#include "spec/adam_math.h"
 #include "cuda/multi_tensor.cuh"
 #include "gradkit/core/dtype.h"
 
@@ -18,21 +18,21 @@ namespace gradkit::cuda {
 // The constants of the chunk's group for this step (one thread computes
 // them and shares them with its block).
 template <class C>
-__device__ __forceinline__ backend::AdamCoefficients<C> chunk_coefficients(const PlanArgs& plan, const PlanChunk& chunk,
-                                                                           const backend::AdamLaunch& launch) {
+__device__ __forceinline__ spec::AdamCoefficients<C> chunk_coefficients(const PlanArgs& plan, const PlanChunk& chunk,
+                                                                           const spec::AdamLaunch& launch) {
   const AdamStepInputs& in = launch.inputs;
   const int group = plan.groups[chunk.tensor];
   const AdamHyperparameters& h = launch.groups[group];
   const double lr = in.lr_device != nullptr ? in.lr_device[group] : h.lr;
   const int64_t step = in.step_device != nullptr ? *in.step_device : in.step;
-  return backend::adam_coefficients<C>(h, lr, step);
+  return spec::adam_coefficients<C>(h, lr, step);
 }
 
 struct NoCopy {};
 struct RemainderWeights {};
 
 template <template <class, class, class, class> class Kernel>
-void dispatch_adam(const MultiTensorPlan& plan, const backend::AdamLaunch& launch, Stream stream) {
+void dispatch_adam(const MultiTensorPlan& plan, const spec::AdamLaunch& launch, Stream stream) {
   auto with_weights = [&]<class Weights>() {
     dispatch_dtype(plan.dtype(1), [&]<class G>() {
       if constexpr (!std::is_same_v<G, double>) {

@@ -1,32 +1,32 @@
 // The Adam update with 8- or 4-bit blockwise moments, as a functor of the
 // multi-tensor driver: one pass that decodes m and v, updates w, m and v in
-// f32 (backend/adam_math.h, its folded form, with the gradient times the
+// f32 (spec/adam_math.h, its folded form, with the gradient times the
 // scale's reciprocal), finds each block's new absmax and encodes m and v
-// again (backend/blockwise_math.h, blockwise4_math.h). A warp owns 256
+// again (spec/low_bit_int8_math.h, low_bit_int4_math.h). A warp owns 256
 // consecutive elements at a time, 8 per lane: one 8-bit block, or two 4-bit
 // blocks (a half-warp each); it reduces a block's absmax with shuffles. A
 // chunk (64K elements) holds whole blocks, so a thread block never shares a
 // quantization block with another. What differs between the two forms (the
 // tables, where a lane's codes lie, the blocks per warp) is the Codec
-// (cuda/blockwise_codecs.cuh).
+// (cuda/low_bit_codecs.cuh).
 #include <cstdint>
 #include <type_traits>
 
-#include "backend/adam.h"
-#include "backend/adam_math.h"
-#include "backend/blockwise4_math.h"
-#include "backend/blockwise_math.h"
-#include "backend/master_math.h"
+#include "spec/adam.h"
+#include "spec/adam_math.h"
+#include "spec/low_bit_int4_math.h"
+#include "spec/low_bit_int8_math.h"
+#include "spec/master_math.h"
 #include "cuda/adam_launch.cuh"
-#include "cuda/blockwise_codecs.cuh"
-#include "cuda/blockwise_lanes.cuh"
+#include "cuda/low_bit_codecs.cuh"
+#include "cuda/low_bit_lanes.cuh"
 #include "cuda/denominator_lanes.cuh"
 #include "cuda/master_lanes.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/span_stage.cuh"
 #include "cuda/types.cuh"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 using cuda::Codec4;
@@ -512,12 +512,12 @@ struct MomentsLowBit {
 
 }  // namespace
 
-void adam_8bit_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream) {
+void adam_int8_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream) {
   cuda::dispatch_adam<MomentsLowBit<Codec8>::Kernel>(plan, launch, stream);
 }
 
-void adam_4bit_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream) {
+void adam_int4_cuda(const MultiTensorPlan& plan, const AdamLaunch& launch, Stream stream) {
   cuda::dispatch_adam<MomentsLowBit<Codec4>::Kernel>(plan, launch, stream);
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

@@ -1,4 +1,4 @@
-// The low-bit Adam's denominators (backend/adam_math.h, the folded form),
+// The low-bit Adam's denominators (spec/adam_math.h, the folded form),
 // 1 / (sqrt(v) + eps) for a lane's values, correctly rounded at each step,
 // with one range test for all of them.
 //
@@ -79,7 +79,7 @@ __device__ __forceinline__ float reciprocal_fast_sequence(float x) {
 inline constexpr uint32_t kDenominatorEpsTop = 0x5f800000u;  // 2^64
 
 // reciprocal[k] = 1 / (sqrt(v[k]) + eps), each operation correctly rounded,
-// for N values: backend::folded_denominator_reciprocal on each.
+// for N values: spec::folded_denominator_reciprocal on each.
 template <int N>
 __device__ __forceinline__ void denominator_reciprocal_lane(const float (&v)[N], float eps,
                                                             float (&reciprocal)[N]) {

@@ -4,14 +4,14 @@
 // flag and the divisor: one block).
 #include <type_traits>
 
-#include "backend/grad_check.h"
-#include "backend/grad_check_math.h"
-#include "backend/lamb_math.h"  // finite()
+#include "spec/grad_check.h"
+#include "spec/grad_check_math.h"
+#include "spec/lamb_math.h"  // finite()
 #include "cuda/block_reduce.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 using cuda::PlanArgs;
@@ -127,4 +127,4 @@ void grad_check_combine_cuda(Device device, const double* partials, int count, c
   GRADKIT_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

@@ -1,10 +1,10 @@
 // CUDA kernels for zero and accumulate, as functors of the multi-tensor driver.
-#include "backend/dtype_pairs.h"
-#include "backend/gradient.h"
+#include "spec/dtype_pairs.h"
+#include "spec/gradient.h"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 using cuda::for_each_group;
@@ -96,4 +96,4 @@ void set_device_flag_cuda(Device device, bool* flag, Stream stream) {
   GRADKIT_CUDA_CHECK(cudaMemsetAsync(flag, 1, sizeof(bool), cuda::native(stream)));
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

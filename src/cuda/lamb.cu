@@ -1,4 +1,4 @@
-// LAMB in two passes over memory (see backend/lamb.h for the plan), with a
+// LAMB in two passes over memory (see spec/lamb.h for the plan), with a
 // small kernel between them that turns per-chunk partial sums into
 // per-tensor trust ratios in a fixed order.
 //
@@ -10,15 +10,15 @@
 // remainder master is the f32 master bit for bit.
 #include <type_traits>
 
-#include "backend/lamb.h"
-#include "backend/lamb_math.h"
-#include "backend/master_math.h"
+#include "spec/lamb.h"
+#include "spec/lamb_math.h"
+#include "spec/master_math.h"
 #include "cuda/block_reduce.cuh"
 #include "cuda/lamb_launch.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 using cuda::load;
@@ -119,7 +119,7 @@ struct NormsPass {
 constexpr int kRatioWarps = 8;
 
 //
-// A split step (backend/lamb.h): the first pass writes the two sums out
+// A split step (spec/lamb.h): the first pass writes the two sums out
 // instead of the ratio; the second reads each tensor's sums from every row,
 // in row order (one lane: a handful of rows), and makes the ratio.
 __global__ void ratios_kernel(PlanArgs plan, LambLaunch launch) {
@@ -321,4 +321,4 @@ void lamb_cuda(const MultiTensorPlan& plan, const LambLaunch& l, Stream stream) 
   }
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

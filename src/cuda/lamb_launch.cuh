@@ -3,14 +3,14 @@
 // group coefficients.
 #pragma once
 
-#include "backend/lamb.h"
-#include "backend/lamb_math.h"
+#include "spec/lamb.h"
+#include "spec/lamb_math.h"
 #include "cuda/multi_tensor.cuh"
 
 namespace gradkit::cuda {
 
-using backend::LambCoefficients;
-using backend::LambLaunch;
+using spec::LambCoefficients;
+using spec::LambLaunch;
 
 // Whether this step writes anything; every kernel of the step asks.
 __device__ __forceinline__ bool step_enabled(const LambLaunch& l) {
@@ -30,7 +30,7 @@ __device__ __forceinline__ LambCoefficients<C> block_coefficients(const PlanArgs
     const double scale = in.loss_scale_device != nullptr ? *in.loss_scale_device : in.loss_scale;
     const double norm = in.gradient_norm_device != nullptr ? *in.gradient_norm_device : in.gradient_norm;
     const int64_t step = in.step_device != nullptr ? *in.step_device : in.step;
-    shared = backend::lamb_coefficients<C>(h, eta, scale, norm, step);
+    shared = spec::lamb_coefficients<C>(h, eta, scale, norm, step);
   }
   __syncthreads();
   return shared;

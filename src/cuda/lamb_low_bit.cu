@@ -1,26 +1,26 @@
-// LAMB's two passes over 8- or 4-bit blockwise moments (backend/
-// lamb_blockwise.h), as functors of the multi-tensor driver; the ratio kernel
+// LAMB's two passes over 8- or 4-bit blockwise moments (spec/
+// lamb_low_bit.h), as functors of the multi-tensor driver; the ratio kernel
 // between them is cuda/lamb.cu's. Pass 1: a block's lanes (a warp for a
 // 256-element 8-bit block, a half-warp for a 128-element 4-bit one; 8
 // consecutive elements per lane) decode, update and encode its moments, and
 // sum w^2 and d^2 over the block (each lane its elements in order, then the
 // lanes' tree); thread 0 adds the chunk's block sums in block order. The CPU
 // (cpu/lamb_low_bit.h) adds in the same order: the same bits. The forms
-// differ only in their Codec (cuda/blockwise_codecs.cuh).
+// differ only in their Codec (cuda/low_bit_codecs.cuh).
 #include <cstdint>
 #include <type_traits>
 
-#include "backend/lamb.h"
-#include "backend/lamb_blockwise.h"
+#include "spec/lamb.h"
+#include "spec/lamb_low_bit.h"
 #include "cuda/block_reduce.cuh"
-#include "cuda/blockwise_codecs.cuh"
-#include "cuda/blockwise_lanes.cuh"
+#include "cuda/low_bit_codecs.cuh"
+#include "cuda/low_bit_lanes.cuh"
 #include "cuda/denominator_lanes.cuh"
 #include "cuda/lamb_launch.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 using cuda::Codec4;
@@ -127,7 +127,7 @@ struct NormsLowBitOp {
       }
       // xor offsets below kLanesPerBlock stay within the block's lanes; each
       // lane ends with the block's value, lane 0 of the block with the CPU's
-      // tree order (backend::warp_tree_sum).
+      // tree order (spec::warp_tree_sum).
 #pragma unroll
       for (int offset = Codec::kLanesPerBlock / 2; offset > 0; offset /= 2) {
         amax_m = absmax_fold(amax_m, __shfl_xor_sync(0xffffffffu, amax_m, offset));
@@ -301,4 +301,4 @@ void lamb_low_bit_update_cuda(const MultiTensorPlan& plan, const LambLaunch& l, 
   else launch_updates<Codec8>(plan, l, stream);
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

@@ -1,7 +1,7 @@
-#include "backend/loss_scaler.h"
+#include "spec/loss_scaler.h"
 #include "cuda/check.h"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 __global__ void update_kernel(LossScalerState* state, const bool* found_inf, LossScalerOptions options) {
@@ -17,4 +17,4 @@ void update_loss_scale_cuda(LossScalerState* state, const bool* found_inf, const
   GRADKIT_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

@@ -1,14 +1,14 @@
-// The remainder master (backend/master_math.h) over a lane's kPerLane
+// The remainder master (spec/master_math.h) over a lane's kPerLane
 // values, its bf16 weights and 16-bit remainders held as the words memory
-// has them (cuda/blockwise_lanes.cuh, LaneBits): the same values as
+// has them (cuda/low_bit_lanes.cuh, LaneBits): the same values as
 // join_master and split_master on each, in fewer instructions than unpacking
 // each half into a register of its own.
 #pragma once
 
 #include <cstdint>
 
-#include "backend/master_math.h"
-#include "cuda/blockwise_lanes.cuh"
+#include "spec/master_math.h"
+#include "cuda/low_bit_lanes.cuh"
 
 namespace gradkit::cuda {
 
@@ -22,8 +22,8 @@ __device__ __forceinline__ void join_lane(const Halves& weights, const Halves& r
 #pragma unroll
   for (int j = 0; j < Halves::kWords; ++j) {
     const uint32_t w = weights.word[j], r = remainders.word[j];
-    master[2 * j] = backend::join_master(static_cast<uint16_t>(w), static_cast<int16_t>(r));
-    master[2 * j + 1] = backend::join_master(static_cast<uint16_t>(w >> 16), static_cast<int16_t>(r >> 16));
+    master[2 * j] = spec::join_master(static_cast<uint16_t>(w), static_cast<int16_t>(r));
+    master[2 * j + 1] = spec::join_master(static_cast<uint16_t>(w >> 16), static_cast<int16_t>(r >> 16));
   }
 }
 
@@ -39,8 +39,8 @@ __device__ __forceinline__ void split_lane(const float (&master)[kPerLane], Halv
   if (!any_nan) {
 #pragma unroll
     for (int j = 0; j < Halves::kWords; ++j) {
-      const uint32_t low = backend::float_bits(master[2 * j]), high = backend::float_bits(master[2 * j + 1]);
-      weights.word[j] = __byte_perm(backend::rounded_weight_bits(low), backend::rounded_weight_bits(high), 0x7632);
+      const uint32_t low = spec::float_bits(master[2 * j]), high = spec::float_bits(master[2 * j + 1]);
+      weights.word[j] = __byte_perm(spec::rounded_weight_bits(low), spec::rounded_weight_bits(high), 0x7632);
       remainders.word[j] = __byte_perm(low, high, 0x5410);
     }
     return;
@@ -50,7 +50,7 @@ __device__ __forceinline__ void split_lane(const float (&master)[kPerLane], Halv
   for (int k = 0; k < kPerLane; ++k) {
     uint16_t weight;
     int16_t remainder;
-    backend::split_master(master[k], weight, remainder);
+    spec::split_master(master[k], weight, remainder);
     w[k] = weight;
     r[k] = static_cast<uint16_t>(remainder);
   }

@@ -17,11 +17,11 @@
 #include <utility>
 #include <vector>
 
-#include "backend/muon.h"
+#include "spec/muon.h"
 #include "cuda/muon_elements.cuh"
 #include "cuda/multi_tensor.cuh"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -568,4 +568,4 @@ void muon_cuda_join(const void* gemm, Stream stream, size_t slot) {
   GRADKIT_CUDA_CHECK(cudaStreamWaitEvent(cuda::native(stream), state.beside.at(slot).done, 0));
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

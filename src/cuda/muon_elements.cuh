@@ -7,13 +7,13 @@
 
 #include <cstdint>
 
-#include "backend/muon.h"
-#include "backend/muon_math.h"
+#include "spec/muon.h"
+#include "spec/muon_math.h"
 #include "cuda/block_reduce.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
-namespace gradkit::backend::muon_cuda {
+namespace gradkit::spec::muon_cuda {
 
 using bf16 = __nv_bfloat16;
 
@@ -265,4 +265,4 @@ struct WeightOp {
   }
 };
 
-}  // namespace gradkit::backend::muon_cuda
+}  // namespace gradkit::spec::muon_cuda

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda_runtime.h"
+#include "spec/cuda_runtime.h"
 #include "core/pinned.h"
 #include "cuda/check.h"
 #include "optim/offload_lanes.h"
@@ -16,7 +16,7 @@ std::shared_ptr<void> allocate_pinned(size_t bytes) {
   const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable);
   if (status != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it for the caller's next call
-    throw Error(backend::cuda_device_count() == 0 ? ErrorCode::backend_unavailable : ErrorCode::cuda_error,
+    throw Error(spec::cuda_device_count() == 0 ? ErrorCode::backend_unavailable : ErrorCode::cuda_error,
                 "Buffer::pinned: cannot allocate " + std::to_string(bytes) + " bytes of pinned host memory: " +
                     cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
   }
@@ -61,7 +61,7 @@ OffloadLanes::OffloadLanes(std::string_view op, Device device, int slots) : impl
   if (!device.is_cuda()) {
     throw_argument_error(ErrorCode::device_mismatch, op, "device", "is cpu, expected a CUDA device");
   }
-  backend::require_cuda_device(op, device.index);
+  spec::require_cuda_device(op, device.index);
   impl_->device = device.index;
   cuda::DeviceGuard guard(device.index);
   for (cudaStream_t& s : impl_->streams) {

@@ -1,6 +1,6 @@
 #include <string>
 
-#include "backend/cuda_runtime.h"
+#include "spec/cuda_runtime.h"
 #include "core/host_memory.h"
 #include "core/pinned.h"
 #include "cuda/check.h"
@@ -20,7 +20,7 @@ DeviceGuard::~DeviceGuard() {
 
 }  // namespace cuda
 
-namespace backend {
+namespace spec {
 
 int cuda_device_count() {
   int count = 0;
@@ -132,7 +132,7 @@ void synchronize(Device device) {
   GRADKIT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-}  // namespace backend
+}  // namespace spec
 
 namespace detail {
 
@@ -141,7 +141,7 @@ std::shared_ptr<void> allocate_registered(size_t bytes, bool huge_pages) {
     return Error(code, "Buffer::pinned: cannot allocate " + std::to_string(bytes) +
                            " bytes of pinned host memory: " + why);
   };
-  if (backend::cuda_device_count() == 0) throw refused(ErrorCode::backend_unavailable, "no CUDA device is visible");
+  if (spec::cuda_device_count() == 0) throw refused(ErrorCode::backend_unavailable, "no CUDA device is visible");
   std::shared_ptr<void> host = map_host(bytes, huge_pages);
   if (!host) throw refused(ErrorCode::cuda_error, "the host has no such memory to give");
   // Portable: pinned for every CUDA context, as cudaHostAllocPortable's is;

@@ -1,7 +1,7 @@
-#include "backend/step_counter.h"
+#include "spec/step_counter.h"
 #include "cuda/check.h"
 
-namespace gradkit::backend {
+namespace gradkit::spec {
 namespace {
 
 __global__ void increment_kernel(int64_t* counter, const bool* skip) {
@@ -16,4 +16,4 @@ void increment_counter_cuda(Device device, int64_t* counter, const bool* skip, S
   GRADKIT_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace gradkit::backend
+}  // namespace gradkit::spec

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <string>
 
-#include "backend/adam.h"
-#include "backend/cuda_runtime.h"
-#include "backend/quant_tables.h"
-#include "gradkit/ops/blockwise.h"
+#include "spec/adam.h"
+#include "spec/cuda_runtime.h"
+#include "spec/low_bit_tables.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
 #include "ops/device_scalar.h"
@@ -94,8 +94,8 @@ AdamPlan::AdamPlan(const AdamTensors& t, std::span<const AdamHyperparameters> hy
   lists_ = at;
   moment_bits_ = quantized ? t.moment_bits : 0;
   if (quantized && plan_.device().is_cuda()) {
-    tables_ = four_bit ? backend::upload(plan_.device(), &backend::quant_tables4(), sizeof(backend::QuantTables4))
-                       : backend::upload(plan_.device(), &backend::quant_tables(), sizeof(backend::QuantTables));
+    tables_ = four_bit ? spec::upload(plan_.device(), &spec::quant_tables4(), sizeof(spec::QuantTables4))
+                       : spec::upload(plan_.device(), &spec::quant_tables(), sizeof(spec::QuantTables));
   }
   set_hyperparameters(hyperparameters);
 }
@@ -128,7 +128,7 @@ void AdamPlan::step(const AdamStepInputs& in, Stream stream) const {
   const Device device = plan_.device();
   if (plan_.empty()) return;
 
-  backend::AdamLaunch launch;
+  spec::AdamLaunch launch;
   launch.inputs = in;
   launch.max_list = lists_.max_exp_avg_sq;
   launch.copy_list = lists_.model_copy;
@@ -137,14 +137,14 @@ void AdamPlan::step(const AdamStepInputs& in, Stream stream) const {
   launch.moment_bits = moment_bits_;
   if (moment_bits_ == 4) {
     launch.tables4 =
-        device.is_cuda() ? static_cast<const backend::QuantTables4*>(tables_.get()) : &backend::quant_tables4();
+        device.is_cuda() ? static_cast<const spec::QuantTables4*>(tables_.get()) : &spec::quant_tables4();
   } else {
     launch.tables =
-        device.is_cuda() ? static_cast<const backend::QuantTables*>(tables_.get()) : &backend::quant_tables();
+        device.is_cuda() ? static_cast<const spec::QuantTables*>(tables_.get()) : &spec::quant_tables();
   }
   launch.groups = hyper_.on(device);
-  if (device.is_cuda()) backend::adam_cuda(plan_, launch, stream);
-  else backend::adam_cpu(plan_, launch);
+  if (device.is_cuda()) spec::adam_cuda(plan_, launch, stream);
+  else spec::adam_cpu(plan_, launch);
 }
 
 void adam_step(const AdamTensors& tensors, const AdamHyperparameters& hyperparameters, const AdamStepInputs& inputs,

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "backend/cuda_runtime.h"
+#include "spec/cuda_runtime.h"
 #include "gradkit/core/error.h"
 
 namespace gradkit::ops {
@@ -18,7 +18,7 @@ void check_device_scalar(std::string_view op, std::string_view arg, const void* 
     throw_argument_error(ErrorCode::invalid_argument, op, arg,
                          "is not aligned to its " + std::to_string(alignment) + "-byte type; expected an aligned pointer");
   }
-  backend::check_memory_location(op, arg, 0, TensorView{const_cast<void*>(pointer), 1, DType::f32, device});
+  spec::check_memory_location(op, arg, 0, TensorView{const_cast<void*>(pointer), 1, DType::f32, device});
 }
 
 }  // namespace gradkit::ops

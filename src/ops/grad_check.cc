@@ -3,7 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "backend/grad_check.h"
+#include "spec/grad_check.h"
 #include "gradkit/core/error.h"
 #include "ops/device_scalar.h"
 
@@ -51,15 +51,15 @@ void GradientCheckPlan::check(const GradientCheckOutputs& out, float loss_scale,
   const Device device = plan_.num_tensors() > 0 ? plan_.device() : Device::cpu();
   check_outputs(kOp, out, loss_scale, loss_scale_device, device);
 
-  backend::GradCheckLaunch launch;
+  spec::GradCheckLaunch launch;
   launch.options = options_;
   launch.outputs = out;
   launch.loss_scale = loss_scale;
   launch.loss_scale_device = loss_scale_device;
   launch.partial_norms = static_cast<double*>(scratch_.data());
   launch.partial_flags = reinterpret_cast<bool*>(launch.partial_norms + plan_.chunks().size());
-  if (device.is_cuda()) backend::grad_check_cuda(plan_, launch, stream);
-  else backend::grad_check_cpu(plan_, launch);
+  if (device.is_cuda()) spec::grad_check_cuda(plan_, launch, stream);
+  else spec::grad_check_cpu(plan_, launch);
 }
 
 void GradientCheckPlan::combine(const double* partials, int count, const GradientCheckOutputs& out, float loss_scale,
@@ -73,13 +73,13 @@ void GradientCheckPlan::combine(const double* partials, int count, const Gradien
     throw_argument_error(ErrorCode::invalid_argument, op, out.tensor_norms != nullptr ? "tensor_norms" : "partial",
                          "is given, expected null (combine writes the global results only)");
   }
-  backend::GradCheckLaunch launch;
+  spec::GradCheckLaunch launch;
   launch.options = options_;
   launch.outputs = out;
   launch.loss_scale = loss_scale;
   launch.loss_scale_device = loss_scale_device;
-  if (device.is_cuda()) backend::grad_check_combine_cuda(device, partials, count, launch, stream);
-  else backend::grad_check_combine_cpu(partials, count, launch);
+  if (device.is_cuda()) spec::grad_check_combine_cuda(device, partials, count, launch, stream);
+  else spec::grad_check_combine_cpu(partials, count, launch);
 }
 
 }  // namespace gradkit

@@ -6,8 +6,8 @@
 #include <array>
 #include <string>
 
-#include "backend/cuda_runtime.h"
-#include "backend/gradient.h"
+#include "spec/cuda_runtime.h"
+#include "spec/gradient.h"
 #include "gradkit/core/error.h"
 #include "ops/device_scalar.h"
 
@@ -56,7 +56,7 @@ MultiTensorPlan make_accumulate_plan(std::string_view op, std::span<const Tensor
 void run_accumulate(std::string_view op, const MultiTensorPlan& plan, Flag do_update, Flag overwrite,
                     Flag updated, Stream stream) {
   const Device device = plan.device();
-  backend::AccumulateArgs args;
+  spec::AccumulateArgs args;
   args.do_update = flag_pointer(op, "do_update", do_update, device);
   args.overwrite = flag_pointer(op, "overwrite", overwrite, device);
   args.overwrite_value = overwrite.where == Flag::Where::host && overwrite.host_value;
@@ -64,12 +64,12 @@ void run_accumulate(std::string_view op, const MultiTensorPlan& plan, Flag do_up
   const bool skip = do_update.where == Flag::Where::host && !do_update.host_value;
 
   if (!skip) {
-    if (device.is_cuda()) backend::accumulate_cuda(plan, args, stream);
-    else backend::accumulate_cpu(plan, args);
+    if (device.is_cuda()) spec::accumulate_cuda(plan, args, stream);
+    else spec::accumulate_cpu(plan, args);
   }
   if (updated.where == Flag::Where::host) *updated.pointer = true;
   if (updated.where == Flag::Where::device) {
-    if (device.is_cuda()) backend::set_device_flag_cuda(device, updated.pointer, stream);
+    if (device.is_cuda()) spec::set_device_flag_cuda(device, updated.pointer, stream);
     else *updated.pointer = true;
   }
 }
@@ -89,8 +89,8 @@ ZeroPlan::ZeroPlan(std::span<const TensorView> buffers) {
 
 void ZeroPlan::run(Stream stream) const {
   if (plan_.empty()) return;
-  if (plan_.device().is_cuda()) backend::zero_cuda(plan_, stream);
-  else backend::zero_cpu(plan_);
+  if (plan_.device().is_cuda()) spec::zero_cuda(plan_, stream);
+  else spec::zero_cpu(plan_);
 }
 
 AccumulatePlan::AccumulatePlan(std::span<const TensorView> buffers, std::span<const TensorView> values)

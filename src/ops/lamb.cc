@@ -4,10 +4,10 @@
 #include <cmath>
 #include <string>
 
-#include "backend/cuda_runtime.h"
-#include "backend/lamb.h"
-#include "backend/quant_tables.h"
-#include "gradkit/ops/blockwise.h"
+#include "spec/cuda_runtime.h"
+#include "spec/lamb.h"
+#include "spec/low_bit_tables.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
 #include "ops/device_scalar.h"
@@ -84,8 +84,8 @@ LambPlan::LambPlan(const LambTensors& t, std::span<const LambHyperparameters> hy
                                .u8_moments = true});
   moment_bits_ = quantized ? bits : 0;
   if (quantized && plan_.device().is_cuda()) {
-    tables_ = bits == 4 ? backend::upload(plan_.device(), &backend::quant_tables4(), sizeof(backend::QuantTables4))
-                        : backend::upload(plan_.device(), &backend::quant_tables(), sizeof(backend::QuantTables));
+    tables_ = bits == 4 ? spec::upload(plan_.device(), &spec::quant_tables4(), sizeof(spec::QuantTables4))
+                        : spec::upload(plan_.device(), &spec::quant_tables(), sizeof(spec::QuantTables));
   }
   scratch_ = Buffer(plan_.device(), (2 * sizeof(double)) * plan_.chunks().size() + sizeof(float) * plan_.num_tensors());
   set_hyperparameters(hyperparameters);
@@ -133,7 +133,7 @@ void LambPlan::validate_inputs(const LambStepInputs& in) const {
 void LambPlan::step(const LambStepInputs& in, Stream stream) const {
   validate_inputs(in);
   if (in.do_update.where == Flag::Where::host && !in.do_update.host_value) return;  // nothing written, step kept
-  backend::LambLaunch launch;
+  spec::LambLaunch launch;
   launch.inputs = in;
   launch.do_update = in.do_update.where == Flag::Where::device ? in.do_update.pointer : nullptr;
   launch.partials = static_cast<double*>(scratch_.data());
@@ -145,13 +145,13 @@ void LambPlan::step(const LambStepInputs& in, Stream stream) const {
   launch.moment_bits = moment_bits_;
   const bool cuda = plan_.device().is_cuda();
   if (moment_bits_ == 4) {
-    launch.tables4 = cuda ? static_cast<const backend::QuantTables4*>(tables_.get()) : &backend::quant_tables4();
+    launch.tables4 = cuda ? static_cast<const spec::QuantTables4*>(tables_.get()) : &spec::quant_tables4();
   } else {
-    launch.tables = cuda ? static_cast<const backend::QuantTables*>(tables_.get()) : &backend::quant_tables();
+    launch.tables = cuda ? static_cast<const spec::QuantTables*>(tables_.get()) : &spec::quant_tables();
   }
   launch.groups = hyper_.on(plan_.device());
-  if (plan_.device().is_cuda()) backend::lamb_cuda(plan_, launch, stream);
-  else backend::lamb_cpu(plan_, launch);
+  if (plan_.device().is_cuda()) spec::lamb_cuda(plan_, launch, stream);
+  else spec::lamb_cpu(plan_, launch);
 }
 
 void lamb_step(const LambTensors& tensors, const LambHyperparameters& hyperparameters, const LambStepInputs& inputs,

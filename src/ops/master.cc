@@ -1,11 +1,11 @@
 // Whole-tensor conversions between f32 masters and (bf16 weight, remainder)
-// pairs, with the element formulas the kernels use (backend/master_math.h).
+// pairs, with the element formulas the kernels use (spec/master_math.h).
 #include "gradkit/ops/master.h"
 
 #include <string>
 #include <vector>
 
-#include "backend/master_math.h"
+#include "spec/master_math.h"
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
 #include "ops/host_staging.h"
@@ -29,7 +29,7 @@ void split_masters(const TensorView& masters, const TensorView& weights, const T
   const std::vector<float> m = ops::to_host<float>(masters);
   std::vector<uint16_t> w(m.size());
   std::vector<int16_t> r(m.size());
-  for (size_t i = 0; i < m.size(); ++i) backend::split_master(m[i], w[i], r[i]);
+  for (size_t i = 0; i < m.size(); ++i) spec::split_master(m[i], w[i], r[i]);
   copy_from_host(weights.data, weights.device, w.data(), w.size() * sizeof(uint16_t));
   copy_from_host(remainder.data, remainder.device, r.data(), r.size() * sizeof(int16_t));
 }
@@ -39,7 +39,7 @@ void join_masters(const TensorView& weights, const TensorView& remainder, const 
   const std::vector<uint16_t> w = ops::to_host<uint16_t>(weights);
   const std::vector<int16_t> r = ops::to_host<int16_t>(remainder);
   std::vector<float> m(w.size());
-  for (size_t i = 0; i < m.size(); ++i) m[i] = backend::join_master(w[i], r[i]);
+  for (size_t i = 0; i < m.size(); ++i) m[i] = spec::join_master(w[i], r[i]);
   copy_from_host(masters.data, masters.device, m.data(), m.size() * sizeof(float));
 }
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <tuple>
 
-#include "backend/muon.h"
-#include "backend/muon_math.h"
+#include "spec/muon.h"
+#include "spec/muon_math.h"
 #include "gradkit/core/error.h"
 #include "ops/device_scalar.h"
 #include "ops/muon_common.h"
@@ -131,7 +131,7 @@ void validate(const MuonHyperparameters& h, std::string_view op, const std::stri
 }
 
 double muon_adjusted_lr(const MuonHyperparameters& h, int64_t rows, int64_t cols) {
-  return h.lr * backend::muon_lr_ratio(h, rows, cols);
+  return h.lr * spec::muon_lr_ratio(h, rows, cols);
 }
 
 MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hyperparameters,
@@ -167,25 +167,25 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
                                                {"momentum", momentum, true}};
     batch.plan = MultiTensorPlan(kOp, batch_lists);
     batch.count = static_cast<int64_t>(batch.sources.size());
-    bytes.push_back(device().is_cuda() ? backend::muon_cuda_workspace_bytes(batch)
-                                       : backend::muon_cpu_workspace_bytes(batch));
+    bytes.push_back(device().is_cuda() ? spec::muon_cuda_workspace_bytes(batch)
+                                       : spec::muon_cpu_workspace_bytes(batch));
   }
   Concurrency together = plan_concurrency(device(), bytes, options.streams);
   offsets_ = std::move(together.offsets);
   lanes_ = together.lanes;
   const size_t workspace = together.workspace;
-  if (device().is_cuda()) gemm_ = backend::muon_cuda_gemm(device(), lanes_);
+  if (device().is_cuda()) gemm_ = spec::muon_cuda_gemm(device(), lanes_);
   workspace_ = Buffer(device(), workspace);
   hyper_.set(kOp, hyperparameters, device());
-  if (device().is_cuda()) backend::muon_cuda_prepare(gemm_.get(), launches({}));
+  if (device().is_cuda()) spec::muon_cuda_prepare(gemm_.get(), launches({}));
 }
 
-std::vector<backend::MuonLaunch> MuonPlan::launches(const MuonStepInputs& in) const {
-  std::vector<backend::MuonLaunch> out;
+std::vector<spec::MuonLaunch> MuonPlan::launches(const MuonStepInputs& in) const {
+  std::vector<spec::MuonLaunch> out;
   for (size_t b = 0; b < batches_.size(); ++b) {
     const Batch& batch = batches_[b];
     const auto group = static_cast<size_t>(batch.group);
-    backend::MuonLaunch launch{&batch,        &hyper_.host()[group],
+    spec::MuonLaunch launch{&batch,        &hyper_.host()[group],
                                hyper_.on(device()) + group,
                                workspace_.data(), gemm_.get(),
                                in.found_inf,  in.grad_scale,
@@ -216,11 +216,11 @@ void MuonPlan::validate_inputs(const MuonStepInputs& in) const { check_step_inpu
 
 void MuonPlan::step(const MuonStepInputs& in, Stream stream) const {
   validate_inputs(in);
-  const std::vector<backend::MuonLaunch> all = launches(in);
+  const std::vector<spec::MuonLaunch> all = launches(in);
   if (device().is_cuda()) {
-    backend::muon_cuda_step(gemm_.get(), all, !offsets_.empty(), options_.graphs, stream);
+    spec::muon_cuda_step(gemm_.get(), all, !offsets_.empty(), options_.graphs, stream);
   } else {
-    for (const backend::MuonLaunch& launch : all) backend::muon_cpu(launch);
+    for (const spec::MuonLaunch& launch : all) spec::muon_cpu(launch);
   }
 }
 

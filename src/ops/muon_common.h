@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/muon.h"
+#include "spec/muon.h"
 #include "gradkit/core/multi_tensor_plan.h"
 #include "gradkit/ops/muon.h"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <tuple>
 
-#include "backend/muon.h"
+#include "spec/muon.h"
 #include "gradkit/core/error.h"
 #include "ops/muon_common.h"
 
@@ -238,7 +238,7 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
   owner_buffer_ = Buffer(device(), bf16_bytes(owner_at_.back()));
   const TensorView shard_all = shard_buffer_.view(DType::bf16, 0, shard_at_.back());
 
-  std::vector<backend::MuonPiece> pieces;
+  std::vector<spec::MuonPiece> pieces;
   std::vector<size_t> owned_bytes;
   for (size_t k = 0; k < batches.size(); ++k) {
     const MatrixBatch& b = batches[k];
@@ -278,8 +278,8 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
     const int64_t elements = b.rows * b.cols, chunk = MultiTensorPlan::kDefaultChunkElements;
     const auto chunks = static_cast<size_t>(owned.count * ((elements + chunk - 1) / chunk));
     owned_bytes.push_back(device().is_cuda()
-                              ? backend::muon_cuda_workspace_bytes(owned.count, b.rows, b.cols, chunks)
-                              : backend::muon_cpu_workspace_bytes(owned.count, b.rows, b.cols, chunks));
+                              ? spec::muon_cuda_workspace_bytes(owned.count, b.rows, b.cols, chunks)
+                              : spec::muon_cpu_workspace_bytes(owned.count, b.rows, b.cols, chunks));
     owned_.push_back(std::move(owned));
     owned_bucket_.push_back(bucket_of[k]);
   }
@@ -289,7 +289,7 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
   workspace_ = Buffer(device(), std::max<size_t>(together.workspace, 256));
   // An owned batch's plan lists its matrices where the workspace holds them
   // (its chunks are those of MuonPlan's batch: the same norms, bit for bit).
-  const DType dtype = backend::muon_workspace_dtype(device());
+  const DType dtype = spec::muon_workspace_dtype(device());
   for (size_t b = 0; b < owned_.size(); ++b) {
     MuonPlan::Batch& owned = owned_[b];
     const size_t base = offsets_.empty() ? 0 : offsets_[b];
@@ -301,18 +301,18 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
     const std::vector<PlanList> owned_lists = {{"matrices", matrices, true}};
     owned.plan = MultiTensorPlan(kOp, owned_lists);
   }
-  pieces_ = Buffer(device(), std::max<size_t>(256, pieces.size() * sizeof(backend::MuonPiece)));
-  if (!pieces.empty()) copy_from_host(pieces_.data(), device(), pieces.data(), pieces.size() * sizeof(backend::MuonPiece));
+  pieces_ = Buffer(device(), std::max<size_t>(256, pieces.size() * sizeof(spec::MuonPiece)));
+  if (!pieces.empty()) copy_from_host(pieces_.data(), device(), pieces.data(), pieces.size() * sizeof(spec::MuonPiece));
   hyper_.set(kOp, hyperparameters, device());
   // Buckets' products at once when no two owned batches share a workspace
   // or a lane (b % lanes_); else one side stream takes them in order.
   at_once_ = device().is_cuda() && !offsets_.empty() && owned_.size() <= static_cast<size_t>(lanes_);
   if (device().is_cuda()) {
-    rows_gemm_ = backend::muon_cuda_gemm(device(), 0, false);
-    update_gemm_ = backend::muon_cuda_gemm(device(), 0, false);
+    rows_gemm_ = spec::muon_cuda_gemm(device(), 0, false);
+    update_gemm_ = spec::muon_cuda_gemm(device(), 0, false);
     const auto buckets = static_cast<int>(num_buckets());
-    owned_gemm_ = backend::muon_cuda_gemm(device(), lanes_, true, at_once_ ? buckets : 1, buckets);
-    backend::muon_cuda_prepare(owned_gemm_.get(), launches({}, kOrthogonalize, kAllBuckets));
+    owned_gemm_ = spec::muon_cuda_gemm(device(), lanes_, true, at_once_ ? buckets : 1, buckets);
+    spec::muon_cuda_prepare(owned_gemm_.get(), launches({}, kOrthogonalize, kAllBuckets));
   }
 }
 
@@ -370,11 +370,11 @@ int32_t MuonShardedPlan::owner(size_t tensor, int64_t matrix) const { return own
 
 size_t MuonShardedPlan::bucket(size_t tensor, int64_t matrix) const { return buckets_[matrix_index(tensor, matrix)]; }
 
-std::vector<backend::MuonLaunch> MuonShardedPlan::launches(const MuonStepInputs& in, int stage, size_t bucket) const {
-  std::vector<backend::MuonLaunch> out;
-  const auto add = [&](const MuonPlan::Batch& batch, backend::MuonStage s) -> backend::MuonLaunch& {
+std::vector<spec::MuonLaunch> MuonShardedPlan::launches(const MuonStepInputs& in, int stage, size_t bucket) const {
+  std::vector<spec::MuonLaunch> out;
+  const auto add = [&](const MuonPlan::Batch& batch, spec::MuonStage s) -> spec::MuonLaunch& {
     const auto group = static_cast<size_t>(batch.group);
-    backend::MuonLaunch l{&batch, &hyper_.host()[group], hyper_.on(device()) + group, nullptr, nullptr,
+    spec::MuonLaunch l{&batch, &hyper_.host()[group], hyper_.on(device()) + group, nullptr, nullptr,
                           in.found_inf, in.grad_scale, in.grad_scale_device, options_.split_from};
     l.stage = s;
     l.ranks = ranks_;
@@ -382,10 +382,10 @@ std::vector<backend::MuonLaunch> MuonShardedPlan::launches(const MuonStepInputs&
   };
   const auto wanted = [&](size_t in_bucket) { return bucket == kAllBuckets || in_bucket == bucket; };
   if (stage == kOrthogonalize) {
-    const auto* pieces = static_cast<const backend::MuonPiece*>(pieces_.data());
+    const auto* pieces = static_cast<const spec::MuonPiece*>(pieces_.data());
     for (size_t b = 0; b < owned_.size(); ++b) {
       if (!wanted(owned_bucket_[b])) continue;
-      backend::MuonLaunch& l = add(owned_[b], backend::MuonStage::orthogonalize);
+      spec::MuonLaunch& l = add(owned_[b], spec::MuonStage::orthogonalize);
       l.gemm = owned_gemm_.get();
       l.workspace = static_cast<unsigned char*>(workspace_.data()) + (offsets_.empty() ? 0 : offsets_[b]);
       if (!offsets_.empty()) l.lane = static_cast<int>(b % static_cast<size_t>(lanes_));
@@ -396,7 +396,7 @@ std::vector<backend::MuonLaunch> MuonShardedPlan::launches(const MuonStepInputs&
   }
   for (size_t b = 0; b < rows_.size(); ++b) {
     if (!rows_[b].plan.empty() && wanted(rows_bucket_[b])) {
-      add(rows_[b], stage == kMomentum ? backend::MuonStage::momentum : backend::MuonStage::update);
+      add(rows_[b], stage == kMomentum ? spec::MuonStage::momentum : spec::MuonStage::update);
     }
   }
   return out;
@@ -406,17 +406,17 @@ void MuonShardedPlan::validate_inputs(const MuonStepInputs& in) const { check_st
 
 void MuonShardedPlan::run(int stage, size_t bucket, const MuonStepInputs& in, Stream stream) const {
   validate_inputs(in);
-  const std::vector<backend::MuonLaunch> all = launches(in, stage, bucket);
+  const std::vector<spec::MuonLaunch> all = launches(in, stage, bucket);
   if (all.empty()) return;
   if (!device().is_cuda()) {
-    for (const backend::MuonLaunch& launch : all) backend::muon_cpu(launch);
+    for (const spec::MuonLaunch& launch : all) spec::muon_cpu(launch);
     return;
   }
   // A recording per bucket, and one for every bucket at once (the last slot).
   const size_t slot = bucket == kAllBuckets ? num_buckets() : bucket;
   const void* gemm = stage == kMomentum ? rows_gemm_.get() : stage == kUpdate ? update_gemm_.get() : owned_gemm_.get();
   const bool concurrent = stage == kOrthogonalize && !offsets_.empty();
-  backend::muon_cuda_step(gemm, all, concurrent, options_.graphs, stream, slot);
+  spec::muon_cuda_step(gemm, all, concurrent, options_.graphs, stream, slot);
 }
 
 void MuonShardedPlan::momentum(size_t bucket, const MuonStepInputs& in, Stream stream) const {
@@ -432,12 +432,12 @@ void MuonShardedPlan::orthogonalize_beside(size_t bucket, const MuonStepInputs& 
   checked(bucket);
   if (!device().is_cuda()) return run(kOrthogonalize, bucket, in, stream);
   validate_inputs(in);
-  backend::muon_cuda_beside(owned_gemm_.get(), launches(in, kOrthogonalize, bucket), !offsets_.empty(),
+  spec::muon_cuda_beside(owned_gemm_.get(), launches(in, kOrthogonalize, bucket), !offsets_.empty(),
                             options_.graphs, stream, bucket, at_once_ ? bucket : 0);
 }
 void MuonShardedPlan::join(size_t bucket, Stream stream) const {
   checked(bucket);
-  if (device().is_cuda()) backend::muon_cuda_join(owned_gemm_.get(), stream, bucket);
+  if (device().is_cuda()) spec::muon_cuda_join(owned_gemm_.get(), stream, bucket);
 }
 void MuonShardedPlan::momentum(const MuonStepInputs& in, Stream stream) const {
   run(kMomentum, kAllBuckets, in, stream);

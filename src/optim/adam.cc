@@ -3,9 +3,9 @@
 #include <cstring>
 #include <string>
 
-#include "backend/step_counter.h"
+#include "spec/step_counter.h"
 #include "gradkit/core/error.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/optim/state_file.h"
 #include "optim/hyperparameter_io.h"
 #include "optim/moment_storage.h"
@@ -86,7 +86,7 @@ void Adam::step(Stream stream, const bool* found_inf, const float* grad_scale_de
   in.grad_scale_device = grad_scale_device;
   in.found_inf = found_inf;
   plan_.validate_inputs(in);
-  backend::increment_counter(device_, step_count_device(), found_inf, stream);
+  spec::increment_counter(device_, step_count_device(), found_inf, stream);
   plan_.step(in, stream);
 }
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "backend/loss_scaler.h"
+#include "spec/loss_scaler.h"
 #include "gradkit/core/error.h"
 #include "ops/device_scalar.h"
 
@@ -33,9 +33,9 @@ void LossScaler::update(const bool* found_inf, Stream stream) {
   require_state("update");
   ops::check_device_scalar(kOp, "found_inf", found_inf, state_.device(), false);
   if (state_.device().is_cuda()) {
-    backend::update_loss_scale_cuda(state_device(), found_inf, options_, state_.device(), stream);
+    spec::update_loss_scale_cuda(state_device(), found_inf, options_, state_.device(), stream);
   } else {
-    backend::update_loss_scale(*state_device(), *found_inf, options_);
+    spec::update_loss_scale(*state_device(), *found_inf, options_);
   }
 }
 

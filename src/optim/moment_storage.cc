@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/ops/gradient.h"
 
 namespace gradkit {

@@ -10,7 +10,7 @@
 
 #include "gradkit/core/error.h"
 #include "gradkit/core/memory.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/optim/loss_scaler.h"
 #include "gradkit/optim/state_file.h"
 
@@ -98,7 +98,7 @@ Buffer allocate_pinned_moments(const std::vector<TensorView>& params, DType dtyp
 std::vector<TensorView> moment_views(const Buffer& buffer, const std::vector<TensorView>& params, DType dtype,
                                      int count, int k);
 
-// The absmax lists of 8-bit moments (gradkit/ops/blockwise.h): for each
+// The absmax lists of 8-bit moments (gradkit/ops/low_bit.h): for each
 // param, quant_blocks(numel) f32 values for exp_avg and as many for
 // exp_avg_sq, zero-filled (zero-filled codes then decode to 0), in one buffer.
 // `block`: kQuantBlock, or kQuant4Block for 4-bit moments.

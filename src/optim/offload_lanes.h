@@ -1,7 +1,7 @@
 // The CUDA streams and host work of an offloaded optimizer step, behind a
 // plain C++ interface so that optim/ compiles without CUDA headers.
 // Implemented in src/cuda/offload_lanes.cu, or by
-// src/optim/offload_lanes_nocuda.cc in a build without CUDA (where making
+// src/optim/no_cuda.cc in a build without CUDA (where making
 // one throws backend_unavailable).
 #pragma once
 

@@ -6,7 +6,7 @@
 #include <type_traits>
 
 #include "gradkit/core/error.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "optim/moment_storage.h"
 #include "optim/offloaded_parts.h"
 

@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "backend/cuda_runtime.h"
+#include "spec/cuda_runtime.h"
 #include "gradkit/core/error.h"
 #include "optim/offloaded_parts.h"
 
@@ -65,7 +65,7 @@ void Offloaded<Optimizer>::bucket_ready(int bucket, Stream stream, std::span<con
       if (now.data == nullptr && now.numel > 0) {
         throw_argument_error(ErrorCode::null_pointer, OffloadTraits<Optimizer>::op, name, "is a null pointer with elements");
       }
-      backend::check_memory_location(OffloadTraits<Optimizer>::op, "grads", i, now);
+      spec::check_memory_location(OffloadTraits<Optimizer>::op, "grads", i, now);
     }
     for (size_t i = 0; i < grads.size(); ++i) {
       grads_moved_ = grads_moved_ || grads_[tensors[i]].data != grads[i].data;

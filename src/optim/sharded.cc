@@ -9,7 +9,7 @@
 
 #include "comm/stream_order.h"
 #include "gradkit/core/error.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "optim/moment_storage.h"
 #include "optim/sharded_parts.h"
 

@@ -24,7 +24,7 @@
 #include "comm/comm_test_support.h"
 #include "gradkit/comm/gradient_arena.h"
 #include "gradkit/core/error.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/ops/grad_check.h"
 #include "gradkit/optim/mixed_precision.h"
 #include "gradkit/optim/sharded.h"

@@ -10,10 +10,10 @@
 
 #include "gradkit/core/memory.h"
 #include "gradkit/ops/adam.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/ops/master.h"
 #include "support/adam_config.h"
-#include "support/eight_bit.h"
+#include "support/low_bit_checks.h"
 #include "support/low_bit_moments.h"
 #include "support/test_tensor.h"
 

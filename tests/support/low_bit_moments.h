@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "support/test_tensor.h"
 
 namespace gradkit::test {

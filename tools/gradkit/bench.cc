@@ -17,7 +17,7 @@
 #include "bench_device.h"
 #include "gradkit/core/error.h"
 #include "gradkit/ops/adam.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/ops/gradient.h"
 #include "gradkit/ops/lamb.h"
 #include "gradkit/optim/mixed_precision.h"
@@ -88,7 +88,7 @@ std::function<void()> prepare_adam(BenchDevice& dev, const Workload& w, DType gr
 }
 
 // f32 weights and gradients with 8- or 4-bit blockwise moments (gradkit/
-// ops/blockwise.h): the lists w, g, m's codes, v's codes, m's absmax, v's absmax.
+// ops/low_bit.h): the lists w, g, m's codes, v's codes, m's absmax, v's absmax.
 // With bf16 weights (`weights`): bf16 gradients too, and the i16 remainder
 // list last.
 std::shared_ptr<std::vector<TensorList>> low_bit_lists(BenchDevice& dev, const Workload& w, int32_t bits,

@@ -50,7 +50,7 @@ namespace gradkit {
 // weights bf16 with their remainder (i16), gradients f32/f16/bf16, moments
 // f32, bf16 or u8, no model copy; or everything f64 (no copy).
 //
-// u8 moments are 8-bit blockwise (gradkit/ops/blockwise.h): exp_avg with
+// u8 moments are 8-bit blockwise (gradkit/ops/low_bit.h): exp_avg with
 // the signed code, exp_avg_sq with the unsigned one, each with its f32
 // absmax list (quant_blocks(numel) elements per tensor); no amsgrad. With
 // moment_bits = 4 they are 4-bit blockwise instead (docs/ops.md).
@@ -68,7 +68,7 @@ struct AdamTensors {
   std::span<const TensorView> weight_remainder;
   // u8 moments: 8 (one code a byte, blocks of kQuantBlock) or 4 (two codes a
   // byte, quant4_bytes(numel) bytes per tensor; blocks of kQuant4Block, so
-  // quant4_blocks(numel) absmax values: gradkit/ops/blockwise.h).
+  // quant4_blocks(numel) absmax values: gradkit/ops/low_bit.h).
   int32_t moment_bits = 8;
 };
 

@@ -51,7 +51,7 @@ namespace gradkit {
 // w_new - w instead of writing the weights, when given.
 //
 // u8 moments are 8-bit blockwise exactly as adam_step's (gradkit/ops/
-// blockwise.h): exp_avg with the signed code, exp_avg_sq with the unsigned
+// low_bit.h): exp_avg with the signed code, exp_avg_sq with the unsigned
 // one, each with its f32 absmax list (quant_blocks(numel) elements per
 // tensor); with moment_bits = 4, 4-bit blockwise as adam_step's
 // (quant4_bytes(numel) bytes, quant4_blocks(numel) absmax values). A block is

@@ -19,8 +19,8 @@
 
 namespace gradkit {
 
-namespace backend {
-struct MuonLaunch;  // src/backend/muon.h
+namespace spec {
+struct MuonLaunch;  // src/spec/muon.h
 }
 
 // How the learning rate is scaled by each matrix's shape (rows A, columns B):
@@ -149,8 +149,8 @@ class MuonPlan {
   };
 
  private:
-  // Each batch's launch of a step (src/backend/muon.h).
-  std::vector<backend::MuonLaunch> launches(const MuonStepInputs& inputs) const;
+  // Each batch's launch of a step (src/spec/muon.h).
+  std::vector<spec::MuonLaunch> launches(const MuonStepInputs& inputs) const;
 
   MultiTensorPlan all_;  // the whole tensors, validated once
   detail::GroupTable<MuonHyperparameters> hyper_;  // host, and on the device for the kernels

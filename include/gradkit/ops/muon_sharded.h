@@ -116,7 +116,7 @@ class MuonShardedPlan {
  private:
   // A part's launches for one bucket, or every bucket's (kAllBuckets).
   static constexpr size_t kAllBuckets = ~size_t{0};
-  std::vector<backend::MuonLaunch> launches(const MuonStepInputs& inputs, int stage, size_t bucket) const;
+  std::vector<spec::MuonLaunch> launches(const MuonStepInputs& inputs, int stage, size_t bucket) const;
   void run(int stage, size_t bucket, const MuonStepInputs& inputs, Stream stream) const;
   size_t checked(size_t bucket) const;  // the bucket, refused if there is none such
   size_t matrix_index(size_t tensor, int64_t matrix) const;  // in the global list, refused if out of range

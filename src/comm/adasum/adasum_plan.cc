@@ -1,7 +1,7 @@
 // Adasum's driver: validates the list and options, works out this rank's
 // schedule (schedule.cc) once, uploads its tables, and on each run moves the
 // data between ranks with the communicator's point-to-point primitives and
-// calls the device's arithmetic (adasum_device.h) in between.
+// calls the device's arithmetic (spec/adasum.h) in between.
 //
 // The per-tensor dot products and norms of a combining step are summed over
 // the 2d ranks holding the two vectors by recursive doubling on exchanges
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/adasum/adasum_device.h"
+#include "spec/adasum.h"
 #include "comm/adasum/schedule.h"
 #include "comm/fingerprint.h"
 #include "comm/tensor_list.h"

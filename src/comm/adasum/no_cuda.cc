@@ -1,6 +1,6 @@
 // A build without CUDA or without NCCL: Adasum runs on the MPI communicator
 // (host memory) only, and a CUDA list is refused with a clear error.
-#include "comm/adasum/adasum_device.h"
+#include "spec/adasum.h"
 #include "gradkit/core/error.h"
 
 namespace gradkit::comm::adasum {

@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cuda_runtime.h"
-#include "comm/nccl/divide.h"
+#include "spec/cuda_runtime.h"
+#include "spec/nccl_divide.h"
 #include "cuda/check.h"
 
 namespace gradkit::comm {

@@ -37,7 +37,7 @@
 
 #include "comm/layout_cache.h"
 #include "comm/mpi/mpi_channel.h"
-#include "comm/nccl/fusion_copy.h"
+#include "spec/fusion_copy.h"
 #include "comm/nccl/nccl_check.h"
 #include "comm/nccl/split_plan.h"
 #include "comm/nccl/watchdog.h"

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backend/cuda_runtime.h"
+#include "spec/cuda_runtime.h"
 #include "comm/mpi/mpi_channel.h"
 #include "comm/nccl/nccl_check.h"
 #include "comm/nccl/nccl_communicator.h"
@@ -28,7 +28,7 @@ std::unique_ptr<Communicator> create_nccl_communicator(const CommunicatorOptions
   }
   auto channel = std::make_unique<comm::MpiChannel>(comm, options.timeout);
   const int index = options.cuda_device >= 0 ? options.cuda_device : channel->local_rank();
-  const int visible = backend::cuda_device_count();
+  const int visible = spec::cuda_device_count();
   // Every rank learns whether every rank has its GPU before any of them
   // starts NCCL, so that a host short of GPUs fails everywhere at once
   // instead of leaving the others waiting.
@@ -86,7 +86,7 @@ std::unique_ptr<Communicator> create_nccl_communicator(const NcclUniqueId& id, i
                          "is " + std::to_string(options.cuda_device) +
                              ", expected -1 (the current device) or a CUDA device ordinal");
   }
-  const int visible = backend::cuda_device_count();
+  const int visible = spec::cuda_device_count();
   if (visible == 0) {
     throw Error(ErrorCode::backend_unavailable,
                 std::string(op) + ": rank " + std::to_string(rank) + " sees no CUDA device");

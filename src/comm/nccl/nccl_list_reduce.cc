@@ -6,7 +6,7 @@
 #include <memory>
 #include <span>
 
-#include "comm/nccl/divide.h"
+#include "spec/nccl_divide.h"
 #include "comm/nccl/nccl_communicator.h"
 #include "cuda/check.h"
 

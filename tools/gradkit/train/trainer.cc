@@ -19,7 +19,7 @@
 #include "gradkit/comm/communicator.h"
 #include "gradkit/comm/gradient_arena.h"
 #include "gradkit/core/error.h"
-#include "gradkit/ops/blockwise.h"
+#include "gradkit/ops/low_bit.h"
 #include "gradkit/ops/gradient.h"
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/lamb.h"
