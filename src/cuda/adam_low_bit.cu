@@ -18,6 +18,7 @@
 #include "spec/low_bit_int8_math.h"
 #include "spec/master_math.h"
 #include "cuda/adam_launch.cuh"
+#include "cuda/adam_low_bit_tuning.cuh"
 #include "cuda/low_bit_codecs.cuh"
 #include "cuda/low_bit_lanes.cuh"
 #include "cuda/denominator_lanes.cuh"
@@ -58,76 +59,31 @@ template <class Codec, class W, class G, class Copy, bool kRemainder>
 struct AdamLowBitOp {
   using Tables = typename Codec::Tables;
   static constexpr bool kCopy = !std::is_same_v<Copy, NoCopy>;
-  // Threads a block and blocks kept per multiprocessor (so the register
-  // budget), per form: 8-bit 256 x 3 (80 registers), its remainder form
-  // 256 x 4 (64 registers, fewer bytes in flight a round), 4-bit 512 x 2 (64
-  // registers), the fastest over the GPT-2 list (measured:
-  // bench/log/2026-11-26.md, "block sizes and register budgets";
-  // bench/log/2026-11-28.md, "the remainder form at four blocks"). 16 warps a
-  // block do not build for the staged forms (their slot and tables pass the
-  // 48 KB of static shared memory). A constant per form, so that a sweep's
-  // choice can set one (dev/gpu/kernel_variant.py).
-  static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
-  static constexpr int kBlockThreads = kEightBit ? 256 : 512;
-  static constexpr int kMinBlocks8Bit = 3;
-  static constexpr int kMinBlocks8BitRemainder = 4;
-  static constexpr int kMinBlocks4Bit = 2;
-  static constexpr int kMinBlocks =
-      kEightBit ? (kRemainder ? kMinBlocks8BitRemainder : kMinBlocks8Bit) : kMinBlocks4Bit;
-  // How many of its blocks ahead a warp asks L2 for (prefetch_l2), per form:
-  // only the 4-bit remainder form gains (measured: bench/log/2026-11-27.md,
-  // "the low-bit kernels on their words").
-  static constexpr int kPrefetch8Bit = 0;
-  static constexpr int kPrefetch8BitRemainder = 0;
-  static constexpr int kPrefetch4Bit = 0;
-  static constexpr int kPrefetch4BitRemainder = 1;
-  static constexpr int kPrefetchAhead = kEightBit ? (kRemainder ? kPrefetch8BitRemainder : kPrefetch8Bit)
-                                                  : (kRemainder ? kPrefetch4BitRemainder : kPrefetch4Bit);
-  // Whether whole spans are read and written in quads (cuda::LaneSpan), in
-  // a loop of their own, per form: faster for the 4-bit forms, slower for the
-  // 8-bit forms, which keep one loop (measured: bench/log/2026-11-27.md, "the
-  // 4-bit forms' accesses in quads").
-  static constexpr bool kQuads8Bit = false;
-  static constexpr bool kQuads4Bit = true;
-  static constexpr bool kQuads = kEightBit ? kQuads8Bit : kQuads4Bit;
-  // Whether the whole spans of a chunk come through shared memory, a round
+  // The form's entry of the tuning table (cuda/adam_low_bit_tuning.cuh,
+  // which says what each sets and why): the launch constants the driver
+  // reads (kBlockThreads, kMinBlocks, kChunkParts: cuda/multi_tensor.cuh),
+  // the L2 prefetch, whether whole spans go in quads (cuda::LaneSpan) in a
+  // loop of their own, and whether they come through shared memory, a round
   // of spans (one a warp) at a time, copied by the copy engine one round
-  // ahead (cuda/span_stage.cuh), per form; and whether lanes read them there
-  // in quads (no bank conflicts; 8 consecutive f32 a lane are two-way), and
-  // so write them in quads too. Staging pays for the 8-bit forms and costs
-  // the 4-bit forms; one copy a list a round, not one a warp, keeps the
-  // copies' operand moves off the element path (measured:
-  // bench/log/2026-11-27.md, "the 8-bit forms' spans through shared
-  // memory").
-  static constexpr bool kStage8Bit = true;
-  static constexpr bool kStage4Bit = false;
-  static constexpr bool kStage = (kEightBit ? kStage8Bit : kStage4Bit) && cuda::kCanStage;
-  static constexpr bool kStageQuads = true;
-  // A staged span's two absmax: copied with the round into the slot
-  // (kStageAbsmax), or loaded from the lists after the warp's read of the
-  // round, with the round's absmax asked of L2 as the round is asked for
-  // (kPrefetchAbsmax). Loaded from the lists without either, they are where
-  // the warps wait most; both 8-bit forms stage them (measured:
-  // bench/log/2026-11-27.md, "the absmax through the slot"). A block keeps
-  // one slot: more bytes in flight cost these kernels, so a second slot (a
-  // round asked two ahead) and L2 asks for later rounds are slower (measured:
-  // bench/log/2026-11-28.md, "two staging slots a block" and "two slots and
-  // L2 asked ahead").
-  static constexpr bool kStageAbsmax8Bit = true;
-  static constexpr bool kStageAbsmax = kStage && kStageAbsmax8Bit;
-  static constexpr bool kPrefetchAbsmax = true;
-  // Thread blocks per chunk (cuda/multi_tensor.cuh), each on whole warp
-  // spans, per form: two for the 8-bit forms, four for the 4-bit forms, which
-  // shortens the launch's tail (measured: bench/log/2026-11-27.md, "the
-  // low-bit kernels on their words"; bench/log/2026-11-28.md, "two blocks a
-  // chunk for the 8-bit forms"). Three parts would start the second part's
-  // absmax 8 bytes off the copy engine's 16, so none of its spans would be
-  // staged.
-  static constexpr int kChunkParts8Bit = 2;
-  static constexpr int kChunkParts8BitRemainder = 2;
-  static constexpr int kChunkParts4Bit = 4;
-  static constexpr int kChunkParts =
-      kEightBit ? (kRemainder ? kChunkParts8BitRemainder : kChunkParts8Bit) : kChunkParts4Bit;
+  // ahead (cuda/span_stage.cuh; sm_90 and later). A staged span's two
+  // absmax are copied with the round into the slot (kStageAbsmax), or loaded
+  // from the lists after the warp's read of the round, with the round's
+  // absmax asked of L2 as the round is asked for (kPrefetchAbsmax). A block
+  // keeps one slot: more bytes in flight cost these kernels, so a second
+  // slot (a round asked two ahead) and L2 asks for later rounds are slower
+  // (measured: bench/log/2026-11-28.md, "two staging slots a block" and "two
+  // slots and L2 asked ahead").
+  static constexpr bool kEightBit = std::is_same_v<Codec, Codec8>;
+  static constexpr cuda::AdamLowBitTuning kTuning = cuda::adam_low_bit_tuning(kEightBit, kRemainder);
+  static constexpr int kBlockThreads = kTuning.block_threads;
+  static constexpr int kMinBlocks = kTuning.min_blocks;
+  static constexpr int kChunkParts = kTuning.chunk_parts;
+  static constexpr int kPrefetchAhead = kTuning.prefetch_ahead;
+  static constexpr bool kQuads = kTuning.quads;
+  static constexpr bool kStage = kTuning.stage && cuda::kCanStage;
+  static constexpr bool kStageQuads = kTuning.stage_quads;
+  static constexpr bool kStageAbsmax = kStage && kTuning.stage_absmax;
+  static constexpr bool kPrefetchAbsmax = kTuning.prefetch_absmax;
   static constexpr int kPartAlign = kQuantBlock;
   // A staged round's lists in the block's slot, each list's spans in warp
   // order, each list at a multiple of kStageAlign: weights (f32, or bf16

@@ -17,6 +17,7 @@
 #include "cuda/low_bit_lanes.cuh"
 #include "cuda/denominator_lanes.cuh"
 #include "cuda/lamb_launch.cuh"
+#include "cuda/lamb_low_bit_tuning.cuh"
 #include "cuda/multi_tensor.cuh"
 #include "cuda/types.cuh"
 
@@ -57,19 +58,13 @@ struct NormsLowBitOp {
   using Tables = typename Codec::Tables;
   static constexpr int kChunkBlocks = static_cast<int>(MultiTensorPlan::kDefaultChunkElements / Codec::kBlock);
   static constexpr int kCodeBytes = Codec::kCodeBytes;
-  // Four blocks of 256 threads per multiprocessor (at most 64 registers;
-  // the block sums' order does not depend on the block's size), the fastest
-  // for pass 1 (measured: bench/log/2026-11-26.md, "block sizes and register
-  // budgets"; bench/log/2026-11-28.md, "LAMB's low-bit passes at four and
-  // five blocks"). (Named apart from kMinBlocks, so that
-  // dev/gpu/sweep-low-bit can set each pass's alone.)
-  static constexpr int kNormsBlocks = 4;
-  static constexpr int kBlockThreads = 256;
-  static constexpr int kMinBlocks = kNormsBlocks;
-  // L2 asked for the warp's next block (prefetch_l2), which pays here
-  // (measured: bench/log/2026-11-26.md, "the low-bit kernels nearer their
-  // floors").
-  static constexpr int kPrefetchAhead = 1;
+  // Pass 1's entry of the tuning table (cuda/lamb_low_bit_tuning.cuh, which
+  // says what each sets and why): the launch constants the driver reads
+  // (kBlockThreads, kMinBlocks: cuda/multi_tensor.cuh) and how many of its
+  // spans ahead a warp asks L2 for (prefetch_l2).
+  static constexpr int kBlockThreads = cuda::kLambLowBitNorms.block_threads;
+  static constexpr int kMinBlocks = cuda::kLambLowBitNorms.min_blocks;
+  static constexpr int kPrefetchAhead = cuda::kLambLowBitNorms.prefetch_ahead;
   LambLaunch launch;
 
   __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
@@ -196,13 +191,10 @@ struct UpdateLowBitOp {
   static constexpr bool kCopy = !std::is_same_v<Copy, None>;
   static constexpr bool kUpdate = !std::is_same_v<Update, None>;
   static constexpr int kCodeBytes = Codec::kCodeBytes;
-  // Five blocks of 256 threads per multiprocessor (48 registers, none
-  // spilled), the fastest for pass 2; six (40 registers) spill and are
-  // slower (measured: bench/log/2026-11-28.md, "LAMB's low-bit passes at
-  // four and five blocks").
-  static constexpr int kUpdateBlocks = 5;
-  static constexpr int kBlockThreads = 256;
-  static constexpr int kMinBlocks = kUpdateBlocks;
+  // Pass 2's entry of the tuning table (cuda/lamb_low_bit_tuning.cuh): the
+  // launch constants the driver reads.
+  static constexpr int kBlockThreads = cuda::kLambLowBitUpdate.block_threads;
+  static constexpr int kMinBlocks = cuda::kLambLowBitUpdate.min_blocks;
   LambLaunch launch;
 
   __device__ void operator()(const PlanArgs& plan, const PlanChunk& chunk) const {
