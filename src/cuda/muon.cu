@@ -1,9 +1,10 @@
 // Muon on CUDA: the element kernels of cuda/muon_elements.cuh over the
 // batch's chunk table (the momentum pass with each chunk's sum of squares,
 // the normalisation, the weight update) and, between them, ns_steps x 3
-// strided-batched bf16 products through cuBLASLt (f32 accumulation), one
-// call per stage for all the batch's matrices; the streams and the recorded
-// CUDA graph that run them.
+// strided-batched bf16 products through cuBLASLt (f32 accumulation; the
+// library loaded when the first plan with products is made,
+// cuda/cublaslt_library.h), one call per stage for all the batch's
+// matrices; the streams and the recorded CUDA graph that run them.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "spec/muon.h"
+#include "cuda/cublaslt_library.h"
 #include "cuda/muon_elements.cuh"
 #include "cuda/multi_tensor.cuh"
 
@@ -25,6 +27,7 @@ namespace gradkit::spec {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using cuda::cublaslt;
 using muon_cuda::AssembleOp;
 using muon_cuda::DisperseOp;
 using muon_cuda::MomentumOp;
@@ -85,20 +88,23 @@ struct PreparedGemm {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   ~PreparedGemm() {
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (a) cublaslt().cublasLtMatrixLayoutDestroy(a);
+    if (b) cublaslt().cublasLtMatrixLayoutDestroy(b);
+    if (c) cublaslt().cublasLtMatrixLayoutDestroy(c);
+    if (desc) cublaslt().cublasLtMatmulDescDestroy(desc);
   }
 };
 
 cublasLtMatrixLayout_t make_layout(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {
+  const cuda::CublasLtLibrary& lt = cublaslt();
   cublasLtMatrixLayout_t layout;
-  GRADKIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, rows, cols, ld));
+  GRADKIT_CUBLAS_CHECK(lt.cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, rows, cols, ld));
   const auto count = static_cast<int32_t>(batch);
-  GRADKIT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
   GRADKIT_CUBLAS_CHECK(
-      cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+      lt.cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+  GRADKIT_CUBLAS_CHECK(
+      lt.cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                          sizeof(stride)));
   return layout;
 }
 
@@ -166,38 +172,39 @@ struct GemmState {
     }
     if (fork) cudaEventDestroy(fork);
     if (workspace) cudaFree(workspace);
-    if (handle) cublasLtDestroy(handle);
+    if (handle) cublaslt().cublasLtDestroy(handle);
   }
 
   const PreparedGemm& prepare(const GemmShape& s, const GemmAlignment& al, size_t workspace_bytes) {
     std::lock_guard lock(mutex);
     auto& slot = prepared[gemm_key(s, al, workspace_bytes)];
     if (slot) return *slot;
+    const cuda::CublasLtLibrary& lt = cublaslt();
     auto p = std::make_unique<PreparedGemm>();
-    GRADKIT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    GRADKIT_CUBLAS_CHECK(lt.cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    GRADKIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    GRADKIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    GRADKIT_CUBLAS_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    GRADKIT_CUBLAS_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     // Stored shapes: op(A) is m x k, op(B) is k x n.
     p->a = s.trans_a ? make_layout(s.k, s.m, s.lda, s.stride_a, s.batch) : make_layout(s.m, s.k, s.lda, s.stride_a, s.batch);
     p->b = s.trans_b ? make_layout(s.n, s.k, s.ldb, s.stride_b, s.batch) : make_layout(s.k, s.n, s.ldb, s.stride_b, s.batch);
     p->c = make_layout(s.m, s.n, s.ldc, s.stride_c, s.batch);
     cublasLtMatmulPreference_t preference;
-    GRADKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    GRADKIT_CUBLAS_CHECK(lt.cublasLtMatmulPreferenceCreate(&preference));
     const size_t bytes = workspace_bytes;
-    GRADKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                              &bytes, sizeof(bytes)));
+    GRADKIT_CUBLAS_CHECK(lt.cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                 &bytes, sizeof(bytes)));
     for (const auto& [attribute, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al.a},
                                            std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al.b},
                                            std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al.c},
                                            std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al.c}}) {
-      GRADKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)));
+      GRADKIT_CUBLAS_CHECK(lt.cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)));
     }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, preference, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(preference);
+        lt.cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, preference, 1, &result, &found);
+    lt.cublasLtMatmulPreferenceDestroy(preference);
     GRADKIT_CUBLAS_CHECK(status);
     if (found == 0) {
       throw Error(ErrorCode::cuda_error, "muon_step: cuBLASLt has no algorithm for a " + std::to_string(s.m) + " x " +
@@ -215,8 +222,8 @@ struct GemmState {
                            std::min(operand_alignment(c, s.ldc, s.stride_c), operand_alignment(d, s.ldc, s.stride_c))};
     const PreparedGemm& p = prepare(s, al, on.workspace_bytes);
     if (on.dry) return;
-    GRADKIT_CUBLAS_CHECK(cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, d, p.c, &p.algo,
-                                        on.workspace, on.workspace_bytes, on.stream));
+    GRADKIT_CUBLAS_CHECK(cublaslt().cublasLtMatmul(handle, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, d, p.c,
+                                                   &p.algo, on.workspace, on.workspace_bytes, on.stream));
   }
 };
 
@@ -416,6 +423,10 @@ size_t muon_cuda_workspace_bytes(int64_t count, int64_t rows, int64_t cols, size
 }
 
 std::shared_ptr<void> muon_cuda_gemm(Device device, int lanes, bool products, int sides, int slots) {
+  // The products' library, loaded before anything is made: a process
+  // without cuBLASLt is refused when it makes the plan.
+  const cuda::CublasLtLibrary* lt =
+      products ? &cuda::cublaslt_library("Muon on " + to_string(device) + " (its Newton-Schulz products)") : nullptr;
   cuda::DeviceGuard guard(device.index);
   auto state = std::make_shared<GemmState>();
   state->device = device.index;
@@ -428,7 +439,7 @@ std::shared_ptr<void> muon_cuda_gemm(Device device, int lanes, bool products, in
     GRADKIT_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
   }
   if (!products) return state;  // element passes only: what recording them needs
-  GRADKIT_CUBLAS_CHECK(cublasLtCreate(&state->handle));
+  GRADKIT_CUBLAS_CHECK(lt->cublasLtCreate(&state->handle));
   GRADKIT_CUDA_CHECK(cudaMalloc(&state->workspace, kGemmWorkspace));
   if (lanes > 0) GRADKIT_CUDA_CHECK(cudaEventCreateWithFlags(&state->fork, cudaEventDisableTiming));
   for (int i = 0; i < lanes; ++i) {
