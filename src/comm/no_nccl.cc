@@ -1,5 +1,6 @@
-// A build without CUDA or without NCCL: the MPI communicator only, and a
-// clear error for anyone who asks for NCCL.
+// A build without CUDA or without nccl.h: a clear error for anyone who
+// asks for NCCL (the MPI communicator, where gradkit has MPI, serves host
+// memory).
 #include "comm/stream_order.h"
 #include "gradkit/comm/communicator.h"
 #include "gradkit/core/error.h"
@@ -10,8 +11,8 @@ bool has_nccl_communicator() { return false; }
 
 std::unique_ptr<Communicator> create_nccl_communicator(const CommunicatorOptions&, MpiCommHandle) {
   throw Error(ErrorCode::backend_unavailable,
-              "create_nccl_communicator: gradkit was built without NCCL (it needs the CUDA backend and nccl.h / "
-              "libnccl); use create_mpi_communicator for host memory");
+              "create_nccl_communicator: gradkit was built without NCCL (it needs the CUDA backend and nccl.h); "
+              "use create_mpi_communicator for host memory");
 }
 
 NcclUniqueId create_nccl_unique_id() {
@@ -20,8 +21,7 @@ NcclUniqueId create_nccl_unique_id() {
 
 std::unique_ptr<Communicator> create_nccl_communicator(const NcclUniqueId&, int, int, const CommunicatorOptions&) {
   throw Error(ErrorCode::backend_unavailable,
-              "create_nccl_communicator: gradkit was built without NCCL (it needs the CUDA backend and nccl.h / "
-              "libnccl)");
+              "create_nccl_communicator: gradkit was built without NCCL (it needs the CUDA backend and nccl.h)");
 }
 
 }  // namespace gradkit

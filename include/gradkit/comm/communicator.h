@@ -7,7 +7,9 @@
 // Two implementations: MPI (host memory, device() is the CPU; calls complete
 // before they return) and NCCL (memory on device(), the GPU of this rank;
 // calls are enqueued on a CUDA stream and return at once). Neither this header
-// nor any other gradkit header needs mpi.h or nccl.h.
+// nor any other gradkit header needs mpi.h or nccl.h. A build may have
+// either, both or neither (has_mpi_communicator, has_nccl_communicator);
+// everything else in the layer needs neither.
 //
 // Every rank must make the same calls in the same order with the same list
 // shapes (count, element counts, dtype). `checked` mode verifies that before
@@ -105,7 +107,8 @@ MpiCommHandle mpi_comm_handle(MpiComm comm) {
 
 // Starts MPI for the lifetime of the object (MPI_Init_thread, then
 // MPI_Finalize), unless MPI is already initialized, in which case it does
-// nothing. Destroy every communicator before it.
+// nothing. Destroy every communicator before it. Throws
+// backend_unavailable when gradkit was built without MPI.
 class MpiEnvironment {
  public:
   MpiEnvironment(int* argc, char*** argv);
@@ -364,13 +367,20 @@ struct ShardLayout {
   int64_t end(int rank) const { return std::min(total, (rank + 1) * shard); }
 };
 
-// An MPI communicator over `comm` (duplicated) for host memory.
+// An MPI communicator over `comm` (duplicated) for host memory. Throws
+// backend_unavailable when gradkit was built without MPI.
 std::unique_ptr<Communicator> create_mpi_communicator(const CommunicatorOptions& options = {},
                                                       MpiCommHandle comm = {});
+// Whether this build of gradkit has MPI (found when it was built, and not
+// left out with GRADKIT_MPI=OFF): the MPI communicator, MpiEnvironment and
+// the NCCL communicator bootstrapped over MPI.
+bool has_mpi_communicator();
 // An NCCL communicator over the ranks of `comm`, bootstrapped through MPI
 // (rank 0 makes the unique id, MPI_Bcast shares it), one GPU per local rank.
-// Throws backend_unavailable when gradkit was built without NCCL, or when
-// this host has fewer GPUs than the GPU index this rank needs.
+// Throws backend_unavailable when gradkit was built without MPI or without
+// NCCL, when some rank cannot load the NCCL library (libnccl.so.2, loaded
+// at first use), or when this host has fewer GPUs than the GPU index this
+// rank needs.
 std::unique_ptr<Communicator> create_nccl_communicator(const CommunicatorOptions& options = {},
                                                        MpiCommHandle comm = {});
 // An NCCL unique id (NCCL's ncclUniqueId, 128 bytes): made by one rank with
@@ -387,8 +397,9 @@ NcclUniqueId create_nccl_unique_id();
 // layout check, barrier) goes over NCCL itself, with the same timeout and
 // abort; local_rank() and local_size() come from the ranks' host names.
 // Throws invalid_argument for a bad rank, size, timeout or cuda_device before
-// any NCCL call, and backend_unavailable when gradkit was built without NCCL
-// or no CUDA device is visible.
+// any NCCL call, and backend_unavailable when gradkit was built without
+// NCCL, the NCCL library (libnccl.so.2, loaded at first use) cannot be
+// loaded, or no CUDA device is visible. Needs no MPI.
 std::unique_ptr<Communicator> create_nccl_communicator(const NcclUniqueId& id, int rank, int size,
                                                        const CommunicatorOptions& options = {});
 // Whether this build of gradkit has the NCCL communicator (CUDA and NCCL found).

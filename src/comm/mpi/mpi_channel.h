@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 
+#include "comm/host_channel.h"
 #include "gradkit/comm/communicator.h"
 
 namespace gradkit::comm {
@@ -22,10 +23,10 @@ MPI_Comm to_mpi_comm(MpiCommHandle handle);
 // Throws invalid_argument naming `op` unless MPI is initialized and not finalized.
 void require_mpi_initialized(std::string_view op);
 
-class MpiChannel {
+class MpiChannel final : public HostChannel {
  public:
   MpiChannel(MpiCommHandle handle, std::chrono::milliseconds timeout);
-  ~MpiChannel();
+  ~MpiChannel() override;
   MpiChannel(const MpiChannel&) = delete;
   MpiChannel& operator=(const MpiChannel&) = delete;
 
@@ -41,9 +42,9 @@ class MpiChannel {
   void wait(MPI_Request& request, const char* call);
   void wait_all(std::span<MPI_Request> requests, const char* call);
 
-  void all_gather_bytes(const void* input, void* output, size_t bytes);
+  void all_gather_bytes(const void* input, void* output, size_t bytes) override;
   void broadcast_bytes(void* data, size_t bytes, int root);
-  void barrier();
+  void barrier() override;
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -204,6 +204,8 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
+bool has_mpi_communicator() { return true; }
+
 std::unique_ptr<Communicator> create_mpi_communicator(const CommunicatorOptions& options, MpiCommHandle comm) {
   if (options.timeout.count() <= 0) {
     throw_argument_error(ErrorCode::invalid_argument, "create_mpi_communicator", "options.timeout",

@@ -6,13 +6,14 @@
 
 #include <string>
 
+#include "comm/nccl/nccl_library.h"
 #include "gradkit/core/error.h"
 
 namespace gradkit::comm {
 
 [[noreturn]] inline void throw_nccl_error(ncclResult_t status, const char* call, const char* file, int line,
                                           const std::string& detail = {}) {
-  std::string message = std::string(call) + " failed: " + ncclGetErrorString(status) + " (ncclResult_t " +
+  std::string message = std::string(call) + " failed: " + nccl().ncclGetErrorString(status) + " (ncclResult_t " +
                         std::to_string(static_cast<int>(status)) + ")";
   if (!detail.empty()) message += ": " + detail;
   throw Error(ErrorCode::nccl_error, message + " at " + file + ":" + std::to_string(line));

@@ -26,7 +26,7 @@ void NcclCommunicator::start(const ncclUniqueId& id) {
   GRADKIT_CUDA_CHECK(cudaEventCreateWithFlags(&fusion_free_, cudaEventDisableTiming));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every call returns at once; settle() polls with the timeout
-  settle(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config), "ncclCommInitRankConfig", __FILE__,
+  settle(nccl().ncclCommInitRankConfig(&comm_, size(), id, rank(), &config), "ncclCommInitRankConfig", __FILE__,
          __LINE__);
   if (channel_) {
     if (blocking_calls_) switch_to_blocking_calls();
@@ -60,30 +60,30 @@ void NcclCommunicator::start(const ncclUniqueId& id) {
 
 void NcclCommunicator::switch_to_blocking_calls() {
   ncclUniqueId id{};
-  if (rank() == 0) GRADKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+  if (rank() == 0) GRADKIT_NCCL_CHECK(nccl().ncclGetUniqueId(&id));
   std::vector<ncclUniqueId> all(static_cast<size_t>(size()));
   host_all_gather(&id, all.data(), sizeof(id));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
   ncclComm_t blocking = nullptr;
-  const ncclResult_t made = ncclCommInitRankConfig(&blocking, size(), all[0], rank(), &config);
+  const ncclResult_t made = nccl().ncclCommInitRankConfig(&blocking, size(), all[0], rank(), &config);
   if (made != ncclSuccess) {
     // Nothing to abort of the blocking one: a failed init leaves no communicator.
-    abort_and_throw(made, "ncclCommInitRankConfig (blocking calls)", ncclGetLastError(nullptr));
+    abort_and_throw(made, "ncclCommInitRankConfig (blocking calls)", nccl().ncclGetLastError(nullptr));
   }
   release_non_blocking(std::exchange(comm_, blocking));
   watchdog_ = std::make_unique<comm::NcclWatchdog>(comm_, device().index, timeout());
 }
 
 void NcclCommunicator::release_non_blocking(ncclComm_t comm) {
-  ncclResult_t state = ncclCommFinalize(comm);
+  ncclResult_t state = nccl().ncclCommFinalize(comm);
   const auto start = std::chrono::steady_clock::now();
   while (state == ncclInProgress && std::chrono::steady_clock::now() - start < timeout()) {
     std::this_thread::yield();
-    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+    if (nccl().ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
   }
-  if (state == ncclSuccess) ncclCommDestroy(comm);
-  else ncclCommAbort(comm);
+  if (state == ncclSuccess) nccl().ncclCommDestroy(comm);
+  else nccl().ncclCommAbort(comm);
 }
 
 void NcclCommunicator::release_blocking() {
@@ -91,12 +91,12 @@ void NcclCommunicator::release_blocking() {
   {
     const comm::NcclWatchdog::InCall inside(*watchdog_, "ncclCommFinalize");
     watchdog_->finalizing();  // first: a watchdog that fires from here on aborts, after this call
-    if (!watchdog_->fired()) finalized = ncclCommFinalize(comm_);
+    if (!watchdog_->fired()) finalized = nccl().ncclCommFinalize(comm_);
   }
   watchdog_->stop();
   if (watchdog_->aborted()) return;
-  if (finalized == ncclSuccess) ncclCommDestroy(comm_);
-  else ncclCommAbort(comm_);
+  if (finalized == ncclSuccess) nccl().ncclCommDestroy(comm_);
+  else nccl().ncclCommAbort(comm_);
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -129,7 +129,7 @@ void NcclCommunicator::do_all_reduce(const void* input, void* output, int64_t co
   cuda::DeviceGuard guard(device().index);
   const cudaStream_t s = cuda::native(stream);
   issue("ncclAllReduce", s, [&] {
-    return ncclAllReduce(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_, s);
+    return nccl().ncclAllReduce(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_, s);
   });
 }
 
@@ -137,14 +137,14 @@ void NcclCommunicator::do_all_gather(const void* input, void* output, int64_t co
   cuda::DeviceGuard guard(device().index);
   const cudaStream_t s = cuda::native(stream);
   issue("ncclAllGather", s,
-        [&] { return ncclAllGather(input, output, static_cast<size_t>(count), nccl_type(dtype), comm_, s); });
+        [&] { return nccl().ncclAllGather(input, output, static_cast<size_t>(count), nccl_type(dtype), comm_, s); });
 }
 
 void NcclCommunicator::do_reduce_scatter(const void* input, void* output, int64_t count, DType dtype, Stream stream) {
   cuda::DeviceGuard guard(device().index);
   const cudaStream_t s = cuda::native(stream);
   issue("ncclReduceScatter", s, [&] {
-    return ncclReduceScatter(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_, s);
+    return nccl().ncclReduceScatter(input, output, static_cast<size_t>(count), nccl_type(dtype), ncclSum, comm_, s);
   });
 }
 
@@ -153,7 +153,7 @@ void NcclCommunicator::do_all_gathers(std::span<const BufferCall> calls, Stream 
   const cudaStream_t s = cuda::native(stream);
   grouped_in_batches("a group of ncclAllGather", calls.size(), s, [&](size_t k, auto&& add) {
     const BufferCall& c = calls[k];
-    add(ncclAllGather(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), comm_, s),
+    add(nccl().ncclAllGather(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), comm_, s),
         "ncclAllGather");
   });
 }
@@ -163,7 +163,7 @@ void NcclCommunicator::do_reduce_scatters(std::span<const BufferCall> calls, Str
   const cudaStream_t s = cuda::native(stream);
   grouped_in_batches("a group of ncclReduceScatter", calls.size(), s, [&](size_t k, auto&& add) {
     const BufferCall& c = calls[k];
-    add(ncclReduceScatter(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), ncclSum,
+    add(nccl().ncclReduceScatter(c.input, c.output, static_cast<size_t>(c.count_per_rank), nccl_type(c.dtype), ncclSum,
                           comm_, s),
         "ncclReduceScatter");
   });
@@ -173,8 +173,8 @@ void NcclCommunicator::do_exchange(const void* send, void* receive, size_t bytes
   cuda::DeviceGuard guard(device().index);
   const cudaStream_t s = cuda::native(stream);
   grouped("ncclSend and ncclRecv", s, [&](auto&& add) {
-    add(ncclSend(send, bytes, ncclUint8, peer, comm_, s), "ncclSend");
-    add(ncclRecv(receive, bytes, ncclUint8, peer, comm_, s), "ncclRecv");
+    add(nccl().ncclSend(send, bytes, ncclUint8, peer, comm_, s), "ncclSend");
+    add(nccl().ncclRecv(receive, bytes, ncclUint8, peer, comm_, s), "ncclRecv");
   });
 }
 
@@ -192,8 +192,8 @@ void NcclCommunicator::do_all_to_all(const void* send, const Sections& to, void*
     for (size_t r = 0; r < to.bytes.size(); ++r) {
       if (r == me) continue;
       const int peer = static_cast<int>(r);
-      if (to.bytes[r] > 0) add(ncclSend(out + to.offsets[r], to.bytes[r], ncclUint8, peer, comm_, s), "ncclSend");
-      if (from.bytes[r] > 0) add(ncclRecv(in + from.offsets[r], from.bytes[r], ncclUint8, peer, comm_, s), "ncclRecv");
+      if (to.bytes[r] > 0) add(nccl().ncclSend(out + to.offsets[r], to.bytes[r], ncclUint8, peer, comm_, s), "ncclSend");
+      if (from.bytes[r] > 0) add(nccl().ncclRecv(in + from.offsets[r], from.bytes[r], ncclUint8, peer, comm_, s), "ncclRecv");
     }
   });
 }
@@ -201,13 +201,13 @@ void NcclCommunicator::do_all_to_all(const void* send, const Sections& to, void*
 void NcclCommunicator::do_send(const void* data, size_t bytes, int peer, Stream stream) {
   cuda::DeviceGuard guard(device().index);
   const cudaStream_t s = cuda::native(stream);
-  issue("ncclSend", s, [&] { return ncclSend(data, bytes, ncclUint8, peer, comm_, s); });
+  issue("ncclSend", s, [&] { return nccl().ncclSend(data, bytes, ncclUint8, peer, comm_, s); });
 }
 
 void NcclCommunicator::do_receive(void* data, size_t bytes, int peer, Stream stream) {
   cuda::DeviceGuard guard(device().index);
   const cudaStream_t s = cuda::native(stream);
-  issue("ncclRecv", s, [&] { return ncclRecv(data, bytes, ncclUint8, peer, comm_, s); });
+  issue("ncclRecv", s, [&] { return nccl().ncclRecv(data, bytes, ncclUint8, peer, comm_, s); });
 }
 
 void NcclCommunicator::do_barrier() {
@@ -265,7 +265,7 @@ void NcclCommunicator::await(cudaStream_t stream, const char* op) {
     if (done == cudaSuccess) return;
     if (done != cudaErrorNotReady) GRADKIT_CUDA_CHECK(done);
     ncclResult_t state = ncclSuccess;
-    if (!watchdog_) GRADKIT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (!watchdog_) GRADKIT_NCCL_CHECK(nccl().ncclCommGetAsyncError(comm_, &state));
     if (state != ncclSuccess && state != ncclInProgress) {
       abort_and_throw(state, op, "a peer or the network failed while the stream's collectives ran");
     }
@@ -291,7 +291,7 @@ void NcclCommunicator::gather_through_nccl(const void* input, void* output, size
   GRADKIT_CUDA_CHECK(
       cudaMemcpyAsync(staged + mine, host + mine, bytes, cudaMemcpyHostToDevice, exchange_stream_));
   issue("ncclAllGather", exchange_stream_,
-        [&] { return ncclAllGather(staged + mine, staged, bytes, ncclUint8, comm_, exchange_stream_); });
+        [&] { return nccl().ncclAllGather(staged + mine, staged, bytes, ncclUint8, comm_, exchange_stream_); });
   GRADKIT_CUDA_CHECK(cudaMemcpyAsync(host, staged, total, cudaMemcpyDeviceToHost, exchange_stream_));
   await(exchange_stream_, op);
   std::memcpy(output, host, total);
@@ -317,9 +317,9 @@ void NcclCommunicator::settle(ncclResult_t result, const char* call, const char*
                       file, line);
     }
     std::this_thread::yield();
-    GRADKIT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &result));
+    GRADKIT_NCCL_CHECK(nccl().ncclCommGetAsyncError(comm_, &result));
   }
-  if (result != ncclSuccess) abort_and_throw(result, call, ncclGetLastError(comm_), file, line);
+  if (result != ncclSuccess) abort_and_throw(result, call, nccl().ncclGetLastError(comm_), file, line);
 }
 
 void NcclCommunicator::abort_and_throw(ncclResult_t status, const char* call, std::string detail, const char* file,
@@ -333,7 +333,7 @@ void NcclCommunicator::abort_and_throw(ncclResult_t status, const char* call, st
     if (watchdog_->aborted()) comm_ = nullptr;
   }
   if (comm_ != nullptr) {
-    ncclCommAbort(comm_);
+    nccl().ncclCommAbort(comm_);
     comm_ = nullptr;
   }
   try {

@@ -24,7 +24,9 @@
 // The class is declared here; its members are defined in
 // nccl_communicator.cc (start-up, the collectives, waiting and failing),
 // nccl_list_reduce.cc (list_all_reduce's split and pipelined paths and the
-// fusion buffer's copies); nccl_create.cc makes it (create_nccl_communicator).
+// fusion buffer's copies); nccl_create.cc makes it from a unique id,
+// nccl_create_mpi.cc over MPI (create_nccl_communicator). Its NCCL calls go
+// through the library loaded at first use (nccl_library.h).
 #pragma once
 
 #include <algorithm>
@@ -35,8 +37,8 @@
 #include <string_view>
 #include <utility>
 
+#include "comm/host_channel.h"
 #include "comm/layout_cache.h"
-#include "comm/mpi/mpi_channel.h"
 #include "spec/fusion_copy.h"
 #include "comm/nccl/nccl_check.h"
 #include "comm/nccl/split_plan.h"
@@ -60,12 +62,12 @@ inline ncclDataType_t nccl_type(DType dtype) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  // `channel`: the MPI path's (it gives the local layout); null with a unique
-  // id (the local layout is then learnt in start()). Nothing is made until
-  // start(), so that whatever start() has made when it fails is released by
-  // the destructor.
+  // `channel`: the MPI path's MpiChannel (it gives the local layout); null
+  // with a unique id (the local layout is then learnt in start()). Nothing
+  // is made until start(), so that whatever start() has made when it fails
+  // is released by the destructor.
   NcclCommunicator(int rank, int size, int local_rank, int local_size, int cuda_device,
-                   const CommunicatorOptions& options, std::unique_ptr<comm::MpiChannel> channel)
+                   const CommunicatorOptions& options, std::unique_ptr<comm::HostChannel> channel)
       : Communicator(rank, size, local_rank, local_size, Device::cuda(cuda_device), options),
         channel_(std::move(channel)),
         blocking_calls_(options.blocking_calls) {}
@@ -194,7 +196,7 @@ class NcclCommunicator final : public Communicator {
       refused = watchdog_->fired();  // then the communicator may be gone
       if (!refused) {
         done = calls();
-        if (done.result != ncclSuccess) detail = ncclGetLastError(comm_);
+        if (done.result != ncclSuccess) detail = nccl().ncclGetLastError(comm_);
       }
     }
     // (abort_and_throw reports the watchdog's cause where it fired.)
@@ -216,12 +218,12 @@ class NcclCommunicator final : public Communicator {
   template <class Body>
   void grouped(const char* what, cudaStream_t stream, Body&& body) {
     issue_all(what, stream, [&] {
-      GRADKIT_NCCL_CHECK(ncclGroupStart());
+      GRADKIT_NCCL_CHECK(nccl().ncclGroupStart());
       Issued failed{ncclSuccess, nullptr};
       body([&](ncclResult_t result, const char* call) {
         if (result != ncclSuccess && result != ncclInProgress && failed.result == ncclSuccess) failed = {result, call};
       });
-      const ncclResult_t ended = ncclGroupEnd();
+      const ncclResult_t ended = nccl().ncclGroupEnd();
       return failed.result != ncclSuccess ? failed : Issued{ended, "ncclGroupEnd"};
     });
   }
@@ -292,7 +294,7 @@ class NcclCommunicator final : public Communicator {
     void operator()(unsigned char* p) const { cudaFreeHost(p); }
   };
 
-  std::unique_ptr<comm::MpiChannel> channel_;  // null: made from a unique id
+  std::unique_ptr<comm::HostChannel> channel_;  // null: made from a unique id
   // Non-blocking until start() has joined the ranks; then, with
   // blocking_calls_, the blocking communicator that replaced it, watched
   // by watchdog_.

@@ -1,6 +1,7 @@
-// create_nccl_communicator: its arguments checked, the ranks' GPUs found,
-// the unique id shared, and the NcclCommunicator (nccl_communicator.h)
-// started.
+// create_nccl_communicator from a unique id, which needs no MPI: its
+// arguments checked, NCCL loaded, the GPU found, and the NcclCommunicator
+// (nccl_communicator.h) started; create_nccl_unique_id. The factory over
+// MPI is nccl_create_mpi.cc's.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -8,7 +9,6 @@
 #include <vector>
 
 #include "spec/cuda_runtime.h"
-#include "comm/mpi/mpi_channel.h"
 #include "comm/nccl/nccl_check.h"
 #include "comm/nccl/nccl_communicator.h"
 #include "cuda/check.h"
@@ -20,46 +20,10 @@ static_assert(sizeof(ncclUniqueId) == 128 && sizeof(NcclUniqueId::bytes) == size
 
 bool has_nccl_communicator() { return true; }
 
-std::unique_ptr<Communicator> create_nccl_communicator(const CommunicatorOptions& options, MpiCommHandle comm) {
-  constexpr std::string_view op = "create_nccl_communicator";
-  if (options.timeout.count() <= 0) {
-    throw_argument_error(ErrorCode::invalid_argument, op, "options.timeout",
-                         "is " + std::to_string(options.timeout.count()) + " ms, expected > 0");
-  }
-  auto channel = std::make_unique<comm::MpiChannel>(comm, options.timeout);
-  const int index = options.cuda_device >= 0 ? options.cuda_device : channel->local_rank();
-  const int visible = spec::cuda_device_count();
-  // Every rank learns whether every rank has its GPU before any of them
-  // starts NCCL, so that a host short of GPUs fails everywhere at once
-  // instead of leaving the others waiting.
-  const int mine = index < visible ? 1 : 0;
-  std::vector<int> ready(static_cast<size_t>(channel->size()));
-  channel->all_gather_bytes(&mine, ready.data(), sizeof(int));
-  for (int r = 0; r < channel->size(); ++r) {
-    if (ready[static_cast<size_t>(r)] != 0) continue;
-    if (r == channel->rank()) {
-      throw Error(ErrorCode::backend_unavailable,
-                  std::string(op) + ": rank " + std::to_string(r) + " (local rank " +
-                      std::to_string(channel->local_rank()) + " of " + std::to_string(channel->local_size()) +
-                      ") needs cuda:" + std::to_string(index) + ", but " + std::to_string(visible) +
-                      " CUDA device(s) are visible on its host");
-    }
-    throw Error(ErrorCode::backend_unavailable,
-                std::string(op) + ": rank " + std::to_string(r) + " has no GPU for its local rank; no rank starts NCCL");
-  }
-  ncclUniqueId id{};
-  if (channel->rank() == 0) GRADKIT_NCCL_CHECK(ncclGetUniqueId(&id));
-  channel->broadcast_bytes(&id, sizeof(id), 0);
-  const int rank = channel->rank(), size = channel->size();
-  const int local_rank = channel->local_rank(), local_size = channel->local_size();
-  auto c = std::make_unique<comm::NcclCommunicator>(rank, size, local_rank, local_size, index, options, std::move(channel));
-  c->start(id);
-  return c;
-}
-
 NcclUniqueId create_nccl_unique_id() {
+  const comm::NcclLibrary& nccl = comm::nccl_library("create_nccl_unique_id");
   ncclUniqueId id{};
-  GRADKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+  GRADKIT_NCCL_CHECK(nccl.ncclGetUniqueId(&id));
   NcclUniqueId out;
   std::memcpy(out.bytes.data(), &id, sizeof(id));
   return out;
@@ -86,6 +50,7 @@ std::unique_ptr<Communicator> create_nccl_communicator(const NcclUniqueId& id, i
                          "is " + std::to_string(options.cuda_device) +
                              ", expected -1 (the current device) or a CUDA device ordinal");
   }
+  comm::nccl_library(op);
   const int visible = spec::cuda_device_count();
   if (visible == 0) {
     throw Error(ErrorCode::backend_unavailable,

@@ -70,11 +70,11 @@ void NcclCommunicator::split_all_reduce(const comm::SplitPlan& split, const List
   const ncclDataType_t type = nccl_type(r.dtype);
   grouped_in_batches("a group of ncclAllReduce", operations, s, [&](size_t k, auto&& add) {
     if (k < first_direct) {
-      add(ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, comm_, s), "ncclAllReduce");
+      add(nccl().ncclAllReduce(fusion, fusion, static_cast<size_t>(packed), type, ncclSum, comm_, s), "ncclAllReduce");
       return;
     }
     const comm::SplitPlan::Direct& d = direct[k - first_direct];
-    add(ncclAllReduce(d.input, d.output, static_cast<size_t>(d.count), type, ncclSum, comm_, s), "ncclAllReduce");
+    add(nccl().ncclAllReduce(d.input, d.output, static_cast<size_t>(d.count), type, ncclSum, comm_, s), "ncclAllReduce");
   });
   if (packed > 0) {
     copy_plan(split.packed_outputs(), fusion, r.dtype)->copy(0, packed, /*to_fusion=*/false, s);

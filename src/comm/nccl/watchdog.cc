@@ -1,9 +1,8 @@
 #include "comm/nccl/watchdog.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 
+#include "comm/nccl/nccl_library.h"
 #include "cuda/check.h"
 
 namespace gradkit::comm {
@@ -20,25 +19,6 @@ std::chrono::milliseconds period_for(std::chrono::milliseconds timeout) {
 }
 
 std::string ms(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
-
-// ncclCommRevoke where the NCCL library that gradkit's calls bind to has it
-// (2.28.7 and later), else null: looked up at run time in that library
-// (the one holding ncclCommAbort; a Python extension's libraries are not
-// in the global scope), so that one build serves either.
-using RevokeFunction = ncclResult_t (*)(ncclComm_t, int);
-RevokeFunction find_revoke() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&ncclCommAbort), &info) == 0 || info.dli_fname == nullptr) return nullptr;
-  void* library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-  if (library == nullptr) return nullptr;
-  auto* revoke = reinterpret_cast<RevokeFunction>(dlsym(library, "ncclCommRevoke"));
-  dlclose(library);  // RTLD_NOLOAD took a reference to a library that stays loaded
-  return revoke;
-}
-RevokeFunction revoke_function() {
-  static const RevokeFunction revoke = find_revoke();
-  return revoke;
-}
 
 }  // namespace
 
@@ -144,7 +124,7 @@ void NcclWatchdog::run() {
 std::string NcclWatchdog::look(std::vector<Pending>& work, std::vector<cudaEvent_t>& finished,
                                ncclResult_t& status, bool& stuck) {
   ncclResult_t async = ncclSuccess;
-  if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+  if (nccl().ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
     status = async;
     return "a peer or the network failed (NCCL reports it asynchronously)";
   }
@@ -189,7 +169,7 @@ void NcclWatchdog::fire(const std::string& why, ncclResult_t status, bool stuck)
   fired_.store(true);  // sequentially consistent with finalizing(): one of the two sees the other
   ncclResult_t ended = ncclSuccess;
   const char* how = "ncclCommRevoke";
-  const RevokeFunction revoke = finalizing_.load() ? nullptr : revoke_function();
+  const auto revoke = finalizing_.load() ? nullptr : nccl().ncclCommRevoke;
   if (revoke != nullptr) {
     ended = revoke(comm_, 0);  // NCCL_REVOKE_DEFAULT
   } else {
@@ -201,12 +181,12 @@ void NcclWatchdog::fire(const std::string& why, ncclResult_t status, bool stuck)
       const std::lock_guard<std::mutex> lock(mutex_);
       reason_ += " (the owner's call did not return either: aborted under it)";
     }
-    ended = ncclCommAbort(comm_);
+    ended = nccl().ncclCommAbort(comm_);
     aborted_ = true;
   }
   if (ended != ncclSuccess) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    reason_ += std::string(" (") + how + " answered " + ncclGetErrorString(ended) + ")";
+    reason_ += std::string(" (") + how + " answered " + nccl().ncclGetErrorString(ended) + ")";
   }
 }
 

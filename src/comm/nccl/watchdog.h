@@ -16,7 +16,7 @@
 // - NCCL's asynchronous error (a peer or the network failed);
 // and on the first of these ends the communicator's work:
 // - where the NCCL library loaded has ncclCommRevoke (2.28.7 and later,
-//   found at run time), it revokes the communicator: NCCL's abort flags end
+//   looked up when NCCL is loaded: nccl_library.h), it revokes the communicator: NCCL's abort flags end
 //   every wait in NCCL's host code and kernels and later calls are
 //   refused, but nothing is freed under a thread that may still be inside
 //   NCCL; the owner aborts it afterwards, on its own thread;
