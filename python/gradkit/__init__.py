@@ -7,7 +7,7 @@ the fused mixed-precision step, and flat gradients.
 """
 from gradkit._shared_libraries import load_shared_libraries as _load_shared_libraries
 
-_shared_libraries = _load_shared_libraries()  # before the module: it must find torch's NCCL and cuBLASLt, not load its own
+_shared_libraries = _load_shared_libraries()  # before the module: its loads of NCCL and cuBLASLt then find torch's
 from gradkit._gradkit import *  # noqa: E402,F401,F403
 
 __version__ = "0.1.0"

@@ -2,17 +2,23 @@
 before it: the NCCL and the cuBLASLt of NVIDIA's wheels (nvidia-nccl-cu12/-cu13,
 nvidia-cublas), which PyPI's torch installs, where they are installed.
 
-The module needs libnccl.so.2 (where it was built with NCCL) and
-libcublasLt.so.13 (Muon's products, where it was built with CUDA). Loaded
-first, it would find the system's, and torch, imported after it, would load
-its own by path beside it (NCCL), or find the system's by its name in place
-of the one it was built with (cuBLASLt). Loaded after this, the module finds
-the wheel's by their names, and torch loads the same files again, which are
-the same libraries. So whatever the order of imports, a process holds the one
-NCCL and the one cuBLASLt that torch was built with (docs/python.md, "One
-runtime of each"). torch itself is not imported. GRADKIT_NCCL_LIBRARY and
-GRADKIT_CUBLASLT_LIBRARY name other files to load instead; an empty value
-loads none (the system's is then found)."""
+The module does not link either: it loads libnccl.so.2 (the NCCL
+communicator) and libcublasLt.so.13 (Muon's products on CUDA) by those
+names at their first use, so that it imports, and its CPU steps run, where
+neither is installed (src/cuda/library_loader.h). Loaded by name with
+nothing loaded before, each would be the system's, and torch would load its
+own by path beside it (NCCL), or find the system's in place of the one it
+was built with (cuBLASLt). Loaded here first, by path, the wheel's copy is
+the one the module's load by name finds, and torch loads the same files
+again, which are the same libraries. So whatever the order of imports, a
+process holds the one NCCL and the one cuBLASLt that torch was built with
+(docs/python.md, "One runtime of each"). torch itself is not imported.
+
+GRADKIT_NCCL_LIBRARY and GRADKIT_CUBLASLT_LIBRARY name other files to load
+instead (the module's loader opens the same files); an empty value loads
+none (the module then finds the system's by name). A file that does not
+load here is left to the module, whose first use of it says why and how to
+get it; importing gradkit never fails for want of either library."""
 import ctypes
 import glob
 import importlib.util
@@ -52,7 +58,11 @@ def load_shared_libraries():
         path = os.environ.get(variable)
         if path is None:
             path = wheel_library(relative_paths)
-        if path:
+        if not path:
+            continue
+        try:
             ctypes.CDLL(path)
-            loaded[variable] = path
+        except OSError:
+            continue  # the module's loader reports it where the library is needed
+        loaded[variable] = path
     return loaded

@@ -1,5 +1,8 @@
 // The communication layer: communicators (MPI, NCCL from MPI or from a
-// unique id), their list collectives, the gradient arena and Adasum.
+// unique id), their list collectives, the gradient arena and Adasum. A
+// build without MPI has all but the MPI pieces (create_mpi_communicator,
+// create_nccl_communicator_mpi, MpiEnvironment), which it leaves out;
+// has_mpi_communicator() says which build this is.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -15,25 +18,24 @@
 #include "gradkit/core/error.h"
 #include "tensors.h"
 
-#if GRADKIT_WITH_MPI
 #include "gradkit/comm/adasum.h"
 #include "gradkit/comm/communicator.h"
 #include "gradkit/comm/gradient_arena.h"
-#endif
 
 namespace gradkit::python {
 
-#if GRADKIT_WITH_MPI
 namespace {
 
 using Arrays = std::vector<Array>;
 
+#if GRADKIT_WITH_MPI
 // MPI for the lifetime of the object (nothing if MPI is already initialized,
 // e.g. by mpi4py); close() finalizes what it started.
 struct PyMpiEnvironment {
   std::unique_ptr<MpiEnvironment> env = std::make_unique<MpiEnvironment>(nullptr, nullptr);
   void close() { env.reset(); }
 };
+#endif
 
 // An Adasum plan and the arrays it points into; the communicator is kept
 // alive by nanobind (keep_alive) for as long as the plan.
@@ -142,6 +144,9 @@ void bind_communicator(nb::module_& m) {
           "peer failed (the communicator is then aborted).");
 
   m.def("has_nccl_communicator", &has_nccl_communicator);
+  m.def("has_mpi_communicator", &has_mpi_communicator,
+        "Whether this build has MPI: create_mpi_communicator, create_nccl_communicator_mpi and MpiEnvironment.");
+#if GRADKIT_WITH_MPI
   m.def(
       "create_mpi_communicator", [](const CommunicatorOptions& o) { return create_mpi_communicator(o); },
       nb::arg("options") = CommunicatorOptions{}, nb::call_guard<nb::gil_scoped_release>(),
@@ -150,6 +155,7 @@ void bind_communicator(nb::module_& m) {
       "create_nccl_communicator_mpi", [](const CommunicatorOptions& o) { return create_nccl_communicator(o); },
       nb::arg("options") = CommunicatorOptions{}, nb::call_guard<nb::gil_scoped_release>(),
       "An NCCL communicator over MPI_COMM_WORLD's ranks, bootstrapped through MPI.");
+#endif
   m.def(
       "nccl_unique_id",
       []() {
@@ -167,6 +173,7 @@ void bind_communicator(nb::module_& m) {
       nb::arg("unique_id"), nb::arg("rank"), nb::arg("size"), nb::arg("options") = CommunicatorOptions{},
       "An NCCL communicator without MPI: this process is `rank` of `size`, every rank passing the same id.");
 
+#if GRADKIT_WITH_MPI
   nb::class_<PyMpiEnvironment>(m, "MpiEnvironment",
                                "Initializes MPI unless it already is; close() (or leaving a `with` block) "
                                "finalizes what it started. Destroy the communicators first.")
@@ -174,6 +181,7 @@ void bind_communicator(nb::module_& m) {
       .def("close", &PyMpiEnvironment::close)
       .def("__enter__", [](nb::handle self) { return self; })
       .def("__exit__", [](PyMpiEnvironment& e, nb::args) { e.close(); });
+#endif
 }
 
 using PyGradientArena = Shared<GradientArena>;  // arrays keep the memory, not the object
@@ -239,15 +247,10 @@ void bind_arena_and_adasum(nb::module_& m) {
 }
 
 }  // namespace
-#endif
 
 void bind_comm(nb::module_& m) {
-#if GRADKIT_WITH_MPI
   bind_communicator(m);
   bind_arena_and_adasum(m);
-#else
-  (void)m;
-#endif
 }
 
 }  // namespace gradkit::python

@@ -1,5 +1,6 @@
 // The owning optimizers (moments, counters and learning rates on the
-// device), the loss scaler and the mixed-precision wrapper.
+// device), the loss scaler, the mixed-precision wrapper and the sharded
+// optimizers over a Communicator.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -15,11 +16,8 @@
 #include "gradkit/optim/lamb.h"
 #include "gradkit/optim/loss_scaler.h"
 #include "gradkit/optim/mixed_precision.h"
-#include "tensors.h"
-
-#if GRADKIT_WITH_MPI
 #include "gradkit/optim/sharded.h"
-#endif
+#include "tensors.h"
 
 namespace gradkit::python {
 namespace {
@@ -201,7 +199,6 @@ void bind_mixed_precision(nb::module_& m, const char* name) {
   bind_state_io(c);
 }
 
-#if GRADKIT_WITH_MPI
 template <class Optimizer, class Hyperparameters>
 void bind_sharded(nb::module_& m, const char* name) {
   using S = Sharded<Optimizer>;
@@ -296,7 +293,6 @@ void bind_sharded_layout_and_optimizers(nb::module_& m) {
   bind_sharded<Adam, AdamHyperparameters>(m, "ShardedAdam");
   bind_sharded<Lamb, LambHyperparameters>(m, "ShardedLamb");
 }
-#endif
 
 }  // namespace
 
@@ -311,9 +307,7 @@ void bind_optim(nb::module_& m) {
       .value("remainder", MasterStorage::remainder);
   bind_mixed_precision<Adam, AdamHyperparameters>(m, "MixedPrecisionAdam");
   bind_mixed_precision<Lamb, LambHyperparameters>(m, "MixedPrecisionLamb");
-#if GRADKIT_WITH_MPI
   bind_sharded_layout_and_optimizers(m);
-#endif
 }
 
 }  // namespace gradkit::python

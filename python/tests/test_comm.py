@@ -6,7 +6,8 @@ all_reduce_gradients over the MPI communicator against DDP's default over
 gloo), ranks/sharded_adamw.py with 2 and 3 ranks (ShardedAdamW against
 DDP and torch.optim.AdamW), and ranks/train_to_exit.py with 2 (a script
 written as a new user would). Every run must end without nanobind's leak
-reports (exits.py). Skipped where gradkit was built without MPI or mpiexec is missing."""
+reports (exits.py). Skipped where gradkit was built without MPI
+(gradkit.has_mpi_communicator()) or mpiexec is missing."""
 import os
 import pathlib
 import shutil
@@ -19,7 +20,7 @@ import gradkit
 from exits import assert_clean_exit
 
 SCRIPT = pathlib.Path(__file__).parent / "ranks" / "mpi_collectives.py"
-needs_mpi = pytest.mark.skipif(not hasattr(gradkit, "create_mpi_communicator") or shutil.which("mpiexec") is None,
+needs_mpi = pytest.mark.skipif(not gradkit.has_mpi_communicator() or shutil.which("mpiexec") is None,
                                reason="gradkit built without MPI, or no mpiexec")
 
 
@@ -70,8 +71,6 @@ def test_from_process_group_needs_an_initialized_process_group():
 
 
 def test_unique_id_arguments_are_checked():
-    if not hasattr(gradkit, "create_nccl_communicator"):
-        pytest.skip("gradkit built without MPI")
     with pytest.raises(ValueError, match="unique_id"):
         gradkit.create_nccl_communicator(b"short", 0, 1)
     if not gradkit.has_nccl_communicator():
@@ -88,6 +87,16 @@ def test_unique_id_arguments_are_checked():
         gradkit.create_nccl_communicator(uid, 0, 0)
     with pytest.raises(ValueError, match="timeout"):
         gradkit.create_nccl_communicator(uid, 0, 1, gradkit.CommunicatorOptions(timeout_s=0))
+
+
+def test_the_mpi_pieces_exist_exactly_where_gradkit_has_mpi():
+    """A build without MPI still has the rest of the layer (the NCCL communicator from a
+    unique id, the arena, Adasum, the sharded optimizers), and leaves the MPI pieces out."""
+    for name in ("Communicator", "create_nccl_communicator", "nccl_unique_id", "GradientArena", "AdasumPlan",
+                 "ShardedLayout", "ShardedAdam", "ShardedLamb"):
+        assert hasattr(gradkit, name), name
+    for name in ("create_mpi_communicator", "create_nccl_communicator_mpi", "MpiEnvironment"):
+        assert hasattr(gradkit, name) == gradkit.has_mpi_communicator(), name
 
 
 def test_communicator_options_carry_blocking_calls():
