@@ -1,6 +1,7 @@
 """The shared libraries gradkit's native module shares with PyTorch, loaded
 before it: the NCCL and the cuBLASLt of NVIDIA's wheels (nvidia-nccl-cu12/-cu13,
-nvidia-cublas), which PyPI's torch installs, where they are installed.
+nvidia-cublas), which PyPI's torch installs, and torch's OpenMP runtime
+(libgomp.so.1, which the module links by that name), where they are installed.
 
 The module does not link either: it loads libnccl.so.2 (the NCCL
 communicator) and libcublasLt.so.13 (Muon's products on CUDA) by those
@@ -14,7 +15,7 @@ again, which are the same libraries. So whatever the order of imports, a
 process holds the one NCCL and the one cuBLASLt that torch was built with
 (docs/python.md, "One runtime of each"). torch itself is not imported.
 
-GRADKIT_NCCL_LIBRARY and GRADKIT_CUBLASLT_LIBRARY name other files to load
+GRADKIT_NCCL_LIBRARY, GRADKIT_CUBLASLT_LIBRARY and GRADKIT_OPENMP_LIBRARY name other files to load
 instead (the module's loader opens the same files); an empty value loads
 none (the module then finds the system's by name). A file that does not
 load here is left to the module, whose first use of it says why and how to
@@ -24,25 +25,29 @@ import glob
 import importlib.util
 import os
 
-# Each library: the variable naming another file, and where NVIDIA's wheels put it
-# (below a folder of the "nvidia" namespace package).
+# Each library: the variable naming another file, the package whose folder holds it
+# (the "nvidia" namespace package of NVIDIA's wheels, or torch), and where below it.
+# OpenMP: the module needs libgomp.so.1 (the CPU kernels' threads), which the wheel
+# does not carry, so that the process holds torch's one OpenMP runtime, not two.
 _LIBRARIES = (
-    ("GRADKIT_NCCL_LIBRARY", ("nccl/lib/libnccl.so.2",)),
-    ("GRADKIT_CUBLASLT_LIBRARY", ("cublas/lib/libcublasLt.so.13", "cu13/lib/libcublasLt.so.13")),
+    ("GRADKIT_NCCL_LIBRARY", "nvidia", ("nccl/lib/libnccl.so.2",)),
+    ("GRADKIT_CUBLASLT_LIBRARY", "nvidia", ("cublas/lib/libcublasLt.so.13", "cu13/lib/libcublasLt.so.13")),
+    ("GRADKIT_OPENMP_LIBRARY", "torch", ("lib/libgomp.so.1",)),
 )
 
 
-def _nvidia_roots():
+def _package_roots(package):
+    """The folders of an installed package, found without importing it."""
     try:
-        spec = importlib.util.find_spec("nvidia")
+        spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
         return []
     return list(spec.submodule_search_locations or []) if spec is not None else []
 
 
-def wheel_library(relative_paths):
-    """The path of the first of `relative_paths` found in an installed nvidia wheel, or None."""
-    for root in _nvidia_roots():
+def wheel_library(relative_paths, package="nvidia"):
+    """The path of the first of `relative_paths` found below an installed package, or None."""
+    for root in _package_roots(package):
         for relative in relative_paths:
             found = glob.glob(os.path.join(root, relative))
             if found:
@@ -54,10 +59,10 @@ def load_shared_libraries():
     """Loads the libraries to share (see the module's docstring); returns {variable: path}
     of those loaded."""
     loaded = {}
-    for variable, relative_paths in _LIBRARIES:
+    for variable, package, relative_paths in _LIBRARIES:
         path = os.environ.get(variable)
         if path is None:
-            path = wheel_library(relative_paths)
+            path = wheel_library(relative_paths, package)
         if not path:
             continue
         try:
