@@ -35,6 +35,10 @@ def rng():
     return np.random.default_rng(20261122)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "mpi: needs gradkit's MPI communicator (skipped in a build without MPI)")
+
+
 def pytest_report_header(config):
     torch = _torch()
     return (f"gradkit from {os.path.dirname(gradkit.__file__)}; python {sys.executable}; "

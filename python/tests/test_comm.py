@@ -20,8 +20,14 @@ import gradkit
 from exits import assert_clean_exit
 
 SCRIPT = pathlib.Path(__file__).parent / "ranks" / "mpi_collectives.py"
-needs_mpi = pytest.mark.skipif(not gradkit.has_mpi_communicator() or shutil.which("mpiexec") is None,
-                               reason="gradkit built without MPI, or no mpiexec")
+_mpi_present = pytest.mark.skipif(not gradkit.has_mpi_communicator() or shutil.which("mpiexec") is None,
+                                  reason="gradkit built without MPI, or no mpiexec")
+
+
+def needs_mpi(test):
+    """Marked `mpi` (scripts/test runs these against the build tree, which has MPI) and
+    skipped where gradkit has no MPI or mpiexec is missing."""
+    return pytest.mark.mpi(_mpi_present(test))
 
 
 @needs_mpi

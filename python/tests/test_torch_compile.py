@@ -215,6 +215,7 @@ print("same" if same else "differ")
 """
 
 
+@pytest.mark.mpi
 def test_steps_left_out_of_graphs_run_as_they_are(tmp_path):
     """ShardedAdamW's step (collectives, host waits: the offloaded optimizers' are alike) is not
     put in a graph (gradkit.torch._compile.eager_only): compiled, it equals the eager step bit
