@@ -18,7 +18,7 @@ namespace detail {
 // them (the CPU kernels' loads and stores of f16/bf16 tensors) has no control
 // flow and vectorizes (docs/cpu-kernels.md). (A `?:` between the cases is
 // not enough: GCC sinks a case's float work under a branch again.) Every
-// case gives the branching form's result for every input; tests/test_half.cc
+// case gives the branching form's result for every input; tests/test_dtype.cc
 // checks them against references.
 
 // All ones where `condition`, else zero.

@@ -25,7 +25,7 @@ tag; a compiled step run inside the caller's own torch.cuda.graph), its
 replays run the plans as they were when recorded and write the learning
 rates of the recording; gradkit refuses to re-plan during that recording
 (the optimizer's _refuse_in_capture). An eager step recorded by hand is
-not covered by that refusal: it is as it was before torch.compile support.
+not covered by that refusal: its replays run the plans as they were when recorded.
 
 The operator checks that it was handed the optimizer's own parameters, not
 copies (a clone made by functionalization would be updated in vain): it
