@@ -68,11 +68,14 @@ const Breaks<MuonHyperparameters> kMuonBreaks = {
     {"weight_decay", [](auto& h) { h.weight_decay = -1; }},
     {"momentum", [](auto& h) { h.momentum = 1; }},
     {"eps", [](auto& h) { h.eps = 0; }},
-    {"ns_a", [](auto& h) { h.ns_a = std::nanf(""); }},
-    {"ns_b", [](auto& h) { h.ns_b = std::numeric_limits<float>::infinity(); }},
-    {"ns_c", [](auto& h) { h.ns_c = std::nanf(""); }},
+    {"ns_coefficients[0].a", [](auto& h) { h.ns_coefficients[0].a = std::nanf(""); }},
+    {"ns_coefficients[0].b", [](auto& h) { h.ns_coefficients[0].b = std::numeric_limits<float>::infinity(); }},
+    {"ns_coefficients[0].c", [](auto& h) { h.ns_coefficients[0].c = std::nanf(""); }},
     {"ns_steps", [](auto& h) { h.ns_steps = 0; }},
     {"adjust_lr", [](auto& h) { h.adjust_lr = static_cast<MuonLrAdjust>(5); }},
+    {"ns_coefficient_count", [](auto& h) { h.ns_coefficient_count = 0; }},
+    {"divisor", [](auto& h) { h.divisor = static_cast<MuonDivisor>(3); }},
+    {"beta2", [](auto& h) { h.beta2 = 1; }},
 };
 
 // validate(h, caller, arg) and a GroupTable's set and set_on name the caller

@@ -11,6 +11,7 @@
 #include "gradkit/core/error.h"
 #include "gradkit/optim/adam.h"
 #include "gradkit/optim/muon.h"
+#include "gradkit/optim/state_file.h"
 #include "support/device_param.h"
 #include "support/expect_error.h"
 #include "support/state_file_bytes.h"
@@ -91,7 +92,10 @@ TEST_P(MuonOptimizer, StepsAsItsPlanAndCounts) {
   }
   EXPECT_EQ(owned.bits(), planned.bits());
   EXPECT_EQ(muon.step_count(), 3);
-  EXPECT_EQ(muon.state_bytes(), 256 * ((sizeof(float) * 960 + 255) / 256) * 2 + 256 * ((4 * 1152 + 255) / 256) + 8);
+  // The momentum buffers (whole 256-byte blocks each), the second moments
+  // (max(rows, cols) floats a matrix: 40 + 3 * 24 + 40), the counter.
+  EXPECT_EQ(muon.state_bytes(),
+            256 * ((sizeof(float) * 960 + 255) / 256) * 2 + 256 * ((4 * 1152 + 255) / 256) + 4 * (40 + 72 + 40) + 8);
 }
 
 TEST_P(MuonOptimizer, FoundInfChangesNothing) {
@@ -134,6 +138,76 @@ TEST_P(MuonOptimizer, SaveLoadResumesBitExactly) {
   a.step();
   b.step();
   EXPECT_EQ(straight.bits(), resumed.bits());
+  std::remove(path.c_str());
+}
+
+// The recipe's groups (NorMuon's second moment among the state) resume bit
+// for bit, and the file's recipe replaces the loading optimizer's.
+TEST_P(MuonOptimizer, RecipeSaveLoadResumesBitExactly) {
+  const auto with_recipe = [](std::vector<MuonGroup> groups) {
+    MuonHyperparameters& h = groups[0].hyperparameters;
+    h.set_ns_coefficients(kPolarExpressCoefficients);
+    h.divisor = MuonDivisor::polar_express;
+    h.equilibrate_rows = h.renormalize = h.second_moment = h.cautious_weight_decay = true;
+    h.beta2 = 0.9;
+    return groups;
+  };
+  Model straight(device(), 14), resumed(device(), 14);
+  Muon a(with_recipe(straight.groups()));
+  std::mt19937_64 r1(15);
+  for (int step = 0; step < 2; ++step) {
+    straight.new_gradients(device(), r1);
+    a.step();
+  }
+  const std::string path = temp_path("muon_recipe_resume");
+  a.save(path);
+  Muon b(resumed.groups());  // without the recipe: the file's takes its place
+  for (size_t i = 0; i < resumed.params.size(); ++i) {
+    const auto bytes = straight.params[i].bytes();
+    copy_from_host(resumed.params[i].view().data, device(), bytes.data(), bytes.size());
+  }
+  b.load(path);
+  EXPECT_TRUE(b.hyperparameters(0).second_moment);
+  EXPECT_EQ(b.hyperparameters(0).ns_coefficient_count, 5);
+  EXPECT_FALSE(b.hyperparameters(1).second_moment);
+  const auto raw = [](const TensorView& v) {
+    std::vector<uint8_t> out(v.bytes());
+    copy_to_host(out.data(), v.data, out.size(), v.device);
+    return out;
+  };
+  for (size_t i = 0; i < a.second_moment().size(); ++i) EXPECT_EQ(raw(a.second_moment()[i]), raw(b.second_moment()[i]));
+  EXPECT_NE(raw(a.second_moment()[0]), std::vector<uint8_t>(a.second_moment()[0].bytes(), 0));  // it holds state
+  std::mt19937_64 next1(16), next2(16);
+  straight.new_gradients(device(), next1);
+  resumed.new_gradients(device(), next2);
+  a.step();
+  b.step();
+  EXPECT_EQ(straight.bits(), resumed.bits());
+  std::remove(path.c_str());
+}
+
+// A file written without the recipe's sections (torch's step) loads: the
+// recipe's defaults and a zero second moment.
+TEST_P(MuonOptimizer, LoadsFilesWithoutTheRecipe) {
+  Model m(device(), 17);
+  Muon a(m.groups());
+  std::mt19937_64 r(18);
+  m.new_gradients(device(), r);
+  a.step();
+  const std::string path = temp_path("muon_no_recipe");
+  a.save(path);
+  const StateFile full = StateFile::read(path);
+  StateFile old;
+  for (const std::string& name : full.names()) {
+    if (name != "recipe" && name != "second_moment") old.add(name, full.get(name));
+  }
+  old.write(path);
+  auto groups = m.groups();
+  groups[0].hyperparameters.equilibrate_rows = true;
+  Muon b(groups);
+  b.load(path);
+  EXPECT_FALSE(b.hyperparameters(0).equilibrate_rows);
+  EXPECT_EQ(b.step_count(), 1);
   std::remove(path.c_str());
 }
 

@@ -233,7 +233,16 @@ std::vector<Case> cases() {
   other.adjust_lr = MuonLrAdjust::match_rms_adamw;
   other.ns_steps = 4;
   const std::vector<MatrixShape> mixed = {{1, 24, 40}, {1, 40, 24}, {1, 7, 33}, {3, 16, 24}, {1, 24, 40}, {1, 3, 20}};
+  // The recipe's parts the sharded plan takes: Polar Express, MuonEq on the
+  // owners' whole matrices, cautious weight decay on the rows.
+  MuonHyperparameters recipe = fast;
+  recipe.set_ns_coefficients(kPolarExpressCoefficients);
+  recipe.divisor = MuonDivisor::polar_express;
+  recipe.eps = 1e-6f;
+  recipe.equilibrate_rows = true;
+  recipe.cautious_weight_decay = true;
   return {
+      {"recipe_three_ranks", mixed, 3, {}, {recipe}, {}},
       {"one_rank", mixed, 1, {}, {fast}, {}},
       {"two_ranks", mixed, 2, {}, {fast}, {}},
       {"three_ranks_uneven", mixed, 3, {}, {fast}, {}},
@@ -460,6 +469,14 @@ TEST_P(MuonSharded, RefusesBadSplitsAndRanks) {
   expect_error([&] { MuonShardedPlan({rank0.wv, rank0.gv, rank0.bv, m.shapes, good, 0, 2}, std::span(&nan_lr, 1)); },
                ErrorCode::invalid_argument, {"hyperparameters[0].lr"});
   expect_error([&] { rank0.plan.momentum({nullptr, 0.0f}); }, ErrorCode::invalid_argument, {"grad_scale"});
+  for (const bool renormalize : {true, false}) {  // the result's scales need whole results
+    MuonHyperparameters scaled;
+    (renormalize ? scaled.renormalize : scaled.second_moment) = true;
+    const std::string field = renormalize ? "hyperparameters[0].renormalize" : "hyperparameters[0].second_moment";
+    expect_error([&] { MuonShardedPlan({rank0.wv, rank0.gv, rank0.bv, m.shapes, good, 0, 2}, std::span(&scaled, 1)); },
+                 ErrorCode::invalid_argument, {field, "MuonPlan"});
+    expect_error([&] { rank0.plan.set_hyperparameters(std::span(&scaled, 1)); }, ErrorCode::invalid_argument, {field});
+  }
   MuonPlanOptions no_buckets;
   no_buckets.buckets = 0;
   expect_error(

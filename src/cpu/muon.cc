@@ -22,13 +22,17 @@ namespace {
 float round_bf16(float x) { return static_cast<float>(bfloat16(x)); }
 
 // Workspace layout (f32): X of every matrix of the batch, then one matrix's
-// second buffer, its two Gram products, and a partial sum per chunk.
+// second buffer, its two Gram products, a partial sum per chunk, and the
+// post-orthogonalisation scales: per matrix, max(rows, cols) line factors
+// and Muon+'s factor.
 struct CpuWorkspace {
   float* x;
   float* x_next;
   float* gram;
   float* poly;
   float* partials;
+  float* lines;
+  float* factors;
 
   CpuWorkspace(const MuonPlan::Batch& b, void* base) {
     const int64_t elements = b.rows * b.cols, m = std::min(b.rows, b.cols);
@@ -37,8 +41,13 @@ struct CpuWorkspace {
     gram = x_next + elements;
     poly = gram + m * m;
     partials = poly + m * m;
+    lines = partials + b.plan.chunks().size();
+    factors = lines + b.count * std::max(b.rows, b.cols);
   }
 };
+
+// Whether the step scales the result after Newton-Schulz (Muon+, NorMuon).
+bool scales_result(const MuonHyperparameters& h) { return h.renormalize || h.second_moment; }
 
 // The momentum pass: the buffers, and the Newton-Schulz input rounded to
 // bf16, to the batch's matrices in the workspace with each chunk's sum of
@@ -117,6 +126,65 @@ void disperse(const MuonLaunch& l, const CpuWorkspace& w) {
   });
 }
 
+// MuonEq: each row of each matrix scaled to the matrix's mean row norm (its
+// Frobenius norm from the chunks' partials), rounded to bf16; the scaled
+// matrix's sum of squares then stands in its first chunk's partial (the
+// others 0), for the normalisation.
+void equilibrate(const MuonLaunch& l, const CpuWorkspace& w) {
+  const MuonPlan::Batch& b = *l.batch;
+  const int64_t elements = b.rows * b.cols;
+  const auto chunks = b.plan.chunks();
+  std::vector<double> sums(static_cast<size_t>(b.count), 0.0);
+  for (size_t k = 0; k < chunks.size(); ++k) sums[static_cast<size_t>(chunks[k].tensor)] += w.partials[k];
+  std::vector<float> scaled(static_cast<size_t>(b.count), 0.0f);
+#pragma omp parallel for
+  for (int64_t m = 0; m < b.count; ++m) {
+    const float target = muon_row_target(sums[static_cast<size_t>(m)], b.rows);
+    float total = 0.0f;
+    for (int64_t r = 0; r < b.rows; ++r) {
+      float* row = w.x + m * elements + r * b.cols;
+      float row_sum = 0.0f;
+      for (int64_t j = 0; j < b.cols; ++j) row_sum += row[j] * row[j];
+      const float scale = round_bf16(muon_row_scale(target, row_sum));
+      for (int64_t j = 0; j < b.cols; ++j) {
+        row[j] = round_bf16(row[j] * scale);
+        total += row[j] * row[j];
+      }
+    }
+    scaled[static_cast<size_t>(m)] = total;
+  }
+  int64_t last = -1;
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const int64_t m = chunks[k].tensor;
+    w.partials[k] = m != last ? scaled[static_cast<size_t>(m)] : 0.0f;
+    last = m;
+  }
+}
+
+// Muon+ and NorMuon: each matrix's sums of squares along its lines (rows
+// where rows >= cols, else columns), then muon_scales: the line factors
+// over the sums, Muon+'s factor, and (NorMuon) the second moment updated.
+void scale_result(const MuonLaunch& l, const CpuWorkspace& w) {
+  const MuonPlan::Batch& b = *l.batch;
+  const int64_t elements = b.rows * b.cols, length = std::max(b.rows, b.cols);
+  const bool per_row = muon_per_row(b.rows, b.cols);
+#pragma omp parallel for
+  for (int64_t m = 0; m < b.count; ++m) {
+    const float* o = w.x + m * elements;
+    float* sums = w.lines + m * length;
+    std::fill(sums, sums + length, 0.0f);
+    for (int64_t r = 0; r < b.rows; ++r)
+      for (int64_t j = 0; j < b.cols; ++j) sums[per_row ? r : j] += o[r * b.cols + j] * o[r * b.cols + j];
+    float* second = b.second_moment != nullptr ? b.second_moment[m] : nullptr;
+    const auto reduce = [&](auto value) {
+      float total = 0.0f;
+      for (int64_t i = 0; i < length; ++i) total += value(i);
+      return total;
+    };
+    w.factors[m] = muon_scales(*l.hyper, b.rows, b.cols, sums, second, reduce, 0, 1);
+  }
+}
+
 // Divides each matrix by its divisor (the partials of its chunks, in chunk order).
 void normalise(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace& w) {
   const MuonPlan::Batch& b = *l.batch;
@@ -126,7 +194,7 @@ void normalise(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspac
   for (size_t k = 0; k < chunks.size(); ++k) sums[static_cast<size_t>(chunks[k].tensor)] += w.partials[k];
 #pragma omp parallel for
   for (int64_t m = 0; m < b.count; ++m) {
-    const float divisor = muon_divisor(sums[static_cast<size_t>(m)], c.eps, round_bf16);
+    const float divisor = muon_divisor(sums[static_cast<size_t>(m)], c.eps, round_bf16, l.hyper->divisor);
     float* x = w.x + m * elements;
     for (int64_t i = 0; i < elements; ++i) x[i] = round_bf16(x[i] / divisor);
   }
@@ -149,15 +217,16 @@ void newton_schulz(float* x, const CpuWorkspace& w, int64_t rows, int64_t cols, 
   float* in = x;
   float* out = w.x_next;
   for (int32_t s = 0; s < h.ns_steps; ++s) {
+    const MuonNsCoefficients& k = h.ns_iteration(s);
     if (wide) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, M, C, 1.0f, in, C, in, C, 0.0f, w.gram, M);
     else cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, M, R, 1.0f, in, C, in, C, 0.0f, w.gram, M);
     round_all(w.gram, m * m);
     std::memcpy(w.poly, w.gram, sizeof(float) * static_cast<size_t>(m * m));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, h.ns_c, w.gram, M, w.gram, M, h.ns_b, w.poly, M);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, M, M, k.c, w.gram, M, w.gram, M, k.b, w.poly, M);
     round_all(w.poly, m * m);
     std::memcpy(out, in, sizeof(float) * static_cast<size_t>(elements));
-    if (wide) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, C, R, 1.0f, w.poly, M, in, C, h.ns_a, out, C);
-    else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, C, C, 1.0f, in, C, w.poly, M, h.ns_a, out, C);
+    if (wide) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, C, R, 1.0f, w.poly, M, in, C, k.a, out, C);
+    else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, C, C, 1.0f, in, C, w.poly, M, k.a, out, C);
     round_all(out, elements);
     std::swap(in, out);
   }
@@ -176,8 +245,17 @@ void weight_pass(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorksp
     const float* o = w != nullptr ? w->x + v.chunk.tensor * elements + v.chunk.begin : nullptr;
     const bfloat16* rows = w != nullptr ? nullptr : v.tensor<bfloat16>(3);
     const auto round_weight = [](float x) { return cpu::to_compute<float>(cpu::from_compute<P>(x)); };
+    // The result's scales (Muon+, NorMuon) where the step has them.
+    const bool scaled = w != nullptr && scales_result(*l.hyper);
+    const bool per_row = muon_per_row(b.rows, b.cols);
+    const float* lines = scaled ? w->lines + v.chunk.tensor * std::max(b.rows, b.cols) : nullptr;
+    const float f = scaled ? w->factors[v.chunk.tensor] : 1.0f;
     for (int32_t i = 0; i < v.chunk.length; ++i) {
-      const float update = rows != nullptr ? static_cast<float>(rows[i]) : o[i];
+      float update = rows != nullptr ? static_cast<float>(rows[i]) : o[i];
+      if (scaled) {
+        const int64_t e = v.chunk.begin + i;
+        update = muon_scaled(update, f, lines[per_row ? e / b.cols : e % b.cols], round_weight);
+      }
       param[i] = cpu::from_compute<P>(muon_weight(cpu::to_compute<float>(param[i]), update, c, round_weight));
     }
   });
@@ -185,6 +263,7 @@ void weight_pass(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorksp
 
 void orthogonalise(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace& w) {
   const MuonPlan::Batch& b = *l.batch;
+  if (l.hyper->equilibrate_rows) equilibrate(l, w);
   normalise(l, c, w);
 #if defined(GRADKIT_WITH_BLAS)
   for (int64_t m = 0; m < b.count; ++m) newton_schulz(w.x + m * b.rows * b.cols, w, b.rows, b.cols, *l.hyper);
@@ -200,6 +279,7 @@ void run(const MuonLaunch& l) {
   const CpuWorkspace w(b, l.workspace);
   momentum_pass<P, G, M>(l, c, &w);
   orthogonalise(l, c, w);
+  if (scales_result(*l.hyper)) scale_result(l, w);
   weight_pass<P>(l, c, &w);
 }
 
@@ -222,7 +302,8 @@ void dispatch_grad(const MuonLaunch& l) {
 
 size_t muon_cpu_workspace_bytes(int64_t count, int64_t rows, int64_t cols, size_t chunks) {
   const int64_t elements = rows * cols, m = std::min(rows, cols);
-  const auto floats = (count + 1) * elements + 2 * m * m + static_cast<int64_t>(chunks);
+  const auto floats =
+      (count + 1) * elements + 2 * m * m + static_cast<int64_t>(chunks) + count * (std::max(rows, cols) + 1);
   return sizeof(float) * static_cast<size_t>(floats);
 }
 

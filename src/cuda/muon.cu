@@ -30,6 +30,7 @@ using bf16 = __nv_bfloat16;
 using cuda::cublaslt;
 using muon_cuda::AssembleOp;
 using muon_cuda::DisperseOp;
+using muon_cuda::EquilibrateOp;
 using muon_cuda::MomentumOp;
 using muon_cuda::NormaliseOp;
 using muon_cuda::WeightOp;
@@ -228,13 +229,18 @@ struct GemmState {
 };
 
 // Workspace layout (bf16): X of every matrix, X' of every matrix, then the
-// Gram products A and B = b A + c A A, then the chunks' partial sums (f32).
+// Gram products A and B = b A + c A A, then (f32) the chunks' partial sums
+// twice (MuonEq's scaled matrix has its own), and the result's scales:
+// max(rows, cols) line factors a matrix, and a Muon+ factor a matrix.
 struct CudaWorkspace {
   bf16* x;
   bf16* x_next;
   bf16* gram;
   bf16* poly;
   float* partials;
+  float* scaled_partials;
+  float* lines;
+  float* factors;
 
   // Each buffer starts 256-byte aligned (the products' fastest tiles want 16).
   static size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -247,8 +253,12 @@ struct CudaWorkspace {
     return aligned(sizeof(bf16) * count * m * m);
   }
   static size_t gram_bytes(const MuonPlan::Batch& b) { return gram_bytes(b.count, b.rows, b.cols); }
+  static size_t scales_floats(int64_t count, int64_t rows, int64_t cols) {
+    return static_cast<size_t>(count * (std::max(rows, cols) + 1));
+  }
   static size_t bytes(int64_t count, int64_t rows, int64_t cols, size_t chunks) {
-    return 2 * matrices_bytes(count, rows, cols) + 2 * gram_bytes(count, rows, cols) + sizeof(float) * chunks;
+    return 2 * matrices_bytes(count, rows, cols) + 2 * gram_bytes(count, rows, cols) +
+           sizeof(float) * (2 * chunks + scales_floats(count, rows, cols));
   }
 
   CudaWorkspace(const MuonPlan::Batch& b, void* base) {
@@ -258,6 +268,9 @@ struct CudaWorkspace {
     gram = reinterpret_cast<bf16*>(at + 2 * matrices_bytes(b));
     poly = reinterpret_cast<bf16*>(at + 2 * matrices_bytes(b) + gram_bytes(b));
     partials = reinterpret_cast<float*>(at + 2 * matrices_bytes(b) + 2 * gram_bytes(b));
+    scaled_partials = partials + b.plan.chunks().size();
+    lines = scaled_partials + b.plan.chunks().size();
+    factors = lines + b.count * std::max(b.rows, b.cols);
   }
 };
 
@@ -339,30 +352,55 @@ bf16* newton_schulz(GemmState& gemm, const MuonPlan::Batch& b, const CudaWorkspa
   bf16* in = w.x;
   bf16* out = w.x_next;
   for (int32_t s = 0; s < h.ns_steps; ++s) {
+    const MuonNsCoefficients& k = h.ns_iteration(s);
     symmetric_product(gemm, RowOperand{in, wide, wide ? C : R, C, sx}, m, m1, 1.0f, 0.0f, nullptr, w.gram, sg, n,
                       stream);
     if (m1 > 0) {
-      symmetric_product(gemm, RowOperand{w.gram, false, m, m, sg}, m, m1, h.ns_c, h.ns_b, w.gram, w.poly, sg, n,
-                        stream);
+      symmetric_product(gemm, RowOperand{w.gram, false, m, m, sg}, m, m1, k.c, k.b, w.gram, w.poly, sg, n, stream);
     } else {  // torch's A A as it is written
-      gemm.run(poly, h.ns_c, w.gram, w.gram, h.ns_b, w.gram, w.poly, stream);
+      gemm.run(poly, k.c, w.gram, w.gram, k.b, w.gram, w.poly, stream);
     }
-    if (wide) gemm.run(update, 1.0f, in, w.poly, h.ns_a, in, out, stream);
-    else gemm.run(update, 1.0f, w.poly, in, h.ns_a, in, out, stream);
+    if (wide) gemm.run(update, 1.0f, in, w.poly, k.a, in, out, stream);
+    else gemm.run(update, 1.0f, w.poly, in, k.a, in, out, stream);
     std::swap(in, out);
   }
   return in;
 }
 
-// Normalisation and Newton-Schulz on the workspace's matrices (their
-// chunks' sums made); returns the buffer that holds the result.
+// MuonEq (where the group has it), the normalisation and Newton-Schulz on
+// the workspace's matrices (their chunks' sums made); returns the buffer
+// that holds the result.
 const bf16* orthogonalise(const MuonLaunch& l, const CudaWorkspace& w, cudaStream_t stream) {
   const MuonPlan::Batch& b = *l.batch;
-  cuda::launch_multi_tensor(b.plan, NormaliseOp{l.table, w.x, w.partials, b.rows * b.cols, l.found_inf}, Stream{stream});
+  const int64_t elements = b.rows * b.cols;
+  const float* sums = w.partials;
+  if (l.hyper->equilibrate_rows) {
+    cuda::launch_multi_tensor(
+        b.plan, EquilibrateOp{w.x, w.partials, w.scaled_partials, b.rows, b.cols, elements, l.found_inf},
+        Stream{stream});
+    sums = w.scaled_partials;
+  }
+  cuda::launch_multi_tensor(b.plan, NormaliseOp{l.table, w.x, sums, elements, l.found_inf}, Stream{stream});
   auto& gemm = *static_cast<GemmState*>(const_cast<void*>(l.gemm));
   const GemmStream on = l.lane >= 0 ? GemmStream{stream, gemm.lanes[static_cast<size_t>(l.lane)].workspace, kLaneWorkspace}
                                     : GemmStream{stream, gemm.workspace, kGemmWorkspace};
   return newton_schulz(gemm, b, w, *l.hyper, l.split_from, on);
+}
+
+// Muon+ and NorMuon: the result's line sums, then its scales (one block a
+// matrix), for the weight pass. One more read of the result: the scales
+// need each whole matrix's sums before any weight can take them.
+void scale_result(const MuonLaunch& l, const CudaWorkspace& w, const bf16* result, cudaStream_t stream) {
+  const MuonPlan::Batch& b = *l.batch;
+  constexpr unsigned kThreads = 256;
+  const bool per_row = muon_per_row(b.rows, b.cols);
+  const int64_t blocks = per_row ? (b.rows + kThreads / 32 - 1) / (kThreads / 32) : (b.cols + kThreads - 1) / kThreads;
+  muon_cuda::line_sums_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(b.count)), kThreads, 0,
+                                stream>>>(result, w.lines, b.rows, b.cols, l.found_inf);
+  GRADKIT_CUDA_CHECK_LAUNCH();
+  muon_cuda::result_scales_kernel<<<static_cast<unsigned>(b.count), 1024, 0, stream>>>(
+      l.table, w.lines, w.factors, l.hyper->second_moment ? b.second_moment : nullptr, b.rows, b.cols, l.found_inf);
+  GRADKIT_CUDA_CHECK_LAUNCH();
 }
 
 // A sharded plan's owned batch: assembled, orthogonalised, dispersed.
@@ -394,7 +432,13 @@ void run(const MuonLaunch& l, cudaStream_t stream) {
   cuda::launch_multi_tensor(b.plan, MomentumOp<P, G, M>{l.table, b.rows, b.cols, w.x, w.partials, elements, l.found_inf,
                                                         l.grad_scale, l.grad_scale_device}, s);
   const bf16* result = orthogonalise(l, w, stream);
-  cuda::launch_multi_tensor(b.plan, WeightOp<P>{l.table, b.rows, b.cols, result, elements, l.found_inf}, s);
+  WeightOp<P> weight{l.table, b.rows, b.cols, result, elements, l.found_inf};
+  if (l.hyper->renormalize || l.hyper->second_moment) {
+    scale_result(l, w, result, stream);
+    weight.lines = w.lines;
+    weight.factors = w.factors;
+  }
+  cuda::launch_multi_tensor(b.plan, weight, s);
 }
 
 template <class P, class G>
@@ -485,8 +529,15 @@ GemmState::GraphKey graph_key(std::span<const MuonLaunch> launches) {
   const MuonLaunch& first = launches.front();
   key = {static_cast<double>(reinterpret_cast<uintptr_t>(first.found_inf)), first.grad_scale,
          static_cast<double>(reinterpret_cast<uintptr_t>(first.grad_scale_device))};
-  for (const MuonLaunch& l : launches) key.insert(key.end(), {l.hyper->ns_a, l.hyper->ns_b, l.hyper->ns_c,
-                                                              static_cast<double>(l.hyper->ns_steps)});
+  // What the host reads when it enqueues: the products' coefficients, the
+  // iteration count and which of the recipe's passes run.
+  for (const MuonLaunch& l : launches) {
+    const MuonHyperparameters& h = *l.hyper;
+    for (const MuonNsCoefficients& k : h.ns_coefficient_list()) key.insert(key.end(), {k.a, k.b, k.c});
+    key.insert(key.end(), {static_cast<double>(h.ns_coefficient_count), static_cast<double>(h.ns_steps),
+                           static_cast<double>(h.equilibrate_rows), static_cast<double>(h.renormalize),
+                           static_cast<double>(h.second_moment)});
+  }
   return key;
 }
 

@@ -201,6 +201,55 @@ struct DisperseOp {
   }
 };
 
+// MuonEq on the batch's matrices, a block per chunk as the other passes
+// (so that its partials take the chunks' places): each block takes the
+// matrix's rows [R k / n, R (k + 1) / n) for its chunk k of n, and per row
+// the sum of squares (the block's tree), the scale from the matrix's norm
+// (its momentum partials, in chunk order as NormaliseOp adds them), the
+// scaled bf16 values written back; the block's sum of their squares goes to
+// `scaled`, at the chunk's place.
+struct EquilibrateOp {
+  bf16* x;
+  const float* partials;
+  float* scaled;
+  int64_t rows, cols, elements;
+  const bool* found_inf;
+
+  __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& chunk) const {
+    if (found_inf != nullptr && *found_inf) return;
+    __shared__ float row_scale;
+    const int64_t first = plan.first_chunk(chunk.tensor), last = plan.first_chunk(chunk.tensor + 1);
+    double sum = 0.0;
+    for (int64_t k = first; k < last; ++k) sum += partials[k];
+    const float target = muon_row_target(sum, rows);
+    const int64_t part = blockIdx.x - first, parts = last - first;
+    const int64_t row_begin = rows * part / parts, row_end = rows * (part + 1) / parts;
+    bf16* matrix = x + chunk.tensor * elements;
+    float total = 0.0f;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      bf16* row = matrix + r * cols;
+      float squares = 0.0f;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+        const float v = __bfloat162float(row[j]);
+        squares = __fadd_rn(squares, __fmul_rn(v, v));
+      }
+      squares = cuda::block_reduce(squares, cuda::Plus{});
+      if (threadIdx.x == 0) row_scale = round_bf16(muon_row_scale(target, squares));
+      __syncthreads();
+      const float scale = row_scale;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+        const bf16 v = __float2bfloat16_rn(__fmul_rn(__bfloat162float(row[j]), scale));
+        row[j] = v;
+        const float f = __bfloat162float(v);
+        total = __fadd_rn(total, __fmul_rn(f, f));
+      }
+      __syncthreads();  // row_scale is written again for the next row
+    }
+    total = cuda::block_reduce(total, cuda::Plus{});
+    if (threadIdx.x == 0) scaled[blockIdx.x] = total;
+  }
+};
+
 struct NormaliseOp {
   const MuonHyperparameters* hyper;
   bf16* x;
@@ -215,7 +264,7 @@ struct NormaliseOp {
     const int64_t first = plan.first_chunk(chunk.tensor), last = plan.first_chunk(chunk.tensor + 1);
     double sum = 0.0;
     for (int64_t k = first; k < last; ++k) sum += partials[k];
-    const float divisor = muon_divisor(sum, hyper->eps, round_bf16);
+    const float divisor = muon_divisor(sum, hyper->eps, round_bf16, hyper->divisor);
     bf16* out = x + chunk.tensor * elements + chunk.begin;
     const auto divided = [divisor](bf16 v) { return __float2bfloat16_rn(__fdiv_rn(__bfloat162float(v), divisor)); };
     cuda::for_each_value<kGroup, kUnroll>(chunk.length, out, cuda::vector_aligned<kGroup>(out), true,
@@ -232,6 +281,10 @@ struct WeightOp {
   const bf16* orthogonal;
   int64_t elements;
   const bool* found_inf;
+  // Muon+ and NorMuon (ResultScales): per matrix, max(rows, cols) line
+  // factors and the Muon+ factor; null where the step does not scale.
+  const float* lines = nullptr;
+  const float* factors = nullptr;
 
   __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& chunk) const {
     if (found_inf != nullptr && *found_inf) return;
@@ -241,8 +294,21 @@ struct WeightOp {
     const bf16* o = orthogonal != nullptr ? orthogonal + chunk.tensor * elements + chunk.begin
                                           : plan.tensor<const bf16>(3, chunk);
     const auto round_weight = [](float v) { return cuda::to_compute<float>(cuda::from_compute<NP>(v)); };
-    const auto updated = [&](NP w, bf16 u) {
-      return cuda::from_compute<NP>(muon_weight(cuda::to_compute<float>(w), __bfloat162float(u), c, round_weight));
+    // The element's update: the result, scaled by its matrix's and its
+    // line's factors where the step has them (e: its index in the matrix).
+    const float* line = lines != nullptr ? lines + chunk.tensor * (rows >= cols ? rows : cols) : nullptr;
+    const float f = lines != nullptr ? factors[chunk.tensor] : 1.0f;
+    const bool per_row = muon_per_row(rows, cols);
+    const auto updated = [&](NP w, bf16 u, int i) {
+      float o_value = __bfloat162float(u);
+      if (line != nullptr) {
+        const auto e = static_cast<uint64_t>(chunk.begin + i), n = static_cast<uint64_t>(cols);
+        const uint64_t at = e <= 0xffffffffu ? (per_row ? static_cast<uint32_t>(e) / static_cast<uint32_t>(n)
+                                                        : static_cast<uint32_t>(e) % static_cast<uint32_t>(n))
+                                             : (per_row ? e / n : e % n);
+        o_value = muon_scaled(o_value, f, line[at], round_weight);
+      }
+      return cuda::from_compute<NP>(muon_weight(cuda::to_compute<float>(w), o_value, c, round_weight));
     };
     cuda::for_each_group<kGroup, kUnroll>(
         chunk.length, cuda::vector_aligned<kGroup>(param) && cuda::vector_aligned<kGroup>(o),
@@ -257,12 +323,65 @@ struct WeightOp {
 #pragma unroll
           for (int u = 0; u < U; ++u) {
 #pragma unroll
-            for (int k = 0; k < kGroup; ++k) pr[u][k] = updated(pr[u][k], orr[u][k]);
+            for (int k = 0; k < kGroup; ++k) pr[u][k] = updated(pr[u][k], orr[u][k], i + u * stride + k);
             cuda::store<kGroup>(param + i + u * stride, pr[u], vec);
           }
         },
-        [&](int j) { param[j] = updated(param[j], o[j]); });
+        [&](int j) { param[j] = updated(param[j], o[j], j); });
   }
 };
+
+// Muon+ and NorMuon after Newton-Schulz: each matrix's sums of squares
+// along its lines (rows where rows >= cols, else columns) into `lines`,
+// then one block a matrix turns them into the line factors and the Muon+
+// factor (spec::muon_scales), updating the second moment.
+__global__ void line_sums_kernel(const bf16* result, float* lines, int64_t rows, int64_t cols, const bool* found_inf) {
+  if (found_inf != nullptr && *found_inf) return;
+  const int64_t m = blockIdx.y, length = rows >= cols ? rows : cols;
+  const bf16* o = result + m * rows * cols;
+  float* out = lines + m * length;
+  if (muon_per_row(rows, cols)) {  // a warp per row, its lanes along the row
+    const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= rows) return;
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x % 32; j < cols; j += 32) {
+      const float v = __bfloat162float(o[r * cols + j]);
+      sum = __fadd_rn(sum, __fmul_rn(v, v));
+    }
+    sum = cuda::warp_reduce(sum, cuda::Plus{});
+    if (threadIdx.x % 32 == 0) out[r] = sum;
+  } else {  // a thread per column, down the rows (the block's loads coalesce along a row)
+    const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    float sum = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float v = __bfloat162float(o[r * cols + j]);
+      sum = __fadd_rn(sum, __fmul_rn(v, v));
+    }
+    out[j] = sum;
+  }
+}
+
+__global__ void result_scales_kernel(const MuonHyperparameters* hyper, float* lines, float* factors,
+                                     float* const* second_moment, int64_t rows, int64_t cols, const bool* found_inf) {
+  if (found_inf != nullptr && *found_inf) return;
+  __shared__ float total;
+  const int64_t m = blockIdx.x, length = rows >= cols ? rows : cols;
+  float* sums = lines + m * length;
+  float* second = second_moment != nullptr ? second_moment[m] : nullptr;
+  // The sum over all lines of value(i): each thread's lines in order, then the block's tree.
+  const auto reduce = [&](auto value) {
+    float t = 0.0f;
+    for (int64_t i = threadIdx.x; i < length; i += blockDim.x) t = __fadd_rn(t, value(i));
+    t = cuda::block_reduce(t, cuda::Plus{});
+    if (threadIdx.x == 0) total = t;
+    __syncthreads();
+    const float all = total;
+    __syncthreads();
+    return all;
+  };
+  const float f = muon_scales(*hyper, rows, cols, sums, second, reduce, threadIdx.x, blockDim.x);
+  if (threadIdx.x == 0) factors[m] = f;
+}
 
 }  // namespace gradkit::spec::muon_cuda

@@ -46,6 +46,57 @@ void check_shape(std::string_view op, size_t i, const MatrixShape& s, int64_t nu
   }
 }
 
+void check_second_moment(std::string_view op, std::span<const TensorView> second_moment,
+                         std::span<const TensorView> params, std::span<const MatrixShape> shapes,
+                         std::span<const MuonHyperparameters> hyperparameters, std::span<const int32_t> groups) {
+  if (second_moment.empty()) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const size_t group = groups.empty() ? 0 : static_cast<size_t>(groups[i]);
+      if (hyperparameters[group].second_moment) {
+        throw_argument_error(ErrorCode::invalid_argument, op, "second_moment",
+                             "is empty, but hyperparameters[" + std::to_string(group) +
+                                 "].second_moment is set; expected one f32 tensor per parameter");
+      }
+    }
+    return;
+  }
+  if (second_moment.size() != params.size()) {
+    throw_argument_error(ErrorCode::size_mismatch, op, "second_moment",
+                         "has " + std::to_string(second_moment.size()) + " tensors, expected one per parameter (" +
+                             std::to_string(params.size()) + ")");
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const TensorView& v = second_moment[i];
+    const int64_t expected = muon_second_moment_numel(shapes[i]);
+    if (v.dtype != DType::f32) {
+      throw_argument_error(ErrorCode::dtype_unsupported, op, indexed("second_moment", i),
+                           "has dtype " + std::string(dtype_name(v.dtype)) + ", expected f32");
+    }
+    if (v.numel != expected) {
+      throw_argument_error(ErrorCode::size_mismatch, op, indexed("second_moment", i),
+                           "has " + std::to_string(v.numel) + " elements, expected " + std::to_string(expected) +
+                               " (one per row where rows >= cols, else per column, of each matrix)");
+    }
+    if (v.data == nullptr) {
+      throw_argument_error(ErrorCode::null_pointer, op, indexed("second_moment", i), "is null");
+    }
+    if (!(v.device == params[i].device)) {
+      throw_argument_error(ErrorCode::device_mismatch, op, indexed("second_moment", i),
+                           "is on " + to_string(v.device) + ", expected the parameters' " +
+                               to_string(params[i].device));
+    }
+  }
+}
+
+void check_sharded_recipe(const MuonHyperparameters& h, std::string_view op, const std::string& arg) {
+  if (h.renormalize || h.second_moment) {
+    throw_argument_error(ErrorCode::invalid_argument, op, arg + (h.renormalize ? ".renormalize" : ".second_moment"),
+                         "is set; the sharded plan takes ns_coefficients, divisor, equilibrate_rows and "
+                         "cautious_weight_decay, not the result's scales (Muon+, NorMuon): use MuonPlan on whole "
+                         "matrices for those");
+  }
+}
+
 void check_step_inputs(std::string_view op, const MuonStepInputs& in, Device device) {
   ops::check_device_scalar(op, "found_inf", in.found_inf, device);
   ops::check_device_scalar(op, "grad_scale_device", in.grad_scale_device, device);
@@ -122,12 +173,32 @@ void validate(const MuonHyperparameters& h, std::string_view op, const std::stri
               "a finite value >= 0");
   check_value(h.momentum >= 0 && h.momentum < 1, op, arg + ".momentum", h.momentum, "a value in [0, 1)");
   check_value(std::isfinite(h.eps) && h.eps > 0, op, arg + ".eps", h.eps, "a finite value > 0");
-  check_value(std::isfinite(h.ns_a), op, arg + ".ns_a", h.ns_a, "a finite coefficient");
-  check_value(std::isfinite(h.ns_b), op, arg + ".ns_b", h.ns_b, "a finite coefficient");
-  check_value(std::isfinite(h.ns_c), op, arg + ".ns_c", h.ns_c, "a finite coefficient");
+  check_value(h.ns_coefficient_count >= 1 && h.ns_coefficient_count <= kMuonMaxNsCoefficients, op,
+              arg + ".ns_coefficient_count", h.ns_coefficient_count,
+              "a count in [1, " + std::to_string(kMuonMaxNsCoefficients) + "]");
+  for (int32_t i = 0; i < h.ns_coefficient_count; ++i) {
+    const MuonNsCoefficients& k = h.ns_coefficients[i];
+    const std::string at = arg + ".ns_coefficients[" + std::to_string(i) + "]";
+    check_value(std::isfinite(k.a), op, at + ".a", k.a, "a finite coefficient");
+    check_value(std::isfinite(k.b), op, at + ".b", k.b, "a finite coefficient");
+    check_value(std::isfinite(k.c), op, at + ".c", k.c, "a finite coefficient");
+  }
   check_value(h.ns_steps >= 1 && h.ns_steps < 100, op, arg + ".ns_steps", h.ns_steps, "a count in [1, 100)");
   check_value(h.adjust_lr == MuonLrAdjust::original || h.adjust_lr == MuonLrAdjust::match_rms_adamw, op,
               arg + ".adjust_lr", static_cast<double>(h.adjust_lr), "original (0) or match_rms_adamw (1)");
+  check_value(h.divisor == MuonDivisor::clamp || h.divisor == MuonDivisor::polar_express, op, arg + ".divisor",
+              static_cast<double>(h.divisor), "clamp (0) or polar_express (1)");
+  check_value(h.beta2 >= 0 && h.beta2 < 1, op, arg + ".beta2", h.beta2, "a value in [0, 1)");
+}
+
+void MuonHyperparameters::set_ns_coefficients(std::span<const MuonNsCoefficients> triples) {
+  if (triples.empty() || triples.size() > static_cast<size_t>(kMuonMaxNsCoefficients)) {
+    throw_argument_error(ErrorCode::invalid_argument, "MuonHyperparameters", "ns_coefficients",
+                         "has " + std::to_string(triples.size()) + " triples, expected 1 to " +
+                             std::to_string(kMuonMaxNsCoefficients));
+  }
+  std::copy(triples.begin(), triples.end(), ns_coefficients);
+  ns_coefficient_count = static_cast<int32_t>(triples.size());
 }
 
 double muon_adjusted_lr(const MuonHyperparameters& h, int64_t rows, int64_t cols) {
@@ -153,6 +224,7 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
                          static_cast<int32_t>(hyperparameters.size()));
   if (!all_.empty()) check_dtypes(kOp, all_);
   for (size_t i = 0; i < t.params.size(); ++i) check_shape(kOp, i, t.shapes[i], t.params[i].numel);
+  check_second_moment(kOp, t.second_moment, t.params, t.shapes, hyperparameters, groups);
 
   // Matrices of one shape and one group, in tensor order, make a batch (up
   // to kMaxBatchElements): its products run as one batched call each.
@@ -169,6 +241,24 @@ MuonPlan::MuonPlan(const MuonTensors& t, std::span<const MuonHyperparameters> hy
     batch.count = static_cast<int64_t>(batch.sources.size());
     bytes.push_back(device().is_cuda() ? spec::muon_cuda_workspace_bytes(batch)
                                        : spec::muon_cpu_workspace_bytes(batch));
+  }
+  // Each batch's matrices' second moments, as a pointer table on the device.
+  if (!t.second_moment.empty()) {
+    std::vector<float*> pointers;
+    for (const Batch& batch : batches_) {
+      for (const auto& [tensor, m] : batch.sources) {
+        const TensorView& v = t.second_moment[static_cast<size_t>(tensor)];
+        const MatrixShape& shape = t.shapes[static_cast<size_t>(tensor)];
+        pointers.push_back(static_cast<float*>(v.data) + m * std::max(shape.rows, shape.cols));
+      }
+    }
+    second_moment_table_ = Buffer(device(), pointers.size() * sizeof(float*));
+    copy_from_host(second_moment_table_.data(), device(), pointers.data(), pointers.size() * sizeof(float*));
+    auto* table = static_cast<float* const*>(second_moment_table_.data());
+    for (Batch& batch : batches_) {
+      batch.second_moment = table;
+      table += batch.count;
+    }
   }
   Concurrency together = plan_concurrency(device(), bytes, options.streams);
   offsets_ = std::move(together.offsets);
@@ -199,11 +289,26 @@ std::vector<spec::MuonLaunch> MuonPlan::launches(const MuonStepInputs& in) const
   return out;
 }
 
+// NorMuon reads each matrix's second moment: a group may turn it on only
+// where the plan was given them.
+void MuonPlan::check_second_moment_given(std::span<const MuonHyperparameters> hyperparameters) const {
+  if (second_moment_table_.bytes() != 0) return;
+  for (size_t g = 0; g < hyperparameters.size(); ++g) {
+    if (hyperparameters[g].second_moment) {
+      throw_argument_error(ErrorCode::invalid_argument, kOp, indexed("hyperparameters", g) + ".second_moment",
+                           "is set, but the plan was made without second_moment tensors; expected a plan made "
+                           "with MuonTensors::second_moment");
+    }
+  }
+}
+
 void MuonPlan::set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters) {
+  check_second_moment_given(hyperparameters);
   hyper_.set(kOp, hyperparameters, device());  // checks the count and each entry first
 }
 
 void MuonPlan::set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters, Stream stream) {
+  check_second_moment_given(hyperparameters);
   hyper_.set_on(kOp, hyperparameters, device(), stream);
 }
 

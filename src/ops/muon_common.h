@@ -30,6 +30,19 @@ void check_dtypes(std::string_view op, const MultiTensorPlan& plan);
 // The shape's sides are >= 1 and batch * rows * cols is `numel`.
 void check_shape(std::string_view op, size_t i, const MatrixShape& s, int64_t numel);
 
+// NorMuon's second moments: empty, or one f32 tensor per parameter of
+// muon_second_moment_numel elements on the parameters' device; required
+// when a group has second_moment.
+void check_second_moment(std::string_view op, std::span<const TensorView> second_moment,
+                         std::span<const TensorView> params, std::span<const MatrixShape> shapes,
+                         std::span<const MuonHyperparameters> hyperparameters, std::span<const int32_t> groups);
+
+// MuonShardedPlan's owners orthogonalise whole matrices and the ranks
+// update their rows: the result's scales (renormalize, second_moment) need
+// each whole result and a second moment per line beside the rows, which
+// the sharded plan does not keep; refused naming the field.
+void check_sharded_recipe(const MuonHyperparameters& h, std::string_view op, const std::string& arg);
+
 // found_inf and grad_scale_device on `device` (or null), grad_scale finite
 // and > 0 when no grad_scale_device is given.
 void check_step_inputs(std::string_view op, const MuonStepInputs& inputs, Device device);

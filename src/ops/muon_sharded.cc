@@ -157,7 +157,10 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
   if (hyperparameters.empty()) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, "hyperparameters", "is empty; expected one entry per group");
   }
-  for (size_t i = 0; i < hyperparameters.size(); ++i) validate(hyperparameters[i], kOp, indexed("hyperparameters", i));
+  for (size_t i = 0; i < hyperparameters.size(); ++i) {
+    validate(hyperparameters[i], kOp, indexed("hyperparameters", i));
+    check_sharded_recipe(hyperparameters[i], kOp, indexed("hyperparameters", i));
+  }
   check_value(options.streams >= 1, kOp, "options.streams", options.streams, "a count >= 1");
   check_value(options.buckets >= 1, kOp, "options.buckets", options.buckets, "a count >= 1");
   check_value(t.ranks >= 1, kOp, "ranks", t.ranks, "a count >= 1");
@@ -448,10 +451,14 @@ void MuonShardedPlan::orthogonalize(const MuonStepInputs& in, Stream stream) con
 void MuonShardedPlan::update(const MuonStepInputs& in, Stream stream) const { run(kUpdate, kAllBuckets, in, stream); }
 
 void MuonShardedPlan::set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters) {
+  for (size_t i = 0; i < hyperparameters.size(); ++i)
+    check_sharded_recipe(hyperparameters[i], kOp, indexed("hyperparameters", i));
   hyper_.set(kOp, hyperparameters, device());
 }
 
 void MuonShardedPlan::set_hyperparameters(std::span<const MuonHyperparameters> hyperparameters, Stream stream) {
+  for (size_t i = 0; i < hyperparameters.size(); ++i)
+    check_sharded_recipe(hyperparameters[i], kOp, indexed("hyperparameters", i));
   hyper_.set_on(kOp, hyperparameters, device(), stream);
 }
 

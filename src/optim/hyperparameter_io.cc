@@ -74,7 +74,8 @@ LambHyperparameters read_hyperparameters(SectionReader& in, const LambHyperparam
 
 void write_hyperparameters(SectionWriter& out, const MuonHyperparameters& h) {
   out.put(h.lr).put(h.weight_decay).put(h.momentum).put(static_cast<uint8_t>(h.nesterov));
-  out.put(h.ns_a).put(h.ns_b).put(h.ns_c).put(h.eps).put(h.ns_steps).put(static_cast<int32_t>(h.adjust_lr));
+  const MuonNsCoefficients& k = h.ns_coefficients[0];
+  out.put(k.a).put(k.b).put(k.c).put(h.eps).put(h.ns_steps).put(static_cast<int32_t>(h.adjust_lr));
 }
 
 MuonHyperparameters read_hyperparameters(SectionReader& in, const MuonHyperparameters*) {
@@ -83,13 +84,42 @@ MuonHyperparameters read_hyperparameters(SectionReader& in, const MuonHyperparam
   h.weight_decay = in.get<double>();
   h.momentum = in.get<double>();
   h.nesterov = in.get<uint8_t>() != 0;
-  h.ns_a = in.get<float>();
-  h.ns_b = in.get<float>();
-  h.ns_c = in.get<float>();
+  h.ns_coefficients[0].a = in.get<float>();
+  h.ns_coefficients[0].b = in.get<float>();
+  h.ns_coefficients[0].c = in.get<float>();
   h.eps = in.get<float>();
   h.ns_steps = in.get<int32_t>();
   h.adjust_lr = static_cast<MuonLrAdjust>(in.get<int32_t>());
   return h;
+}
+
+void write_muon_recipe(SectionWriter& out, const MuonHyperparameters& h) {
+  out.put(h.ns_coefficient_count);
+  for (const MuonNsCoefficients& k : h.ns_coefficient_list()) out.put(k.a).put(k.b).put(k.c);
+  out.put(static_cast<int32_t>(h.divisor)).put(static_cast<uint8_t>(h.equilibrate_rows));
+  out.put(static_cast<uint8_t>(h.renormalize)).put(static_cast<uint8_t>(h.second_moment)).put(h.beta2);
+  out.put(static_cast<uint8_t>(h.cautious_weight_decay));
+}
+
+void read_muon_recipe(SectionReader& in, MuonHyperparameters& h) {
+  const auto count = in.get<int32_t>();
+  if (count < 1 || count > kMuonMaxNsCoefficients) {
+    throw Error(ErrorCode::io_error, "section 'recipe' has " + std::to_string(count) +
+                                         " Newton-Schulz triples in a group, expected 1 to " +
+                                         std::to_string(kMuonMaxNsCoefficients));
+  }
+  h.ns_coefficient_count = count;
+  for (int32_t i = 0; i < count; ++i) {
+    h.ns_coefficients[i].a = in.get<float>();
+    h.ns_coefficients[i].b = in.get<float>();
+    h.ns_coefficients[i].c = in.get<float>();
+  }
+  h.divisor = static_cast<MuonDivisor>(in.get<int32_t>());
+  h.equilibrate_rows = in.get<uint8_t>() != 0;
+  h.renormalize = in.get<uint8_t>() != 0;
+  h.second_moment = in.get<uint8_t>() != 0;
+  h.beta2 = in.get<double>();
+  h.cautious_weight_decay = in.get<uint8_t>() != 0;
 }
 
 }  // namespace gradkit

@@ -43,6 +43,13 @@ inline uint32_t moment_code(DType moment, int32_t bits) {
   return moment == DType::u8 && bits == 4 ? kFourBitMomentCode : static_cast<uint32_t>(moment);
 }
 
+// Muon's recipe (docs/state-format.md, section `recipe`): per group, the
+// Newton-Schulz triples and the recipe's parts that `groups` does not hold.
+void write_muon_recipe(SectionWriter& out, const MuonHyperparameters& h);
+// Reads one group's into `h` (its other fields kept). Throws io_error on a
+// bad triple count; the caller validates the whole entry.
+void read_muon_recipe(SectionReader& in, MuonHyperparameters& h);
+
 template <class Group, class Hyper>
 std::vector<uint8_t> write_groups(const std::vector<Group>& groups, const std::vector<Hyper>& hyper) {
   SectionWriter out;

@@ -47,6 +47,13 @@ GRADKIT_HD float fma(float a, float b, float c) { return std::fma(a, b, c); }
 GRADKIT_HD double fma(double a, double b, double c) { return std::fma(a, b, c); }
 #endif
 
+// a / b correctly rounded (IEEE division), whatever the compiler's flags.
+#if defined(__CUDA_ARCH__)
+GRADKIT_HD float div(float a, float b) { return __fdiv_rn(a, b); }
+#else
+GRADKIT_HD float div(float a, float b) { return a / b; }
+#endif
+
 // 1 / x correctly rounded (IEEE division of 1 by x), as one operation:
 // __frcp_rn on CUDA (a reciprocal, its refinement, a range check and a
 // slow-path branch; cuda/denominator_lanes.cuh takes a lane's under one test).

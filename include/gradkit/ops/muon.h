@@ -28,23 +28,80 @@ struct MuonLaunch;  // src/spec/muon.h
 // (Moonshot's): 0.2 sqrt(max(A, B)).
 enum class MuonLrAdjust : int32_t { original = 0, match_rms_adamw = 1 };
 
-// One group's hyperparameters, torch.optim.Muon's defaults.
+// What the Newton-Schulz input is divided by (n: its Frobenius norm, in bf16):
+// clamp: max(n, eps), torch.optim.Muon's; polar_express: 1.01 n + eps, the
+// safety margin Polar Express's coefficients are computed for (arXiv
+// 2505.16932, as nanochat's MuonAdamW runs it).
+enum class MuonDivisor : int32_t { clamp = 0, polar_express = 1 };
+
+// One Newton-Schulz iteration's coefficients: X' = a X + (b A + c A A) X, A = X Xt.
+struct MuonNsCoefficients {
+  float a, b, c;
+};
+
+// The most per-iteration triples a group holds; iterations past the last
+// triple repeat it.
+inline constexpr int32_t kMuonMaxNsCoefficients = 8;
+
+// Polar Express's five triples (arXiv 2505.16932; computed for 5 iterations,
+// safety factor 2e-2, cushion 2), as f32.
+inline constexpr MuonNsCoefficients kPolarExpressCoefficients[5] = {
+    {8.156554524902461f, -22.48329292557795f, 15.878769915207462f},
+    {4.042929935166739f, -2.808917465908714f, 0.5000178451051316f},
+    {3.8916678022926607f, -2.772484153217685f, 0.5060648178503393f},
+    {3.285753657755655f, -2.3681294933425376f, 0.46449024233003106f},
+    {2.3465413258596377f, -1.7097828382687081f, 0.42323551169305323f},
+};
+
+// One group's hyperparameters, torch.optim.Muon's defaults. The recipe's
+// parts (divisor, equilibrate_rows, renormalize, second_moment,
+// cautious_weight_decay) are off by default, so that the default step is
+// torch.optim.Muon's; docs/ops.md ("muon_step") gives each one's formula.
 struct MuonHyperparameters {
   double lr = 1e-3;
   double weight_decay = 0.1;
   double momentum = 0.95;
   bool nesterov = true;
-  float ns_a = 3.4445f;  // the quintic Newton-Schulz iteration's coefficients
-  float ns_b = -4.7750f;
-  float ns_c = 2.0315f;
-  float eps = 1e-7f;     // the Frobenius norm is clamped to at least eps
+  // Iteration s uses ns_coefficients[min(s, ns_coefficient_count - 1)]:
+  // one triple is torch's fixed quintic iteration.
+  MuonNsCoefficients ns_coefficients[kMuonMaxNsCoefficients] = {{3.4445f, -4.7750f, 2.0315f}};
+  int32_t ns_coefficient_count = 1;
+  float eps = 1e-7f;     // the divisor's eps
   int32_t ns_steps = 5;
   MuonLrAdjust adjust_lr = MuonLrAdjust::original;
+  MuonDivisor divisor = MuonDivisor::clamp;
+  // MuonEq (arXiv 2603.28254): each row of the bf16 input scaled to the
+  // matrix's mean row norm before the normalisation.
+  bool equilibrate_rows = false;
+  // Muon+ (arXiv 2602.21545): the result scaled to a Frobenius norm of
+  // sqrt(min(rows, cols)), that of an exactly semi-orthogonal matrix.
+  bool renormalize = false;
+  // NorMuon (arXiv 2510.05491): a second moment of the result's mean square
+  // per row (rows >= cols) or per column (rows < cols), beta2 its EMA
+  // weight; the result divided by its square root, then rescaled to the
+  // Frobenius norm it had. Needs MuonTensors::second_moment.
+  bool second_moment = false;
+  double beta2 = 0.95;
+  // Cautious weight decay (arXiv 2510.12402): w -= lr' (O + weight_decay w)
+  // where O w >= 0, w -= lr' O elsewhere (lr' the adjusted learning rate);
+  // without it, w = w (1 - lr weight_decay) - lr' O (torch's).
+  bool cautious_weight_decay = false;
+
+  // Sets the per-iteration triples (1 to kMuonMaxNsCoefficients of them).
+  void set_ns_coefficients(std::span<const MuonNsCoefficients> triples);
+  std::span<const MuonNsCoefficients> ns_coefficient_list() const {
+    return {ns_coefficients, static_cast<size_t>(ns_coefficient_count)};
+  }
+  // Iteration s's triple.
+  const MuonNsCoefficients& ns_iteration(int32_t s) const {
+    return ns_coefficients[s < ns_coefficient_count ? s : ns_coefficient_count - 1];
+  }
 };
 
 // Throws Error naming `op` and `arg` unless lr, weight_decay and momentum
 // are finite and >= 0 (momentum < 1 too), eps finite and > 0, the
-// coefficients finite, ns_steps in [1, 100) and adjust_lr one of the two.
+// coefficients finite (1 to kMuonMaxNsCoefficients triples), ns_steps in
+// [1, 100), adjust_lr and divisor known values, and beta2 in [0, 1).
 void validate(const MuonHyperparameters& h, std::string_view op, const std::string& arg);
 
 }  // namespace gradkit
@@ -71,7 +128,17 @@ struct MuonTensors {
   std::span<const TensorView> grads;
   std::span<const TensorView> momentum;  // torch.optim.Muon's momentum_buffer
   std::span<const MatrixShape> shapes;
+  // NorMuon's state: f32, one per tensor, of muon_second_moment_numel
+  // elements (zeros at first). Required, one per tensor, when a group has
+  // second_moment; may be empty otherwise.
+  std::span<const TensorView> second_moment = {};
 };
+
+// The element count of a tensor's NorMuon second moment: one value per row
+// of each matrix (rows >= cols) or per column (rows < cols).
+inline int64_t muon_second_moment_numel(const MatrixShape& s) {
+  return s.batch * (s.rows >= s.cols ? s.rows : s.cols);
+}
 
 // How a plan runs its products (not what they compute).
 struct MuonPlanOptions {
@@ -146,9 +213,13 @@ class MuonPlan {
     int64_t rows = 0, cols = 0;
     int32_t group = 0;
     std::vector<std::pair<int32_t, int64_t>> sources;  // each matrix's tensor and index within it
+    // NorMuon: each matrix's second moment (a table on the plan's device),
+    // or null where the tensors have none.
+    float* const* second_moment = nullptr;
   };
 
  private:
+  void check_second_moment_given(std::span<const MuonHyperparameters> hyperparameters) const;
   // Each batch's launch of a step (src/spec/muon.h).
   std::vector<spec::MuonLaunch> launches(const MuonStepInputs& inputs) const;
 
@@ -159,6 +230,7 @@ class MuonPlan {
   std::vector<size_t> offsets_;  // concurrent batches: each one's workspace offset (empty: one after another)
   int lanes_ = 0;                // concurrent batches: side streams
   Buffer workspace_;
+  Buffer second_moment_table_;  // the batches' second_moment pointers, one after another
   std::shared_ptr<void> gemm_;  // the CUDA backend's cuBLASLt handle and algorithms (null on the CPU)
 };
 

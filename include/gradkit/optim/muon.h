@@ -50,10 +50,13 @@ class Muon {
   const MuonHyperparameters& hyperparameters(int group) const;
 
   const std::vector<TensorView>& momentum() const { return momentum_; }
+  // NorMuon's second moments, one per param (muon_second_moment_numel;
+  // read and written only by groups with second_moment).
+  const std::vector<TensorView>& second_moment() const { return second_moment_; }
   const MuonPlan& plan() const { return plan_; }
-  // Bytes of optimizer-owned state (momentum buffers, counter); the plan's
+  // Bytes of optimizer-owned state (momentum buffers, second moments, counter); the plan's
   // workspace is plan().workspace_bytes().
-  size_t state_bytes() const { return state_.bytes() + counter_.bytes(); }
+  size_t state_bytes() const { return state_.bytes() + second_state_.bytes() + counter_.bytes(); }
 
   void save(const std::string& path) const;
   void load(const std::string& path);
@@ -64,6 +67,9 @@ class Muon {
 
  private:
   std::vector<StateSection> sections() const;
+  std::vector<StateSection> recipe_sections() const;
+  std::vector<uint8_t> recipe_section() const;
+  std::vector<MuonHyperparameters> read_hyperparameters_of(const std::string& path, const StateFile& file) const;
   std::vector<uint8_t> shapes_section() const;
 
   std::vector<MuonGroup> groups_;
@@ -72,6 +78,8 @@ class Muon {
   Buffer state_;
   Buffer counter_;  // int64: completed updates
   std::vector<TensorView> momentum_;
+  Buffer second_state_;
+  std::vector<TensorView> second_moment_;
   MuonPlan plan_;
 };
 
