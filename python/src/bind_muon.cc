@@ -21,17 +21,19 @@ using Arrays = std::vector<Array>;
 using Shape = std::tuple<int64_t, int64_t, int64_t>;
 
 struct PyMuonPlan {
-  ViewList params, grads, momentum;
+  ViewList params, grads, momentum, second_moment;
   std::vector<MatrixShape> shapes;
   MuonPlan plan;
   PyMuonPlan(const Arrays& p, const Arrays& g, const Arrays& m, const std::vector<Shape>& s,
              const std::vector<MuonHyperparameters>& hyper, const std::vector<int32_t>& groups, bool hold_grads,
-             int64_t split_from, int32_t streams, bool graphs)
+             int64_t split_from, int32_t streams, bool graphs, const Arrays& v)
       : params(to_views(p, "params")),
         grads(to_views(g, "grads")),
         momentum(to_views(m, "momentum")),
+        second_moment(to_views(v, "second_moment")),
         shapes(to_shapes(s)),
-        plan({params.views, grads.views, momentum.views, shapes}, hyper, groups, MuonPlanOptions{.split_from = split_from, .graphs = graphs, .streams = streams}) {
+        plan({params.views, grads.views, momentum.views, shapes, second_moment.views}, hyper, groups,
+             MuonPlanOptions{.split_from = split_from, .graphs = graphs, .streams = streams}) {
     if (!hold_grads) grads.arrays.clear();
   }
   static std::vector<MatrixShape> to_shapes(const std::vector<Shape>& s) {
@@ -42,6 +44,14 @@ struct PyMuonPlan {
 };
 
 std::vector<MatrixShape> to_shapes(const std::vector<Shape>& s) { return PyMuonPlan::to_shapes(s); }
+
+using Triple = std::tuple<float, float, float>;
+
+void set_triples(MuonHyperparameters& h, const std::vector<Triple>& triples) {
+  std::vector<MuonNsCoefficients> k;
+  for (const auto& [a, b, c] : triples) k.push_back({a, b, c});
+  h.set_ns_coefficients(k);
+}
 
 MuonStepInputs step_inputs(nb::handle found_inf, float grad_scale, nb::handle grad_scale_device) {
   MuonStepInputs in;
@@ -107,26 +117,76 @@ void bind_muon(nb::module_& m) {
       .value("original", MuonLrAdjust::original)
       .value("match_rms_adamw", MuonLrAdjust::match_rms_adamw);
 
+  nb::enum_<MuonDivisor>(m, "MuonDivisor")
+      .value("clamp", MuonDivisor::clamp)
+      .value("polar_express", MuonDivisor::polar_express);
+
+  m.attr("polar_express_coefficients") = [] {
+    std::vector<Triple> out;
+    for (const MuonNsCoefficients& k : kPolarExpressCoefficients) out.emplace_back(k.a, k.b, k.c);
+    return out;
+  }();
+
   nb::class_<MuonHyperparameters>(m, "MuonHyperparameters")
       .def(
           "__init__",
-          [](MuonHyperparameters* h, double lr, double weight_decay, double momentum, bool nesterov, float ns_a,
-             float ns_b, float ns_c, float eps, int32_t ns_steps, MuonLrAdjust adjust_lr) {
-            new (h) MuonHyperparameters{lr, weight_decay, momentum, nesterov, ns_a, ns_b, ns_c, eps, ns_steps, adjust_lr};
+          [](MuonHyperparameters* h, double lr, double weight_decay, double momentum, bool nesterov,
+             const std::vector<Triple>& ns_coefficients, float eps, int32_t ns_steps, MuonLrAdjust adjust_lr,
+             MuonDivisor divisor, bool equilibrate_rows, bool renormalize, bool second_moment, double beta2,
+             bool cautious_weight_decay) {
+            MuonHyperparameters out;
+            out.lr = lr;
+            out.weight_decay = weight_decay;
+            out.momentum = momentum;
+            out.nesterov = nesterov;
+            set_triples(out, ns_coefficients);
+            out.eps = eps;
+            out.ns_steps = ns_steps;
+            out.adjust_lr = adjust_lr;
+            out.divisor = divisor;
+            out.equilibrate_rows = equilibrate_rows;
+            out.renormalize = renormalize;
+            out.second_moment = second_moment;
+            out.beta2 = beta2;
+            out.cautious_weight_decay = cautious_weight_decay;
+            new (h) MuonHyperparameters(out);
           },
           nb::arg("lr") = 1e-3, nb::arg("weight_decay") = 0.1, nb::arg("momentum") = 0.95, nb::arg("nesterov") = true,
-          nb::arg("ns_a") = 3.4445f, nb::arg("ns_b") = -4.7750f, nb::arg("ns_c") = 2.0315f, nb::arg("eps") = 1e-7f,
-          nb::arg("ns_steps") = 5, nb::arg("adjust_lr") = MuonLrAdjust::original)
+          nb::arg("ns_coefficients") = std::vector<Triple>{{3.4445f, -4.7750f, 2.0315f}}, nb::arg("eps") = 1e-7f,
+          nb::arg("ns_steps") = 5, nb::arg("adjust_lr") = MuonLrAdjust::original,
+          nb::arg("divisor") = MuonDivisor::clamp, nb::arg("equilibrate_rows") = false,
+          nb::arg("renormalize") = false, nb::arg("second_moment") = false, nb::arg("beta2") = 0.95,
+          nb::arg("cautious_weight_decay") = false,
+          "ns_coefficients: one (a, b, c) triple per Newton-Schulz iteration (1 to 8; iterations past the last "
+          "repeat it). The recipe's parts (divisor, equilibrate_rows, renormalize, second_moment with beta2, "
+          "cautious_weight_decay) are off by default: torch.optim.Muon's step (docs/ops.md, muon_step).")
       .def_rw("lr", &MuonHyperparameters::lr)
       .def_rw("weight_decay", &MuonHyperparameters::weight_decay)
       .def_rw("momentum", &MuonHyperparameters::momentum)
       .def_rw("nesterov", &MuonHyperparameters::nesterov)
-      .def_rw("ns_a", &MuonHyperparameters::ns_a)
-      .def_rw("ns_b", &MuonHyperparameters::ns_b)
-      .def_rw("ns_c", &MuonHyperparameters::ns_c)
+      .def_prop_rw(
+          "ns_coefficients",
+          [](const MuonHyperparameters& h) {
+            std::vector<Triple> out;
+            for (const MuonNsCoefficients& k : h.ns_coefficient_list()) out.emplace_back(k.a, k.b, k.c);
+            return out;
+          },
+          [](MuonHyperparameters& h, const std::vector<Triple>& t) { set_triples(h, t); })
       .def_rw("eps", &MuonHyperparameters::eps)
       .def_rw("ns_steps", &MuonHyperparameters::ns_steps)
-      .def_rw("adjust_lr", &MuonHyperparameters::adjust_lr);
+      .def_rw("adjust_lr", &MuonHyperparameters::adjust_lr)
+      .def_rw("divisor", &MuonHyperparameters::divisor)
+      .def_rw("equilibrate_rows", &MuonHyperparameters::equilibrate_rows)
+      .def_rw("renormalize", &MuonHyperparameters::renormalize)
+      .def_rw("second_moment", &MuonHyperparameters::second_moment)
+      .def_rw("beta2", &MuonHyperparameters::beta2)
+      .def_rw("cautious_weight_decay", &MuonHyperparameters::cautious_weight_decay);
+
+  m.def("muon_second_moment_numel",
+        [](int64_t batch, int64_t rows, int64_t cols) { return muon_second_moment_numel({batch, rows, cols}); },
+        nb::arg("batch"), nb::arg("rows"), nb::arg("cols"),
+        "Elements of a (batch, rows, cols) tensor's NorMuon second moment: one per row of each matrix where rows "
+        ">= cols, else one per column.");
 
   m.def("muon_adjusted_lr", &muon_adjusted_lr, nb::arg("hyperparameters"), nb::arg("rows"), nb::arg("cols"),
         "The learning rate a rows x cols matrix gets (torch.optim.Muon's _adjust_lr).");
@@ -135,15 +195,17 @@ void bind_muon(nb::module_& m) {
                          "Muon over lists of matrices planned once (docs/ops.md, muon_step): shapes[i] = (batch, "
                          "rows, cols) of tensor i; matrices of one shape and group are orthogonalised together.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const std::vector<Shape>&,
-                    const std::vector<MuonHyperparameters>&, const std::vector<int32_t>&, bool, int64_t, int32_t, bool>(),
+                    const std::vector<MuonHyperparameters>&, const std::vector<int32_t>&, bool, int64_t, int32_t, bool,
+                    const Arrays&>(),
            nb::arg("params"), nb::arg("grads"), nb::arg("momentum"), nb::arg("shapes"), nb::arg("hyperparameters"),
            nb::arg("groups") = std::vector<int32_t>{}, nb::arg("hold_grads") = true,
            nb::arg("split_from") = MuonPlanOptions{}.split_from, nb::arg("streams") = MuonPlanOptions{}.streams,
-           nb::arg("graphs") = MuonPlanOptions{}.graphs,
+           nb::arg("graphs") = MuonPlanOptions{}.graphs, nb::arg("second_moment") = Arrays{},
            "split_from: on CUDA, matrices whose smaller side is at least this compute their symmetric products "
            "by row blocks (3/4 of the multiplications); streams: small batches run at once on up to this many "
            "side streams (1: one after another); graphs: on CUDA, the step is recorded into a CUDA graph and "
-           "replayed (docs/ops.md).")
+           "replayed (docs/ops.md); second_moment: NorMuon's state, one float32 tensor per param of "
+           "muon_second_moment_numel elements (required where a group has second_moment).")
       .def(
           "step",
           [](const PyMuonPlan& p, nb::handle found_inf, float grad_scale, nb::handle grad_scale_device,
