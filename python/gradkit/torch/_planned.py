@@ -81,7 +81,7 @@ class _Layout:
 
     __slots__ = ("params", "group_of", "device", "masters", "dtensors", "data", "_shard_group")
 
-    def __init__(self, param_groups):
+    def __init__(self, param_groups, mixed=False):
         self.params = [p for g in param_groups for p in g["params"]]
         self.group_of = [i for i, g in enumerate(param_groups) for _ in g["params"]]
         if not self.params:
@@ -90,11 +90,16 @@ class _Layout:
         if self.device.type not in ("cpu", "cuda", "meta"):
             raise TypeError(f"params are on {self.device}, expected the CPU or a CUDA device")
         dtypes = {p.dtype for p in self.params}
-        if dtypes not in ({torch.float32}, {torch.float64}, {torch.float16}, {torch.bfloat16}):
+        # `mixed`: an optimizer whose cohorts are split by dtype (Muon) takes float32 and bfloat16
+        # parameters together, as nanochat holds its embeddings in bfloat16 and the rest in float32.
+        allowed = [{torch.float32}, {torch.float64}, {torch.float16}, {torch.bfloat16}]
+        if mixed:
+            allowed.append({torch.float32, torch.bfloat16})
+        if dtypes not in allowed:
             raise TypeError(f"params have dtypes {sorted(str(d) for d in dtypes)}, expected one of float32, "
                             "float64, float16 or bfloat16 for all of them (float16/bfloat16 parameters get "
-                            "float32 master weights)")
-        self.masters = self.params[0].dtype in LOW_PRECISION
+                            "float32 master weights)" + (", or float32 and bfloat16" if mixed else ""))
+        self.masters = any(d in LOW_PRECISION for d in dtypes)
         # Whether a gradient may be a DTensor (whose local shard gradkit reads): without one, a
         # step reads each .grad as it is, half the host time of asking each whether it is.
         self.dtensors = any(is_dtensor(p) for p in self.params)
@@ -167,6 +172,9 @@ class _PlannedOptimizer(torch.optim.Optimizer):
     _counter_offset = 0  # counter value = completed steps + offset
     _copied_attributes = ()  # a subclass's settings outside `defaults`, kept by copy.deepcopy and pickle
     _form = StateForm()  # how the moments and masters are stored (a subclass may set its own)
+    # Whether float32 and bfloat16 parameters may share the optimizer (its _cohort_key then
+    # splits them: a plan takes one dtype).
+    _mixed_dtypes = False
 
     def __init__(self, params, defaults):
         self._init_plans()
@@ -217,7 +225,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         try:
             self._check_group(len(self.param_groups) - 1)
-            _Layout(self.param_groups)
+            _Layout(self.param_groups, self._mixed_dtypes)
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
@@ -449,7 +457,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         """The layout of the parameters, made when first needed (a step): not over parameters
         still on the meta device, which have no data to step (a named error)."""
         if self._layout is None:
-            layout = _Layout(self.param_groups)
+            layout = _Layout(self.param_groups, self._mixed_dtypes)
             layout.refuse_meta()
             self._form.check(layout.params, any(g.get("amsgrad", False) for g in self.param_groups))
             self._layout = layout

@@ -25,6 +25,8 @@ do: Muon steps the masters and each parameter becomes its master's rounding (one
 gradkit.AccumulatePlan launch per cohort), so a bfloat16 model follows the float32
 model's trajectory as its gradients allow; the AdamW groups' masters are AdamW's.
 """
+import math
+import numbers
 import operator
 
 import torch
@@ -40,6 +42,50 @@ from gradkit.torch.optim import AdamW
 _ADJUST_LR = {None: gradkit.MuonLrAdjust.original, "original": gradkit.MuonLrAdjust.original,
               "match_rms_adamw": gradkit.MuonLrAdjust.match_rms_adamw}
 _MOMENTS = ("float32", "bfloat16")
+_DIVISORS = {"clamp": gradkit.MuonDivisor.clamp, "polar_express": gradkit.MuonDivisor.polar_express}
+_MAX_TRIPLES = 8  # gradkit.MuonHyperparameters holds 1 to 8 per-iteration triples
+_FLAGS = ("equilibrate_rows", "renormalize", "cautious_weight_decay")
+# NorMuon's second moment in a parameter's state (nanochat's key): float32, one value per
+# row (rows >= cols) or per column of each matrix.
+SECOND_MOMENT = "second_momentum_buffer"
+
+
+def _is_real(x):
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def ns_triples(value):
+    """A group's "ns_coefficients" as gradkit takes them (a list of (a, b, c) floats, one per
+    Newton-Schulz iteration, the last repeated), or None where it is none of the forms Muon
+    takes: one triple (torch's), a list of 1 to 8 triples, or "polar_express"."""
+    if isinstance(value, str):
+        return [tuple(t) for t in gradkit.polar_express_coefficients] if value == "polar_express" else None
+    try:
+        items = list(value)
+    except TypeError:
+        return None
+    if len(items) == 3 and all(_is_real(x) for x in items):
+        items = [items]
+    if not 1 <= len(items) <= _MAX_TRIPLES:
+        return None
+    out = []
+    for t in items:
+        try:
+            t = tuple(t) if not isinstance(t, str) else ()
+        except TypeError:
+            return None
+        if len(t) != 3 or not all(_is_real(x) and math.isfinite(x) for x in t):
+            return None
+        out.append(tuple(float(x) for x in t))
+    return out
+
+
+def second_moment_shape(p):
+    """The shape of p's NorMuon second moment: (rows, 1) where rows >= cols, else (1, cols),
+    with p's leading batch dimension for a 3-D stack; muon_second_moment_numel elements."""
+    rows, cols = p.shape[-2], p.shape[-1]
+    tail = (rows, 1) if rows >= cols else (1, cols)
+    return tuple(p.shape[:-2]) + tail
 
 
 def _bucket_count(n):
@@ -51,6 +97,17 @@ def _bucket_count(n):
     if count is None or not 1 <= count < 2 ** 31:
         raise ValueError(f"exchange_buckets is {n!r}, expected an int in [1, 2^31)")
     return count
+
+
+def _as_given(ns_coefficients):
+    """ns_coefficients as a group holds it: a name as it is, a sequence as a tuple (a
+    generator read once), anything else as it is for the group's check to name."""
+    if isinstance(ns_coefficients, str):
+        return ns_coefficients
+    try:
+        return tuple(tuple(t) if isinstance(t, (list, tuple)) else t for t in ns_coefficients)
+    except TypeError:
+        return ns_coefficients
 
 
 def _param_name(group, j):
@@ -68,16 +125,21 @@ def _matrix_shape(p):
 def _check_group(group, index):
     """Refuses, naming the group and the parameter, what its step cannot take."""
     where = f"param_groups[{index}]"
+    check_options(group, where)
+    if group["use_muon"]:
+        check_params(group, where, muon=True, result_scales=[(k, group[k]) for k in ("renormalize", "beta2")
+                                                             if group[k] not in (False, None)])
+    else:
+        check_params(group, where, muon=False)
+
+
+def check_options(group, where):
+    """Refuses, naming the group and the key, a gt.Muon group's option out of range (at
+    add_param_group, and when a step finds a group's options changed)."""
     if not float(group["lr"]) >= 0.0 or float(group["lr"]) == float("inf"):
         raise ValueError(f"{where}['lr'] is {group['lr']}, expected a finite value >= 0")
     if not group["weight_decay"] >= 0.0:
         raise ValueError(f"{where}['weight_decay'] is {group['weight_decay']}, expected a value >= 0")
-    for j, p in enumerate(group["params"]):
-        if p.dtype not in (torch.float32, torch.bfloat16):
-            name = _param_name(group, j)
-            raise TypeError(f"{where}['params'][{j}]" + (f" ({name})" if name else "") +
-                            f" has dtype {p.dtype}; gradkit.torch.Muon takes float32 and bfloat16 parameters "
-                            "(bfloat16 ones with float32 masters)")
     if not group["use_muon"]:
         betas = group["betas"]
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
@@ -87,8 +149,10 @@ def _check_group(group, index):
         return
     if not 0.0 <= group["momentum"] < 1.0:
         raise ValueError(f"{where}['momentum'] is {group['momentum']}, expected a value in [0, 1)")
-    if len(group["ns_coefficients"]) != 3:
-        raise ValueError(f"{where}['ns_coefficients'] is {group['ns_coefficients']}, expected three values (a, b, c)")
+    if ns_triples(group["ns_coefficients"]) is None:
+        raise ValueError(f"{where}['ns_coefficients'] is {group['ns_coefficients']!r}, expected three finite values "
+                         f"(a, b, c), a list of 1 to {_MAX_TRIPLES} such triples (one per Newton-Schulz iteration, the "
+                         "last repeated) or 'polar_express'")
     if not 1 <= group["ns_steps"] < 100:
         raise ValueError(f"{where}['ns_steps'] is {group['ns_steps']}, expected a count in [1, 100)")
     if not group["eps"] > 0.0:
@@ -96,19 +160,55 @@ def _check_group(group, index):
     if group["adjust_lr_fn"] not in _ADJUST_LR:
         raise ValueError(f"{where}['adjust_lr_fn'] is {group['adjust_lr_fn']!r}, expected None, 'original' or "
                          "'match_rms_adamw'")
+    if group["divisor"] not in _DIVISORS:
+        raise ValueError(f"{where}['divisor'] is {group['divisor']!r}, expected 'clamp' (torch's max(||X||, eps)) or "
+                         "'polar_express' (1.01 ||X|| + eps)")
+    for key in _FLAGS:
+        if not isinstance(group[key], bool):
+            raise TypeError(f"{where}[{key!r}] is {group[key]!r}, expected True or False")
+    check_beta2(group["beta2"], f"{where}['beta2']", optional=True)
+
+
+def check_beta2(beta2, what, optional):
+    """Refuses a NorMuon beta2 outside [0, 1) (None too, unless optional), naming `what`."""
+    if beta2 is None and optional:
+        return
+    if not (_is_real(beta2) and 0.0 <= beta2 < 1.0):
+        raise ValueError(f"{what} is {beta2!r}, expected " + ("None (no second moment) or " if optional else "") +
+                         "a value in [0, 1) (NorMuon's second moment)")
+
+
+def check_params(group, where, muon, result_scales=()):
+    """Refuses, naming the group and the parameter, a parameter the group's step cannot take:
+    a dtype other than float32 and bfloat16; in a Muon group, a tensor neither 2-D nor 3-D,
+    a DTensor sharded otherwise than by rows, and a DTensor sharded by rows where
+    `result_scales` ((key, value) of the group's options that scale the orthogonalised
+    result: Muon+, NorMuon) is not empty, which the sharded step does not take."""
     for j, p in enumerate(group["params"]):
         name = _param_name(group, j)
         what = f"{where}['params'][{j}]" + (f" ({name})" if name else "")
+        if p.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"{what} has dtype {p.dtype}; gradkit.torch.Muon takes float32 and bfloat16 parameters "
+                            "(bfloat16 ones with float32 masters)")
+        if not muon:
+            continue
         if p.ndim not in (2, 3):
             raise ValueError(f"{what} has shape {tuple(p.shape)}; Muon takes 2-D matrices and 3-D stacks of them. "
                              "Put 1-D tensors, embeddings and the output head in a group with 'use_muon': False "
                              "(AdamW), as gradkit.torch.muon_param_groups(model) does")
-        if is_dtensor(p):
-            cut = [pl for pl in p.placements if pl.is_shard()]
-            if any(not pl.is_shard(0) or type(pl).__name__ != "Shard" for pl in cut):
-                raise ValueError(f"{what} is a DTensor with placements {tuple(p.placements)}; Muon takes DTensors "
-                                 "sharded by rows (Shard(0), FSDP2's default) or replicated: each owner rank "
-                                 "gathers a matrix's rows")
+        if not is_dtensor(p):
+            continue
+        cut = [pl for pl in p.placements if pl.is_shard()]
+        if any(not pl.is_shard(0) or type(pl).__name__ != "Shard" for pl in cut):
+            raise ValueError(f"{what} is a DTensor with placements {tuple(p.placements)}; Muon takes DTensors "
+                             "sharded by rows (Shard(0), FSDP2's default) or replicated: each owner rank "
+                             "gathers a matrix's rows")
+        if cut and result_scales:
+            key, value = result_scales[0]
+            raise ValueError(f"{where}[{key!r}] is {value!r} and {what} is a DTensor sharded by rows; the sharded "
+                             "Muon step (FSDP2) takes ns_coefficients, divisor, equilibrate_rows and "
+                             "cautious_weight_decay, not the scales of the orthogonalised result (renormalize: "
+                             "Muon+; beta2: NorMuon), which need whole matrices where the rows are updated")
 
 
 class Muon(AdamW):
@@ -124,16 +224,31 @@ class Muon(AdamW):
     ("master_param"), which the step updates, each parameter then its master's
     rounding.
 
+    The 2026 recipe's parts are group options, off by default (docs/ops.md,
+    "muon_step", gives each one's formula): ns_coefficients one (a, b, c) triple
+    (torch's), a list of 1 to 8 (one per Newton-Schulz iteration, the last repeated)
+    or "polar_express" (Polar Express's five); divisor "clamp" (torch's
+    max(||X||, eps)) or "polar_express" (1.01 ||X|| + eps); equilibrate_rows
+    (MuonEq); renormalize (Muon+); beta2 None, or NorMuon's second moment's EMA
+    weight in [0, 1), its state "second_momentum_buffer" (float32, (rows, 1) where
+    rows >= cols, else (1, cols), after a 3-D stack's batch dimension);
+    cautious_weight_decay.
+
+    Parameters may be float32 and bfloat16 together (nanochat's embeddings are
+    bfloat16), each dtype in plans of its own.
+
     Over DTensors sharded by rows, the matrices' exchanges go in up to
     exchange_buckets buckets (whole shape classes, balanced by Newton-Schulz FLOPs),
     each sent while the one before is orthogonalised; the numbers do not depend on
-    it."""
+    it. The sharded step refuses renormalize and beta2."""
 
     _decay = gradkit.WeightDecay.decoupled
+    _mixed_dtypes = True
     _copied_attributes = AdamW._copied_attributes + ("_exchange_buckets",)
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
+                 divisor="clamp", equilibrate_rows=False, renormalize=False, beta2=None, cautious_weight_decay=False,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, moments="float32", exchange_buckets=2):
         if moments not in _MOMENTS:
             raise ValueError(f"moments is {moments!r}, expected 'float32' or 'bfloat16' (Muon has no 8- or 4-bit "
@@ -141,7 +256,9 @@ class Muon(AdamW):
         self._exchange_buckets = _bucket_count(exchange_buckets)
         self._form = StateForm(moments)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                        ns_coefficients=tuple(ns_coefficients), eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
+                        ns_coefficients=_as_given(ns_coefficients), eps=eps, ns_steps=ns_steps,
+                        adjust_lr_fn=adjust_lr_fn, divisor=divisor, equilibrate_rows=equilibrate_rows,
+                        renormalize=renormalize, beta2=beta2, cautious_weight_decay=cautious_weight_decay,
                         use_muon=True, betas=tuple(adamw_betas), adamw_eps=adamw_eps, amsgrad=False, maximize=False)
         _PlannedOptimizer.__init__(self, params, defaults)  # add_param_group checks each group
 
@@ -149,25 +266,114 @@ class Muon(AdamW):
         """Refuses a group Muon's step cannot take (add_param_group, construction)."""
         _check_group(self.param_groups[index], index)
 
+    def _check_options(self):
+        """Refuses, naming it, a group option out of range that a group was given since it
+        was added (a step re-reads the options when they changed; the parameters were
+        checked when the layout was made)."""
+        for i, g in enumerate(self.param_groups):
+            check_options(g, f"param_groups[{i}]")
+
     # -- what each group takes ----------------------------------------------------
 
+    def _group_is_muon(self, group):
+        return group["use_muon"]
+
+    def _has_second_moment(self, group):
+        """Whether a Muon group keeps NorMuon's second moment."""
+        return group["beta2"] is not None
+
     def _moment_names(self, group):
-        return ("momentum_buffer",) if group["use_muon"] else ("exp_avg", "exp_avg_sq")
+        return ("momentum_buffer",) if self._group_is_muon(group) else ("exp_avg", "exp_avg_sq")
 
     def _is_muon(self, index):
-        return self.param_groups[self._layout.group_of[index]]["use_muon"]
+        return self._group_is_muon(self.param_groups[self._layout.group_of[index]])
 
     def _cohort_key(self, index):
-        return "muon" if self._is_muon(index) else "adamw"
+        """Muon and AdamW parameters, Muon groups with and without a second moment (a plan
+        takes one per parameter or none) and float32 and bfloat16 parameters (a plan takes
+        one dtype) never share a plan."""
+        group = self.param_groups[self._layout.group_of[index]]
+        dtype = self._layout.params[index].dtype
+        if self._group_is_muon(group):
+            return "muon", self._has_second_moment(group), dtype
+        return "adamw", dtype
 
     def _muon_hyperparameters(self, g):
-        a, b, c = g["ns_coefficients"]
-        return gradkit.MuonHyperparameters(lr=float(g["lr"]), weight_decay=g["weight_decay"], momentum=g["momentum"],
-                                           nesterov=g["nesterov"], ns_a=a, ns_b=b, ns_c=c, eps=g["eps"],
-                                           ns_steps=g["ns_steps"], adjust_lr=_ADJUST_LR[g["adjust_lr_fn"]])
+        """A group's gradkit.MuonHyperparameters (an AdamW group's: the defaults, which its
+        tensors, in no Muon plan, never use)."""
+        if not self._group_is_muon(g):
+            return gradkit.MuonHyperparameters()
+        beta2 = g["beta2"]
+        return gradkit.MuonHyperparameters(
+            lr=float(g["lr"]), weight_decay=g["weight_decay"], momentum=g["momentum"], nesterov=g["nesterov"],
+            ns_coefficients=ns_triples(g["ns_coefficients"]), eps=g["eps"], ns_steps=g["ns_steps"],
+            adjust_lr=_ADJUST_LR[g["adjust_lr_fn"]], divisor=_DIVISORS[g["divisor"]],
+            equilibrate_rows=g["equilibrate_rows"], renormalize=g["renormalize"], second_moment=beta2 is not None,
+            beta2=0.95 if beta2 is None else float(beta2), cautious_weight_decay=g["cautious_weight_decay"])
+
+    def _result_scales(self, group):
+        """The (key, value) of a Muon group's options that scale the orthogonalised result
+        (Muon+, NorMuon), which the sharded step does not take."""
+        return [(k, group[k]) for k in ("renormalize", "beta2") if group[k] not in (False, None)]
 
     def _hyperparameters(self, g):
         return adam_hyperparameters({**g, "eps": g["adamw_eps"]}, self._decay)
+
+    # -- NorMuon's second moment ------------------------------------------------------
+
+    def _init_plans(self):
+        super()._init_plans()
+        self._structure = None  # which groups' plans hold a second moment (_plan_structure)
+
+    def _plan_structure(self):
+        """Per group, whether its Muon plan takes second-moment tensors (None: an AdamW
+        group); the plans are made anew when it changes (a group's beta2 set or cleared)."""
+        return tuple(self._has_second_moment(g) if self._group_is_muon(g) else None for g in self.param_groups)
+
+    def _prepare(self, stream, grads=None):
+        if self._cohorts and self._structure != self._plan_structure():
+            self._invalidate()
+        return super()._prepare(stream, grads)
+
+    def _make_cohorts(self, grads, present):
+        self._check_options()
+        super()._make_cohorts(grads, present)
+        self._structure = self._plan_structure()
+
+    def _second_moment(self, p):
+        """p's second moment as the plan takes it (float32, contiguous, second_moment_shape):
+        zeros where the state has none (a first step, a state saved without one), converted
+        where a loaded one is of another dtype."""
+        state = self.state[p]
+        v = state.get(SECOND_MOMENT)
+        if v is None:
+            v = torch.zeros(second_moment_shape(p), dtype=torch.float32, device=p.device)
+        elif v.dtype != torch.float32 or v.device != p.device or not v.is_contiguous():
+            v = v.to(device=p.device, dtype=torch.float32).contiguous()
+        state[SECOND_MOMENT] = v
+        return v
+
+    def _check_state(self, p, group, state, where):
+        """As the other optimizers', and a Muon parameter's second moment, where the state
+        holds one, floating point of second_moment_shape(p)."""
+        super()._check_state(p, group, state, where)
+        v = state.get(SECOND_MOMENT)
+        if v is None or not self._group_is_muon(group):
+            return
+        if not torch.is_tensor(v) or not v.is_floating_point() or tuple(v.shape) != second_moment_shape(p):
+            got = f"{v.dtype} of shape {tuple(v.shape)}" if torch.is_tensor(v) else type(v).__name__
+            raise ValueError(f"{where}[{SECOND_MOMENT!r}] is {got}, expected a floating-point tensor of shape "
+                             f"{second_moment_shape(p)} (one value per row where rows >= cols, else per column, of "
+                             f"the parameter of shape {tuple(p.shape)})")
+
+    def _refuse_scales_over_shards(self):
+        """A group whose options the sharded step does not take, over sharded DTensors
+        (FSDP2 shards every parameter alike): a ValueError naming the group's option."""
+        if self._get_layout().shard_group() is None:
+            return
+        for i, g in enumerate(self.param_groups):
+            if g["params"] and self._group_is_muon(g):
+                check_params(g, f"param_groups[{i}]", muon=True, result_scales=self._result_scales(g))
 
     # -- plans ------------------------------------------------------------------------
 
@@ -183,15 +389,19 @@ class Muon(AdamW):
         groups = [self._layout.group_of[i] for i in indices]
         shards = self._layout.shard_group()
         if shards is None:
-            plan = gradkit.MuonPlan(*lists, hyper, groups, hold_grads=False)
+            second = self.param_groups[groups[0]]
+            second = [self._second_moment(params[i]) for i in indices] if self._has_second_moment(second) else []
+            plan = gradkit.MuonPlan(*lists, hyper, groups, hold_grads=False, second_moment=second)
         else:
+            self._refuse_scales_over_shards()
             plan = _ShardedMuon(shards, [params[i] for i in indices], lists, hyper, groups, self._exchange_buckets)
         return plan if masters is None else _MasterMuon(plan, weights, masters)
 
     def _current_hyper_key(self):
         """AdamW's key (its plans read lr from the device), and the Muon groups' learning
         rates, which Muon's plans hold in their table."""
-        return super()._current_hyper_key(), tuple(float(g["lr"]) for g in self.param_groups if g["use_muon"])
+        return super()._current_hyper_key(), tuple(float(g["lr"]) for g in self.param_groups
+                                                    if self._group_is_muon(g))
 
     def _sync_hyperparameters(self):
         """A new Muon lr (a schedule: every step) rewrites the Muon plans' tables in order on
@@ -201,6 +411,8 @@ class Muon(AdamW):
         if key == self._hyper_key:
             return
         self._refuse_in_capture("the hyperparameters changed")
+        self._check_options()
+        self._refuse_scales_over_shards()
         adam_changed = self._hyper_key is None or key[0] != self._hyper_key[0]
         stream = stream_handle(self._get_layout().device)
         muon = [self._muon_hyperparameters(g) for g in self.param_groups]
