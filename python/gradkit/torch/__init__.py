@@ -6,10 +6,11 @@ DLPack, zero-copy."""
 from gradkit.torch.amp import AmpStep
 from gradkit.torch.flat import FlatGradients, flat_gradients
 from gradkit.torch.muon import Muon, muon_param_groups
+from gradkit.torch.muon_adamw import MuonAdamW
 from gradkit.torch.offload import OffloadedAdam, OffloadedAdamW, OffloadedLamb
 from gradkit.torch.optim import Adam, AdamW, Lamb
 
-__all__ = ["Adam", "AdamW", "Lamb", "Muon", "muon_param_groups", "AmpStep", "FlatGradients", "flat_gradients", "OffloadedAdam", "OffloadedAdamW",
+__all__ = ["Adam", "AdamW", "Lamb", "Muon", "MuonAdamW", "muon_param_groups", "AmpStep", "FlatGradients", "flat_gradients", "OffloadedAdam", "OffloadedAdamW",
            "OffloadedLamb"]
 
 import gradkit as _gradkit

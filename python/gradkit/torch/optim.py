@@ -59,7 +59,7 @@ class Adam(_PlannedOptimizer):
 
     def _make_plan(self, indices, grads):
         weights, g, groups, copy, remainder = self._plan_lists(indices, grads)
-        amsgrad = any(grp["amsgrad"] for grp in self.param_groups)
+        amsgrad = any(grp.get("amsgrad", False) for grp in self.param_groups)  # groups without the key: none
         vmax = []
         if amsgrad:
             params = self._layout.params
