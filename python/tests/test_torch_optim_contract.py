@@ -17,6 +17,10 @@ from tolerances import TORCH_100_STEPS, TRAINING_LOSS  # noqa: E402
 
 SHAPES = [(16, 8), (8, 16), (24, 8)]  # matrices, so that Muon takes every configuration
 
+# Muon with every part of the 2026 recipe on (NorMuon's second moment in the state too).
+MUON_RECIPE = dict(ns_coefficients="polar_express", divisor="polar_express", eps=1e-6, equilibrate_rows=True,
+                   renormalize=True, beta2=0.9, cautious_weight_decay=True)
+
 # name: (class, constructor arguments, parameter dtype)
 CONFIGS = {
     "AdamW": (gt.AdamW, {}, torch.float32),
@@ -30,6 +34,8 @@ CONFIGS = {
     "AdamW-bf16-f32-master": (gt.AdamW, {}, torch.bfloat16),
     "AdamW-bf16-remainder": (gt.AdamW, {"master": "remainder"}, torch.bfloat16),
     "Muon-bf16": (gt.Muon, {}, torch.bfloat16),
+    "Muon-recipe": (gt.Muon, MUON_RECIPE, torch.float32),
+    "Muon-recipe-bf16": (gt.Muon, MUON_RECIPE, torch.bfloat16),
 }
 every_config = pytest.mark.parametrize("config", list(CONFIGS))
 has_load_hooks = pytest.mark.skipif(not hasattr(torch.optim.Optimizer, "register_load_state_dict_post_hook"),

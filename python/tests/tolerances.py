@@ -123,3 +123,18 @@ MUON_TORCH = 2.0 ** -6
 # (measured: 2.8% above).
 MUON_TRAINING = 0.0
 MUON_TRAINING_SHORT = 0.05
+# Muon's 2026 recipe (gradkit.torch.Muon's recipe options, MuonAdamW) against the
+# float64 reference with bf16 roundings where the recipe rounds (support/muon_recipe.py):
+# one step's update, norm-wise relative. With the identity iteration (a, b, c) =
+# (1, 0, 0), the element-wise parts alone: a bf16 rounding on the other side of a tie now
+# and then (measured on the CPU: at most 1.9e-3, bf16 parameters with every option).
+MUON_RECIPE_ELEMENTWISE = 2.0 ** -8
+# NorMuon's second moment there, norm-wise relative (measured: at most 3.3e-3).
+MUON_RECIPE_SECOND_MOMENT = 2.0 ** -7
+# With the Newton-Schulz iterations (Polar Express's first coefficient is 8.16), the
+# products' accumulation order moves an element by a bf16 unit now and then, which the
+# iterations carry on (measured on the CPU: at most 5.5%, bf16 parameters with every
+# option; the triples in reverse order, torch's triple or one iteration fewer are 26% to
+# 99% away). Cautious weight decay's mask flips where the result is near 0: the
+# comparisons leave out elements whose reference result is below 2^-6 of its RMS.
+MUON_RECIPE_ITERATION = 0.1

@@ -149,6 +149,26 @@ def check_refusals(device):
     else:
         raise AssertionError("a column-sharded DTensor was taken by a Muon group")
     gt.Muon([{"params": [p], "use_muon": False}])
+    # The recipe's scales of the result need whole matrices: refused over rows, naming the
+    # group option; the rest of the recipe is taken.
+    rows = torch.nn.Parameter(distribute_tensor(torch.randn(8, 6, device=device), mesh, [Shard(0)]))
+    for key, value in (("renormalize", True), ("beta2", 0.9)):
+        try:
+            gt.Muon([rows], **{key: value})
+        except ValueError as e:
+            assert f"param_groups[0][{key!r}] is {value!r}" in str(e) and "sharded by rows" in str(e), str(e)
+        else:
+            raise AssertionError(f"{key}={value!r} was taken over a row-sharded DTensor")
+    opt = gt.Muon([rows], ns_coefficients="polar_express", divisor="polar_express", equilibrate_rows=True,
+                  cautious_weight_decay=True)
+    opt.param_groups[0]["beta2"] = 0.9  # set between steps: refused at the step
+    rows.grad = distribute_tensor(torch.randn(8, 6, device=device), mesh, [Shard(0)])
+    try:
+        opt.step()
+    except ValueError as e:
+        assert "param_groups[0]['beta2'] is 0.9" in str(e), str(e)
+    else:
+        raise AssertionError("beta2 set between steps was taken over a row-sharded DTensor")
 
 
 def save(directory, device, rank):

@@ -1,0 +1,1 @@
+"""Independent references the Python tests compare gradkit with."""
