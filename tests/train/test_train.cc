@@ -169,6 +169,14 @@ std::string data_dir() {
 
 bool have_dataset() { return std::ifstream(data_dir() + "/train-images-idx3-ubyte.gz").good(); }
 
+// Trains on the dataset read once per process: reading and converting the
+// files costs a short run several times over. AccumulationMatchesOneLargerBatch
+// trains from the files (run_training(o)), as the tool does.
+std::vector<EpochResult> run_on_dataset(const TrainOptions& o) {
+  static const FashionMnist data = load_fashion_mnist(data_dir());
+  return run_training(o, data);
+}
+
 // A file's bytes, for checkpoints that must be equal byte for byte.
 std::string bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -220,7 +228,7 @@ TEST(Training, ResumeContinuesExactly) {
     TrainOptions straight = small_run();
     straight.optimizer = optimizer;
     straight.save = temp(std::string(optimizer) + "_straight.ckpt");
-    run_training(straight);
+    run_on_dataset(straight);
     TrainOptions first = small_run();  // 2 epochs' schedule, stopped after the first
     first.optimizer = optimizer;
     first.stop_after = 1;
@@ -229,8 +237,8 @@ TEST(Training, ResumeContinuesExactly) {
     second.optimizer = optimizer;
     second.resume = first.save;
     second.save = temp(std::string(optimizer) + "_second.ckpt");
-    run_training(first);
-    run_training(second);
+    run_on_dataset(first);
+    run_on_dataset(second);
     std::ifstream a(straight.save, std::ios::binary), b(second.save, std::ios::binary);
     const std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
     EXPECT_FALSE(sa.empty());
@@ -250,21 +258,21 @@ TEST(Training, ShardedRunWritesTheUnshardedCheckpoint) {
       plain.optimizer = optimizer;
       plain.master = master;
       plain.save = temp("plain.ckpt");
-      run_training(plain);
+      run_on_dataset(plain);
       for (int stage : {1, 2}) {
         TrainOptions sharded = small_run();
         sharded.optimizer = optimizer;
         sharded.master = master;
         sharded.shard = stage;
         sharded.save = temp("sharded.ckpt");
-        run_training(sharded);
+        run_on_dataset(sharded);
         EXPECT_EQ(bytes(sharded.save), bytes(plain.save)) << optimizer << " " << master << " master, stage " << stage;
       }
     }
     TrainOptions plain = small_run();
     plain.optimizer = optimizer;
     plain.save = temp("plain.ckpt");
-    run_training(plain);
+    run_on_dataset(plain);
     TrainOptions first = small_run(), second = small_run();
     first.optimizer = second.optimizer = optimizer;
     first.shard = second.shard = 1;
@@ -272,8 +280,8 @@ TEST(Training, ShardedRunWritesTheUnshardedCheckpoint) {
     first.save = temp("sharded_first.ckpt");
     second.resume = first.save;
     second.save = temp("sharded_second.ckpt");
-    run_training(first);
-    run_training(second);
+    run_on_dataset(first);
+    run_on_dataset(second);
     EXPECT_EQ(bytes(second.save), bytes(plain.save)) << optimizer;
   }
 }
@@ -289,7 +297,7 @@ TEST(Training, EightBitMomentsAndRemainderMastersEndNearTheF32Loss) {
   for (const char* optimizer : {"adam", "lamb"}) {
     TrainOptions f32 = small_run();
     f32.optimizer = optimizer;
-    const double want = run_training(f32).back().train_loss;
+    const double want = run_on_dataset(f32).back().train_loss;
     std::vector<std::pair<std::string, std::string>> variants = {{"int8", "f32"}, {"bf16", "f32"}, {"int4", "f32"}};
     if (std::string(optimizer) == "adam") {
       variants.push_back({"int8", "remainder"});
@@ -300,7 +308,7 @@ TEST(Training, EightBitMomentsAndRemainderMastersEndNearTheF32Loss) {
       o.optimizer = optimizer;
       o.moments = moments;
       o.master = master;
-      const double got = run_training(o).back().train_loss;
+      const double got = run_on_dataset(o).back().train_loss;
       const double bound = moments == "int4" ? 0.10 : 0.05;
       EXPECT_LT(std::abs(got - want), bound * want) << optimizer << " " << moments << " moments, " << master << " master";
       EXPECT_NE(got, want) << "the storage must change something";
@@ -318,9 +326,9 @@ std::string expect_resumed_run_equals_straight(TrainOptions o, const std::string
   second.save = temp(name + "_second.ckpt");
   first.stop_after = 1;
   second.resume = first.save;
-  run_training(straight);
-  run_training(first);
-  run_training(second);
+  run_on_dataset(straight);
+  run_on_dataset(first);
+  run_on_dataset(second);
   std::ifstream a(straight.save, std::ios::binary), b(second.save, std::ios::binary);
   const std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
   EXPECT_FALSE(sa.empty()) << what;
@@ -358,11 +366,11 @@ TEST(Training, ResumesWithEightBitMomentsAndRemainderMasters) {
   TrainOptions f32 = small_run();
   f32.stop_after = 1;
   f32.save = temp("v_f32.ckpt");
-  run_training(f32);
+  run_on_dataset(f32);
   TrainOptions eight = small_run();
   eight.moments = "int8";
   eight.resume = f32.save;
-  expect_error([&] { run_training(eight); }, ErrorCode::io_error, {"moments of dtype f32, expected u8"});
+  expect_error([&] { run_on_dataset(eight); }, ErrorCode::io_error, {"moments of dtype f32, expected u8"});
 }
 
 // --optimizer muon: Muon for W1 and W2, Adam for the output layer and the
@@ -384,8 +392,8 @@ TEST(Training, MuonTrainsAndResumes) {
   TrainOptions adam = small_run(), muon = small_run();
   adam.limit = muon.limit = 8192;
   muon.optimizer = "muon";
-  const double adam_loss = run_training(adam).back().train_loss;
-  const std::vector<EpochResult> muon_results = run_training(muon);
+  const double adam_loss = run_on_dataset(adam).back().train_loss;
+  const std::vector<EpochResult> muon_results = run_on_dataset(muon);
   EXPECT_LT(muon_results.back().train_loss, 1.01 * adam_loss) << "Muon " << muon_results.back().train_loss
                                                                << " against Adam " << adam_loss;
   EXPECT_LT(muon_results.back().train_loss, muon_results.front().train_loss);
@@ -404,7 +412,7 @@ TEST(Training, MuonTrainsAndResumes) {
   // A Muon checkpoint does not resume an Adam run.
   TrainOptions plain = small_run();
   plain.resume = temp("muon_first.ckpt");  // the bf16 Muon run's, stopped after epoch 1
-  expect_error([&] { run_training(plain); }, ErrorCode::io_error, {"another optimizer"});
+  expect_error([&] { run_on_dataset(plain); }, ErrorCode::io_error, {"another optimizer"});
   // One without one of Muon's sections is refused naming the file, the prefix and the section.
   const StateFile whole = StateFile::read(plain.resume);
   StateFile cut;
@@ -417,7 +425,7 @@ TEST(Training, MuonTrainsAndResumes) {
   resume_cut.optimizer = "muon";
   resume_cut.moments = "bf16";
   resume_cut.resume = cut_path;
-  expect_error([&] { run_training(resume_cut); }, ErrorCode::io_error,
+  expect_error([&] { run_on_dataset(resume_cut); }, ErrorCode::io_error,
                {"checkpoint '" + cut_path + "'", "its 'muon.' sections", "'meta'"});
 }
 
@@ -426,11 +434,11 @@ TEST(Training, RefusesACheckpointOfAnotherRun) {
   TrainOptions adam = small_run();
   adam.stop_after = 1;
   adam.save = temp("adam.ckpt");
-  run_training(adam);
+  run_on_dataset(adam);
   auto expect_refused = [&](TrainOptions o, const std::string& fragment) {
     o.resume = adam.save;
     try {
-      run_training(o);
+      run_on_dataset(o);
       ADD_FAILURE() << fragment;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
@@ -464,21 +472,21 @@ TEST(Training, ResumedRunWritesTheLogsHeaderToANewFile) {
   first.stop_after = 1;
   first.save = temp("log.ckpt");
   first.log = temp("log_first.csv");
-  run_training(first);
+  run_on_dataset(first);
   TrainOptions second = small_run();
   second.resume = first.save;
   second.log = temp("log_new.csv");
   std::remove(second.log.c_str());
   for (int empty = 0; empty < 2; ++empty) {
     if (empty) std::ofstream(second.log, std::ios::trunc).close();
-    run_training(second);
+    run_on_dataset(second);
     const std::vector<std::string> lines = lines_of(second.log);
     ASSERT_EQ(lines.size(), 2u) << (empty ? "empty file" : "new file");
     EXPECT_EQ(lines[0], kLogHeader);
     EXPECT_TRUE(lines[1].starts_with("2,")) << lines[1];
   }
   second.log = first.log;
-  run_training(second);
+  run_on_dataset(second);
   const std::vector<std::string> lines = lines_of(first.log);
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0], kLogHeader);
@@ -585,11 +593,11 @@ TEST(Training, OffloadedRunWritesTheGpuRunsCheckpoint) {
     first.save = temp("gpu_first_" + optimizer + ".ckpt");
     resumed.resume = first.save;
     resumed.save = temp("offloaded_resumed_" + optimizer + ".ckpt");
-    run_training(gpu);
-    run_training(offloaded);
+    run_on_dataset(gpu);
+    run_on_dataset(offloaded);
     EXPECT_EQ(bytes(offloaded.save), bytes(gpu.save));
-    run_training(first);
-    run_training(resumed);
+    run_on_dataset(first);
+    run_on_dataset(resumed);
     EXPECT_EQ(bytes(resumed.save), bytes(gpu.save));
   }
 }

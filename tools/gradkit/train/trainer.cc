@@ -238,7 +238,11 @@ void check_train_options(const TrainOptions& o, bool writes) {
   if (!o.plot.empty()) tool::check_writable("--plot", o.plot, /*in_place=*/true);
 }
 
-std::vector<EpochResult> run_training(const TrainOptions& o) {
+namespace {
+
+// run_training's body: `data` is the caller's dataset, or null to read
+// o.data_dir's files (after the options' checks, which come before any work).
+std::vector<EpochResult> train_on(const TrainOptions& o, const FashionMnist* data_given) {
   openblas_set_num_threads(1);  // one core per rank: ranks are the parallelism
   const bool cuda = o.device == "cuda";
   CommunicatorOptions comm_options;
@@ -249,7 +253,8 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
   const bool lead = rank == 0;
   check_train_options(o, /*writes=*/lead);
 
-  const FashionMnist data = load_fashion_mnist(o.data_dir);
+  const FashionMnist loaded = data_given != nullptr ? FashionMnist{} : load_fashion_mnist(o.data_dir);
+  const FashionMnist& data = data_given != nullptr ? *data_given : loaded;
   const int64_t train_count = o.limit > 0 ? std::min<int64_t>(o.limit, data.train.count) : data.train.count;
   const int64_t per_step = int64_t{ranks} * o.batch * o.accumulate;
   const int64_t steps = train_count / per_step;
@@ -378,5 +383,11 @@ std::vector<EpochResult> run_training(const TrainOptions& o) {
   }
   return results;
 }
+
+}  // namespace
+
+std::vector<EpochResult> run_training(const TrainOptions& o) { return train_on(o, nullptr); }
+
+std::vector<EpochResult> run_training(const TrainOptions& o, const FashionMnist& data) { return train_on(o, &data); }
 
 }  // namespace gradkit::train

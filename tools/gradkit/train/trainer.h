@@ -10,6 +10,8 @@
 
 namespace gradkit::train {
 
+struct FashionMnist;  // train/fashion_mnist.h
+
 struct TrainOptions {
   std::string data_dir;
   std::string device = "cpu";  // cpu | cuda (one GPU per rank, f16 with dynamic loss scaling)
@@ -66,5 +68,10 @@ void check_train_options(const TrainOptions& options, bool writes);
 // initialized). Checks the options first (check_train_options). Returns
 // every epoch's result (the same on every rank).
 std::vector<EpochResult> run_training(const TrainOptions& options);
+
+// The same training on `data` (load_fashion_mnist's) instead of the files in
+// options.data_dir: a caller that trains many times in one process (the
+// tests) reads and converts the dataset once.
+std::vector<EpochResult> run_training(const TrainOptions& options, const FashionMnist& data);
 
 }  // namespace gradkit::train
