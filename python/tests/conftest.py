@@ -37,6 +37,8 @@ def rng():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "mpi: needs gradkit's MPI communicator (skipped in a build without MPI)")
+    config.addinivalue_line("markers", "torch_free: needs no torch, only numpy and the module; its result does not "
+                                       "depend on torch's version (scripts/test runs it under one torch)")
 
 
 def pytest_report_header(config):

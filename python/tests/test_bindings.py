@@ -32,6 +32,7 @@ def make_lists(rng, device, sizes=SIZES):
     return (w, g, m, v), [[to_device(x, device) for x in lst] for lst in (w, g, m, v)]
 
 
+@pytest.mark.torch_free
 def test_adam_plan_matches_the_float64_reference_per_group(rng, device):
     (w, g, m, v), (dw, dg, dm, dv) = make_lists(rng, device)
     hypers = [gradkit.AdamHyperparameters(lr=1e-2, weight_decay=0.05),
@@ -48,6 +49,7 @@ def test_adam_plan_matches_the_float64_reference_per_group(rng, device):
         np.testing.assert_allclose(read(dv[i]), rv, rtol=rtol, atol=atol)
 
 
+@pytest.mark.torch_free
 def test_float64_lists_match_closely(rng):
     w, g, m, v = ([x.astype(np.float64) for x in lst] for lst in make_lists(rng, "cpu")[0])
     h = gradkit.AdamHyperparameters(lr=1e-2, weight_decay=0.01)
@@ -58,6 +60,7 @@ def test_float64_lists_match_closely(rng):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
 
 
+@pytest.mark.torch_free
 def test_device_step_and_lr_give_the_host_values_result(rng, device):
     _, a = make_lists(rng, device)
     rng2 = np.random.default_rng(20261122)
@@ -74,6 +77,7 @@ def test_device_step_and_lr_give_the_host_values_result(rng, device):
         np.testing.assert_array_equal(read(x), read(y))
 
 
+@pytest.mark.torch_free
 def test_found_inf_skips_the_step_and_the_counter(rng, device):
     _, (dw, dg, dm, dv) = make_lists(rng, device)
     before = [read(x) for x in dw + dm + dv]
@@ -87,6 +91,7 @@ def test_found_inf_skips_the_step_and_the_counter(rng, device):
         np.testing.assert_array_equal(x, read(y))
 
 
+@pytest.mark.torch_free
 def test_set_grads_gives_the_result_of_a_new_plan(rng, device):
     _, (dw, dg, dm, dv) = make_lists(rng, device)
     rng2 = np.random.default_rng(20261122)
@@ -102,6 +107,7 @@ def test_set_grads_gives_the_result_of_a_new_plan(rng, device):
         np.testing.assert_array_equal(read(x), read(y))
 
 
+@pytest.mark.torch_free
 def test_bad_inputs_raise_naming_the_argument_and_write_nothing(rng):
     (w, g, m, v), _ = make_lists(rng, "cpu")
     before = [x.copy() for x in w + m + v]
@@ -129,6 +135,7 @@ def test_bad_inputs_raise_naming_the_argument_and_write_nothing(rng):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.torch_free
 def test_nan_gradients_propagate_without_found_inf(rng):
     (w, g, m, v), _ = make_lists(rng, "cpu", [8])
     g[0][3] = np.nan
@@ -136,6 +143,7 @@ def test_nan_gradients_propagate_without_found_inf(rng):
     assert np.isnan(w[0][3]) and np.isnan(m[0][3]) and np.isfinite(np.delete(w[0], 3)).all()
 
 
+@pytest.mark.torch_free
 def test_gradient_check_finds_inf_and_folds_scale_and_clip(rng, device):
     grads = [normal(rng, n) * 1024 for n in SIZES]
     dg = [to_device(x, device) for x in grads]
@@ -157,6 +165,7 @@ def test_gradient_check_finds_inf_and_folds_scale_and_clip(rng, device):
     assert read(found)[0] and not np.isfinite(read(out["global_norm"])[0])
 
 
+@pytest.mark.torch_free
 def test_loss_scaler_makes_grad_scalers_decisions(device):
     s = gradkit.LossScaler(device, gradkit.LossScalerOptions(initial_scale=8.0, growth_interval=2))
     inf = to_device(np.array([True]), device)
@@ -171,6 +180,7 @@ def test_loss_scaler_makes_grad_scalers_decisions(device):
         gradkit.LossScaler(device, gradkit.LossScalerOptions(growth_factor=0.5))
 
 
+@pytest.mark.torch_free
 def test_gradient_arena_views_share_one_allocation(device):
     arena = gradkit.GradientArena(device, gradkit.DType.f32, [3, 100, 1])
     assert len(arena) == 3
@@ -182,6 +192,7 @@ def test_gradient_arena_views_share_one_allocation(device):
     assert flat[0] == info[0][0] and flat[0] + 4 * flat[1] == info[2][0] + 4
 
 
+@pytest.mark.torch_free
 def test_errors_map_to_python_exception_types(tmp_path):
     with pytest.raises(ValueError, match="device"):
         gradkit.LossScaler("gpu")
@@ -196,6 +207,7 @@ def test_errors_map_to_python_exception_types(tmp_path):
         adam.load("/dev/zero")
 
 
+@pytest.mark.torch_free
 def test_gradient_check_partials_of_shards_combine_to_the_whole_lists_check(rng, device):
     """Two shards of the same gradients (the ranks' local tensors under FSDP2):
     each checked with `partial`, the partials combined, give the whole list's
@@ -228,6 +240,7 @@ def test_gradient_check_partials_of_shards_combine_to_the_whole_lists_check(rng,
     assert read(found)[0] and not np.isfinite(read(out["global_norm"])[0])
 
 
+@pytest.mark.torch_free
 def test_lamb_in_two_passes_over_shards_is_the_whole_step(rng, device):
     """LAMB's trust ratios need each whole tensor's norms: two shards' plans,
     pass 1 each, their rows of sums side by side, pass 2 each, give the

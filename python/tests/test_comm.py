@@ -30,6 +30,7 @@ def needs_mpi(test):
     return pytest.mark.mpi(_mpi_present(test))
 
 
+@pytest.mark.torch_free
 @needs_mpi
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_mpi_collectives_through_the_bindings(ranks):
@@ -76,6 +77,7 @@ def test_from_process_group_needs_an_initialized_process_group():
         gtd.from_process_group()
 
 
+@pytest.mark.torch_free
 def test_unique_id_arguments_are_checked():
     with pytest.raises(ValueError, match="unique_id"):
         gradkit.create_nccl_communicator(b"short", 0, 1)
@@ -95,6 +97,7 @@ def test_unique_id_arguments_are_checked():
         gradkit.create_nccl_communicator(uid, 0, 1, gradkit.CommunicatorOptions(timeout_s=0))
 
 
+@pytest.mark.torch_free
 def test_the_mpi_pieces_exist_exactly_where_gradkit_has_mpi():
     """A build without MPI still has the rest of the layer (the NCCL communicator from a
     unique id, the arena, Adasum, the sharded optimizers), and leaves the MPI pieces out."""
@@ -105,6 +108,7 @@ def test_the_mpi_pieces_exist_exactly_where_gradkit_has_mpi():
         assert hasattr(gradkit, name) == gradkit.has_mpi_communicator(), name
 
 
+@pytest.mark.torch_free
 def test_communicator_options_carry_blocking_calls():
     assert gradkit.CommunicatorOptions().blocking_calls is True
     options = gradkit.CommunicatorOptions(blocking_calls=False, timeout_s=5)
