@@ -171,9 +171,9 @@ TEST_P(Blockwise4OnDevice, RejectsBadArgumentsNamingThem) {
 
 GRADKIT_INSTANTIATE_ON_EACH_DEVICE(Blockwise4OnDevice);
 
-using Adam4bit = OnEachDevice;
+using AdamInt4 = OnEachDevice;
 
-TEST_P(Adam4bit, RejectsBadArgumentsNamingThem) {
+TEST_P(AdamInt4, RejectsBadArgumentsNamingThem) {
   const Config c = configs()[0];
   Tensors t(device(), c, 6);
   const auto before = t.bytes();
@@ -214,7 +214,7 @@ TEST_P(Adam4bit, RejectsBadArgumentsNamingThem) {
   EXPECT_EQ(t.bytes(), before);
 }
 
-GRADKIT_INSTANTIATE_ON_EACH_DEVICE(Adam4bit);
+GRADKIT_INSTANTIATE_ON_EACH_DEVICE(AdamInt4);
 
 // The owning Adam with 4-bit moments: a resumed run equals the straight one
 // bit for bit (low_bit_checks.h); an 8-bit optimizer refuses the 4-bit file (and

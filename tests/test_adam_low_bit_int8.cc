@@ -45,9 +45,9 @@ struct Tensors : LowBitTensors {
   Tensors(Device device, const Config& c, uint64_t seed) : LowBitTensors(device, c, seed, 8, kSizes, 4, 4) {}
 };
 
-using Adam8bit = OnEachDevice;
+using AdamInt8 = OnEachDevice;
 
-TEST_P(Adam8bit, RejectsBadArgumentsNamingThem) {
+TEST_P(AdamInt8, RejectsBadArgumentsNamingThem) {
   const Config c = configs()[0];
   Tensors t(device(), c, 6);
   const auto before = t.bytes();
@@ -90,7 +90,7 @@ TEST_P(Adam8bit, RejectsBadArgumentsNamingThem) {
   EXPECT_EQ(t.bytes(), before);
 }
 
-GRADKIT_INSTANTIATE_ON_EACH_DEVICE(Adam8bit);
+GRADKIT_INSTANTIATE_ON_EACH_DEVICE(AdamInt8);
 
 // The owning Adam with 8-bit moments (support/low_bit_checks.h).
 AdamGroup owning_group() {

@@ -294,7 +294,7 @@ GRADKIT_INSTANTIATE_EACH_CPU_ISA(CpuIsaAdam);
 // absmax, over f32 and bf16-with-remainder weights, scaled and unscaled
 // gradients with an Inf and a NaN; the baseline copy is the one the
 // float64-reference tests (test_adam_low_bit_int4.cc) hold to the definition.
-class CpuIsaAdam4bit : public EachCpuIsa {};
+class CpuIsaAdamInt4 : public EachCpuIsa {};
 
 struct FourBitRun {
   std::vector<TestTensor> w, r, g, m, v, am, av;
@@ -355,7 +355,7 @@ FourBitRun four_bit_step(bool remainder, float scale) {
   return run;
 }
 
-TEST_P(CpuIsaAdam4bit, EqualsTheBaselineCopy) {
+TEST_P(CpuIsaAdamInt4, EqualsTheBaselineCopy) {
   for (bool remainder : {false, true}) {
     for (float scale : {1.0f, 512.0f}) {
       const FourBitRun mine = four_bit_step(remainder, scale);
@@ -368,7 +368,7 @@ TEST_P(CpuIsaAdam4bit, EqualsTheBaselineCopy) {
   }
 }
 
-GRADKIT_INSTANTIATE_EACH_CPU_ISA(CpuIsaAdam4bit);
+GRADKIT_INSTANTIATE_EACH_CPU_ISA(CpuIsaAdamInt4);
 
 // Naming a copy that does not exist, or one this CPU cannot run, is an
 // error that says what there is; the default stays.

@@ -130,12 +130,12 @@ TEST(QuantCode, TheUnsignedTableCountsAsTheSearchOnBothSigns) {
   }
 }
 
-using Blockwise = OnEachDevice;
+using QuantizeBlockwise = OnEachDevice;
 
 // Every value gets its block's absmax (exactly max |x|) and the code nearest
 // to x / absmax; where the two nearest codes are within f32 rounding of a
 // tie, either one. Blocks of every tensor size, the last one short.
-TEST_P(Blockwise, QuantizeTakesTheNearestCodeOfEachBlock) {
+TEST_P(QuantizeBlockwise, QuantizeTakesTheNearestCodeOfEachBlock) {
   std::mt19937_64 rng(7);
   for (QuantCode code : kCodes) {
     const std::vector<double> table = reference_code(code == QuantCode::signed_dynamic);
@@ -176,7 +176,7 @@ TEST_P(Blockwise, QuantizeTakesTheNearestCodeOfEachBlock) {
 
 // With an absmax of 1 the scaled value is exact: a value exactly on the f32
 // midpoint of two codes takes the lower code; a hair above it, the upper.
-TEST_P(Blockwise, AValueOnAMidpointTakesTheLowerCode) {
+TEST_P(QuantizeBlockwise, AValueOnAMidpointTakesTheLowerCode) {
   const auto& c = quant_code(QuantCode::signed_dynamic);
   for (int i : {3, 100, 127, 130, 200, 253}) {
     const float mid = static_cast<float>((static_cast<double>(c[i]) + c[i + 1]) / 2);
@@ -193,7 +193,7 @@ TEST_P(Blockwise, AValueOnAMidpointTakesTheLowerCode) {
 // The unsigned map (exp_avg_sq): a positive value far below its block's
 // absmax takes the smallest positive code, never 0; an exact 0 takes 0. The
 // signed map has no such floor (a first moment rounded to 0 only shortens a step).
-TEST_P(Blockwise, APositiveSecondMomentNeverEncodesAsZero) {
+TEST_P(QuantizeBlockwise, APositiveSecondMomentNeverEncodesAsZero) {
   const std::vector<double> x = {1.0, 1e-12, 0.0, 1e-30, 3e-8};
   const std::vector<double> q = encode(device(), QuantCode::unsigned_dynamic, x).codes.read();
   EXPECT_EQ(q, (std::vector<double>{255, 1, 0, 1, 1}));
@@ -204,7 +204,7 @@ TEST_P(Blockwise, APositiveSecondMomentNeverEncodesAsZero) {
 // Zeros encode as the code 0 with absmax 0; a NaN makes its block's absmax
 // NaN (every value of the block decodes to NaN), an Inf makes it Inf; the
 // other blocks are untouched.
-TEST_P(Blockwise, ZeroAndNonFiniteBlocks) {
+TEST_P(QuantizeBlockwise, ZeroAndNonFiniteBlocks) {
   std::mt19937_64 rng(3);
   for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
     std::vector<double> x = round_to(DType::f32, random_values(rng, 3 * kQuantBlock));
@@ -226,7 +226,7 @@ TEST_P(Blockwise, ZeroAndNonFiniteBlocks) {
   }
 }
 
-TEST_P(Blockwise, RejectsBadArgumentsWithoutWriting) {
+TEST_P(QuantizeBlockwise, RejectsBadArgumentsWithoutWriting) {
   TestTensor values(device(), DType::f32, {1, 2, 3});
   TestTensor codes(device(), DType::u8, {9, 9, 9});
   TestTensor absmax(device(), DType::f32, {5});
@@ -244,7 +244,7 @@ TEST_P(Blockwise, RejectsBadArgumentsWithoutWriting) {
   EXPECT_EQ(codes.bytes(), before);
 }
 
-GRADKIT_INSTANTIATE_ON_EACH_DEVICE(Blockwise);
+GRADKIT_INSTANTIATE_ON_EACH_DEVICE(QuantizeBlockwise);
 
 }  // namespace
 }  // namespace gradkit::test

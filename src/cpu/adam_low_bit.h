@@ -20,8 +20,8 @@
 
 namespace gradkit::spec::cpu_adam {
 
-using cpu_blockwise::Codec4;
-using cpu_blockwise::Codec8;
+using cpu_low_bit::Codec4;
+using cpu_low_bit::Codec8;
 
 // One chunk (whole blocks: the plan's chunks are multiples of both block sizes).
 template <class Codec, class Weights, class G, class Copy, class Mode, bool Scaled>

@@ -215,8 +215,8 @@ void lamb_cpu(const MultiTensorPlan& plan, const LambLaunch& l) {
     } else {
       dispatch_dtype(plan.dtype(1), [&]<class G>() {
         if constexpr (!std::is_same_v<G, double>) {
-          if (l.absmax_list >= 0 && l.moment_bits == 4) return run<BlockwiseMoments<G, cpu_blockwise::Codec4>>(plan, l, isa);
-          if (l.absmax_list >= 0) return run<BlockwiseMoments<G, cpu_blockwise::Codec8>>(plan, l, isa);
+          if (l.absmax_list >= 0 && l.moment_bits == 4) return run<LowBitMoments<G, cpu_low_bit::Codec4>>(plan, l, isa);
+          if (l.absmax_list >= 0) return run<LowBitMoments<G, cpu_low_bit::Codec8>>(plan, l, isa);
         }
         dispatch_dtype(plan.dtype(2), [&]<class M>() {
           if constexpr (!std::is_same_v<G, double> && (std::is_same_v<M, float> || std::is_same_v<M, bfloat16>)) {

@@ -24,7 +24,7 @@
 namespace gradkit::spec {
 namespace cpu_lamb_low_bit {
 
-using cpu_blockwise::block_bytes;
+using cpu_low_bit::block_bytes;
 
 // Pass 1 over one chunk (whole blocks: a chunk starts on a block): each
 // block's moments encoded anew (or the block kept and marked), and the
@@ -124,7 +124,7 @@ struct Pass2 {
         const int64_t i = base + k;
         const float w_old = w[i];
         const float w_new =
-            lamb_blockwise_apply(w_old, step, lamb_direction_folded(w_old, m[k], lamb_folded_reciprocal(v[k], c), c));
+            lamb_low_bit_apply(w_old, step, lamb_direction_folded(w_old, m[k], lamb_folded_reciprocal(v[k], c), c));
         if constexpr (Update) update[i] = w_new - w_old;
         else w[i] = w_new;
         cpu_master::store_copy(copy, i, w_new);
@@ -135,10 +135,10 @@ struct Pass2 {
 
 }  // namespace cpu_lamb_low_bit
 
-// The moments of LAMB's run() (cpu/lamb.cc) in either blockwise form, each
+// The moments of LAMB's run() (cpu/lamb.cc) in either low-bit form (int8, int4), each
 // pass in the active instruction set's copy.
 template <class G, class Codec>
-struct BlockwiseMoments {
+struct LowBitMoments {
   using C = float;
 
   static void norms(const cpu::ChunkView& chunk, const LambLaunch& l, const LambCoefficients<float>& c, double* sums,

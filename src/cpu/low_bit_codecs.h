@@ -15,7 +15,7 @@
 #include "cpu/isa.h"
 #include "cpu/low_bit_avx512.h"
 
-namespace gradkit::spec::cpu_blockwise {
+namespace gradkit::spec::cpu_low_bit {
 
 // The 8-bit form: kQuantBlock elements a block, one code a byte.
 struct Codec8 {
@@ -77,4 +77,4 @@ constexpr int block_bytes(int n) {
   return (n + Codec::kCodesPerByte - 1) / Codec::kCodesPerByte;
 }
 
-}  // namespace gradkit::spec::cpu_blockwise
+}  // namespace gradkit::spec::cpu_low_bit

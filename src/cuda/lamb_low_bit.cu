@@ -238,7 +238,7 @@ struct UpdateLowBitOp {
         stored_moments(tables, mr, vr, block_m, block_v, c.folded_eps, m_stored, reciprocal);
 #pragma unroll
         for (int k = 0; k < kPerLane; ++k)
-          w_new[k] = lamb_blockwise_apply(wr[k], step, lamb_direction_folded(wr[k], m_stored[k], reciprocal[k], c));
+          w_new[k] = lamb_low_bit_apply(wr[k], step, lamb_direction_folded(wr[k], m_stored[k], reciprocal[k], c));
       }
       float out[kPerLane];
       [[maybe_unused]] std::conditional_t<kCopy, Copy, char> cr[kPerLane];

@@ -2,7 +2,7 @@
 // that the CPU and CUDA steps are the same bit for bit (the CUDA kernels call
 // the per-element forms below; the CPU decodes a block into floats, then
 // calls the same lamb_moments_folded, lamb_direction_folded and
-// lamb_blockwise_apply: the low-bit form of spec/lamb_math.h). The moments are
+// lamb_low_bit_apply: the low-bit form of spec/lamb_math.h). The moments are
 // decoded, updated and encoded with adam_step's code (spec/low_bit_int8_math.h,
 // low_bit_int4_math.h; `Tables` is QuantTables or QuantTables4); the
 // direction d that the norms and pass 2 use is computed from the encoded
@@ -76,7 +76,7 @@ GRADKIT_HD bool lamb_marked(float absmax) { return (float_bits(absmax) >> 31) !=
 
 // Pass 2 for an element of an unmarked block, from its direction d: the new
 // weight, or the old one where the new one would not be finite.
-GRADKIT_HD float lamb_blockwise_apply(float w, float step, float d) {
+GRADKIT_HD float lamb_low_bit_apply(float w, float step, float d) {
   const float updated = lamb_apply(w, step, d);
   return finite(updated) ? updated : w;
 }
