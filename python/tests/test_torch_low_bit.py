@@ -340,7 +340,7 @@ def test_state_bytes_per_parameter(device):
         counts[name] = opt.state_bytes() / sum(p.numel() for p in params)
     assert counts["f32"] == 8 and counts["bf16"] == 12
     assert 2 < counts["int8"] <= 2.1 and 4 < counts["bf16 int8 remainder"] <= 4.1
-    # issue 38's bounds: 1.1 and 3.1 (these small tensors' last blocks are short: 1.07 and 3.07)
+    # the 4-bit forms' bounds: 1.1 and 3.1 (these small tensors' last blocks are short: 1.07 and 3.07)
     assert 1 < counts["int4"] <= 1.1 and 3 < counts["bf16 int4 remainder"] <= 3.1
 
 
@@ -392,7 +392,7 @@ def test_low_bit_state_is_cut_from_one_buffer_per_dtype(device, form):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the caching allocator's blocks are CUDA's")
 @pytest.mark.parametrize("form", LOW_BIT_FORMS[2:], ids=lambda f: "int4 " + f.get("master", "float32"))
 def test_first_step_allocates_what_the_4bit_state_counts(form):
-    """issue 38's bounds as the device sees them: the memory the first step leaves allocated,
+    """The 4-bit forms' bounds (test_state_bytes_per_parameter) as the device sees them: the memory the first step leaves allocated,
     per parameter, over GPT-2-sized matrices (codes of 1.2 MB, which the caching allocator
     put in 2 MiB blocks when each was a tensor of its own)."""
     dtype = torch.bfloat16 if form.get("master") == "remainder" else torch.float32

@@ -77,7 +77,7 @@ INT8_STEP_WEIGHTS = (2e-6, 1e-7)
 # 2.0-3.3% below torch's float32 run, gradkit's own float32 run 0.1-1.2%
 # below; no low-bit run ended more than 0.14% above).
 LOW_BIT_FINAL_LOSS = 0.01
-# the same with 4-bit moments (moments="int4"): issue 38's 2%, the published
+# the same with 4-bit moments (moments="int4"): 2%, the published
 # 4-bit optimizer's margin over its 8-bit and 32-bit runs, after 300 steps
 # (GRADKIT_LONG_TESTS; on 2 CPU cores the CNN ended -1.6%, bf16 with the
 # remainder +0.8%). CI's 30 steps end before the moments settle: the CNN ends
@@ -101,7 +101,7 @@ LAMB_INT4_SHARDED_RATIO = 1.5
 LAMB_INT4_MOVEMENT_MOST = 0.9
 # the CNN trained 300 steps with 8-bit moments or remainder masters: its
 # accuracy on held-out images (models.held_out_accuracy) at most this far
-# below float32 torch.optim.AdamW's (absolute; issue 24's 0.5%). One-sided,
+# below float32 torch.optim.AdamW's (absolute; 0.5%). One-sided,
 # as the loss.
 LOW_BIT_ACCURACY = 0.005
 # Muon (gradkit.torch.Muon) against torch.optim.Muon: one step's update

@@ -1,6 +1,6 @@
 // Zero-filled host memory for Buffer (src/core/memory.cc) and for pinned
 // buffers (src/core/pinned.h), made fast for the tens of GB an offloaded
-// optimizer holds (issue 37).
+// optimizer holds (bench/log/2026-11-26.md, "Start-up").
 #pragma once
 
 #include <cstddef>
@@ -20,9 +20,9 @@ std::shared_ptr<void> allocate_host(size_t bytes, bool huge_pages = true);
 // transparent huge pages (fewer, cheaper page faults, fewer pages for
 // cudaHostRegister to pin and for the CPU step's TLB), and are first
 // touched by every core in parallel: the page faults of tens of GB are
-// tens of seconds of one thread's work (issue 37). `huge_pages` false
-// leaves the pages at the system's default (for bench/offload_startup.cc's
-// comparison).
+// tens of seconds of one thread's work (measured: bench/log/2026-11-26.md,
+// "Start-up"). `huge_pages` false leaves the pages at the system's default
+// (for bench/offload_startup.cc's comparison).
 std::shared_ptr<void> map_host(size_t bytes, bool huge_pages = true);
 
 }  // namespace gradkit::detail

@@ -18,7 +18,7 @@ namespace {
 // LL protocol loads 4-byte words (an odd count of f16 reads 2 bytes past
 // the end), LL128 16-byte blocks (docs/ops.md, "Allocate whole 16-byte
 // blocks"). Were a fusion buffer, arena or working copy to end exactly at
-// its last element, memcheck would report those reads (issue 16). cudaMalloc
+// its last element, memcheck would report those reads. cudaMalloc
 // aligns every allocation to 256 bytes, so the padding costs nothing there.
 constexpr size_t kAllocationUnit = 256;
 

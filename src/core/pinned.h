@@ -16,7 +16,7 @@ namespace gradkit::detail {
 std::shared_ptr<void> allocate_registered(size_t bytes, bool huge_pages = true);
 
 // The same from cudaHostAlloc, which maps and pins every page in one
-// thread of the driver (tens of GB take tens of seconds: issue 37). Kept
+// thread of the driver (tens of GB take tens of seconds: bench/log/2026-11-26.md, "Start-up"). Kept
 // for bench/offload_startup.cc's comparison; defined in
 // src/cuda/offload_lanes.cu (src/optim/no_cuda.cc).
 std::shared_ptr<void> allocate_pinned(size_t bytes);
