@@ -111,6 +111,9 @@ def main():
         dim = model_dim(depth, head_dim=head_dim)
         base = None
         for case, make in CASES:
+            # nanochat compiles its steps for one model's shapes (one depth a process): a new
+            # depth starts dynamo afresh, as a new process would, within its recompile limit.
+            torch._dynamo.reset()
             params = with_grads(nanochat_params(depth, vocab, head_dim=head_dim, device=device))
             count = sum(p.numel() for ps in params.values() for p in ps)
             opt = make(params, dim, nanochat)

@@ -203,11 +203,12 @@ struct DisperseOp {
 
 // MuonEq on the batch's matrices, a block per chunk as the other passes
 // (so that its partials take the chunks' places): each block takes the
-// matrix's rows [R k / n, R (k + 1) / n) for its chunk k of n, and per row
-// the sum of squares (the block's tree), the scale from the matrix's norm
-// (its momentum partials, in chunk order as NormaliseOp adds them), the
-// scaled bf16 values written back; the block's sum of their squares goes to
-// `scaled`, at the chunk's place.
+// matrix's rows [R k / n, R (k + 1) / n) for its chunk k of n, a warp a row
+// (a row's sum is a warp's tree: no block-wide wait per row), and per row
+// the sum of squares, the scale from the matrix's norm (its momentum
+// partials, in chunk order as NormaliseOp adds them) and the scaled bf16
+// values written back; the block's sum of their squares goes to `scaled`,
+// at the chunk's place.
 struct EquilibrateOp {
   bf16* x;
   const float* partials;
@@ -217,33 +218,30 @@ struct EquilibrateOp {
 
   __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& chunk) const {
     if (found_inf != nullptr && *found_inf) return;
-    __shared__ float row_scale;
     const int64_t first = plan.first_chunk(chunk.tensor), last = plan.first_chunk(chunk.tensor + 1);
     double sum = 0.0;
     for (int64_t k = first; k < last; ++k) sum += partials[k];
     const float target = muon_row_target(sum, rows);
     const int64_t part = blockIdx.x - first, parts = last - first;
     const int64_t row_begin = rows * part / parts, row_end = rows * (part + 1) / parts;
+    const int lane = static_cast<int>(threadIdx.x % 32), warps = static_cast<int>(blockDim.x / 32);
     bf16* matrix = x + chunk.tensor * elements;
     float total = 0.0f;
-    for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t r = row_begin + threadIdx.x / 32; r < row_end; r += warps) {
       bf16* row = matrix + r * cols;
       float squares = 0.0f;
-      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      for (int64_t j = lane; j < cols; j += 32) {
         const float v = __bfloat162float(row[j]);
         squares = __fadd_rn(squares, __fmul_rn(v, v));
       }
-      squares = cuda::block_reduce(squares, cuda::Plus{});
-      if (threadIdx.x == 0) row_scale = round_bf16(muon_row_scale(target, squares));
-      __syncthreads();
-      const float scale = row_scale;
-      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      squares = __shfl_sync(0xffffffffu, cuda::warp_reduce(squares, cuda::Plus{}), 0);
+      const float scale = round_bf16(muon_row_scale(target, squares));
+      for (int64_t j = lane; j < cols; j += 32) {
         const bf16 v = __float2bfloat16_rn(__fmul_rn(__bfloat162float(row[j]), scale));
         row[j] = v;
         const float f = __bfloat162float(v);
         total = __fadd_rn(total, __fmul_rn(f, f));
       }
-      __syncthreads();  // row_scale is written again for the next row
     }
     total = cuda::block_reduce(total, cuda::Plus{});
     if (threadIdx.x == 0) scaled[blockIdx.x] = total;
