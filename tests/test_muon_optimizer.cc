@@ -61,6 +61,16 @@ struct Model {
 
 using MuonOptimizer = OnEachDevice;
 
+// One more step of both, on the same new gradients: the same weights, bit for bit.
+void expect_the_same_next_step(Device device, Model& straight, Muon& a, Model& resumed, Muon& b, uint64_t seed) {
+  std::mt19937_64 next1(seed), next2(seed);
+  straight.new_gradients(device, next1);
+  resumed.new_gradients(device, next2);
+  a.step();
+  b.step();
+  EXPECT_EQ(straight.bits(), resumed.bits());
+}
+
 // The owning optimizer's steps are its plan's: the same as a MuonPlan over
 // the same tensors with momentum buffers of its own.
 TEST_P(MuonOptimizer, StepsAsItsPlanAndCounts) {
@@ -132,12 +142,7 @@ TEST_P(MuonOptimizer, SaveLoadResumesBitExactly) {
   b.load(path);
   EXPECT_EQ(b.step_count(), 2);
   EXPECT_EQ(b.hyperparameters(1).lr, 0.01);
-  std::mt19937_64 next1(6), next2(6);
-  straight.new_gradients(device(), next1);
-  resumed.new_gradients(device(), next2);
-  a.step();
-  b.step();
-  EXPECT_EQ(straight.bits(), resumed.bits());
+  expect_the_same_next_step(device(), straight, a, resumed, b, 6);
   std::remove(path.c_str());
 }
 
@@ -177,12 +182,7 @@ TEST_P(MuonOptimizer, RecipeSaveLoadResumesBitExactly) {
   };
   for (size_t i = 0; i < a.second_moment().size(); ++i) EXPECT_EQ(raw(a.second_moment()[i]), raw(b.second_moment()[i]));
   EXPECT_NE(raw(a.second_moment()[0]), std::vector<uint8_t>(a.second_moment()[0].bytes(), 0));  // it holds state
-  std::mt19937_64 next1(16), next2(16);
-  straight.new_gradients(device(), next1);
-  resumed.new_gradients(device(), next2);
-  a.step();
-  b.step();
-  EXPECT_EQ(straight.bits(), resumed.bits());
+  expect_the_same_next_step(device(), straight, a, resumed, b, 16);
   std::remove(path.c_str());
 }
 

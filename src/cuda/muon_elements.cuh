@@ -201,6 +201,16 @@ struct DisperseOp {
   }
 };
 
+// A matrix's sum of squares: its chunks' partials added in chunk order by
+// every thread, the same sum in every block of the matrix, without a pass
+// of its own.
+__device__ __forceinline__ double matrix_sum(const cuda::PlanArgs& plan, const float* partials, int64_t tensor) {
+  const int64_t first = plan.first_chunk(tensor), last = plan.first_chunk(tensor + 1);
+  double sum = 0.0;
+  for (int64_t k = first; k < last; ++k) sum += partials[k];
+  return sum;
+}
+
 // MuonEq on the batch's matrices, a block per chunk as the other passes
 // (so that its partials take the chunks' places): each block takes the
 // matrix's rows [R k / n, R (k + 1) / n) for its chunk k of n, a warp a row
@@ -219,9 +229,7 @@ struct EquilibrateOp {
   __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& chunk) const {
     if (found_inf != nullptr && *found_inf) return;
     const int64_t first = plan.first_chunk(chunk.tensor), last = plan.first_chunk(chunk.tensor + 1);
-    double sum = 0.0;
-    for (int64_t k = first; k < last; ++k) sum += partials[k];
-    const float target = muon_row_target(sum, rows);
+    const float target = muon_row_target(matrix_sum(plan, partials, chunk.tensor), rows);
     const int64_t part = blockIdx.x - first, parts = last - first;
     const int64_t row_begin = rows * part / parts, row_end = rows * (part + 1) / parts;
     const int lane = static_cast<int>(threadIdx.x % 32), warps = static_cast<int>(blockDim.x / 32);
@@ -257,12 +265,7 @@ struct NormaliseOp {
 
   __device__ void operator()(const cuda::PlanArgs& plan, const PlanChunk& chunk) const {
     if (found_inf != nullptr && *found_inf) return;
-    // Every thread adds the matrix's partials in chunk order: the same sum
-    // in every block of the matrix, without a pass of its own.
-    const int64_t first = plan.first_chunk(chunk.tensor), last = plan.first_chunk(chunk.tensor + 1);
-    double sum = 0.0;
-    for (int64_t k = first; k < last; ++k) sum += partials[k];
-    const float divisor = muon_divisor(sum, hyper->eps, round_bf16, hyper->divisor);
+    const float divisor = muon_divisor(matrix_sum(plan, partials, chunk.tensor), hyper->eps, round_bf16, hyper->divisor);
     bf16* out = x + chunk.tensor * elements + chunk.begin;
     const auto divided = [divisor](bf16 v) { return __float2bfloat16_rn(__fdiv_rn(__bfloat162float(v), divisor)); };
     cuda::for_each_value<kGroup, kUnroll>(chunk.length, out, cuda::vector_aligned<kGroup>(out), true,
