@@ -51,7 +51,7 @@ std::vector<int> unpacked(const TestTensor& packed, int64_t numel) {
   return out;
 }
 
-TEST(Blockwise4, TablesAreTheirClosedForm) {
+TEST(QuantizeBlockwiseInt4, TablesAreTheirClosedForm) {
   for (bool first : {true, false}) {
     const std::vector<double> want = round_to(DType::f32, reference_code4(first));
     const std::array<float, 16>& got = quant_code4(moment_code(first));
@@ -70,7 +70,7 @@ TEST(Blockwise4, TablesAreTheirClosedForm) {
 // bucket's edges and their neighbours, each decision point and its
 // neighbours, both signs, values past 1 (a rounding of m / absmax), NaN, and
 // a million values spread over every exponent below 2.
-TEST(Blockwise4, EveryEncodeCountsTheDecisionPointsBelowEachValue) {
+TEST(QuantizeBlockwiseInt4, EveryEncodeCountsTheDecisionPointsBelowEachValue) {
   using spec::bits_float;
   std::vector<float> x;
   const auto near = [&](uint32_t bits) {
@@ -105,7 +105,7 @@ TEST(Blockwise4, EveryEncodeCountsTheDecisionPointsBelowEachValue) {
 // The CUDA kernels decode a code from its byte (dequantize4_byte, through
 // the table of each byte's two values): the same value as dequantize4 of
 // the byte's nibble, for every byte, both halves, both tables.
-TEST(Blockwise4, EveryByteDecodesAsItsNibbles) {
+TEST(QuantizeBlockwiseInt4, EveryByteDecodesAsItsNibbles) {
   const spec::QuantTables4& tables = spec::quant_tables4();
   for (const spec::QuantTable4& t : tables.table) {
     for (uint32_t byte = 0; byte < 256; ++byte) {
@@ -125,12 +125,12 @@ struct Tensors : LowBitTensors {
   Tensors(Device device, const Config& c, uint64_t seed) : LowBitTensors(device, c, seed, 4, kSizes, 2, 1) {}
 };
 
-using Blockwise4OnDevice = OnEachDevice;
+using QuantizeBlockwiseInt4OnDevice = OnEachDevice;
 
 // Values across three decades, zeros and exact codes: each code the nearest
 // (or a neighbour at a near-tie), decoding gives code * absmax, and an odd
 // tensor's last byte keeps its high nibble 0.
-TEST_P(Blockwise4OnDevice, EncodesTheNearestCodeAndDecodesIt) {
+TEST_P(QuantizeBlockwiseInt4OnDevice, EncodesTheNearestCodeAndDecodesIt) {
   std::mt19937_64 rng(21);
   for (bool first : {true, false}) {
     const int64_t n = 3 * kQuant4Block + 5;
@@ -155,7 +155,7 @@ TEST_P(Blockwise4OnDevice, EncodesTheNearestCodeAndDecodesIt) {
   }
 }
 
-TEST_P(Blockwise4OnDevice, RejectsBadArgumentsNamingThem) {
+TEST_P(QuantizeBlockwiseInt4OnDevice, RejectsBadArgumentsNamingThem) {
   const int64_t n = 300;
   const TestTensor values(device(), DType::f32, std::vector<double>(n, 0.5));
   TestTensor codes(device(), DType::u8, std::vector<double>(quant4_bytes(n), 7.0)),
@@ -169,7 +169,7 @@ TEST_P(Blockwise4OnDevice, RejectsBadArgumentsNamingThem) {
   EXPECT_EQ(codes.bytes(), before);
 }
 
-GRADKIT_INSTANTIATE_ON_EACH_DEVICE(Blockwise4OnDevice);
+GRADKIT_INSTANTIATE_ON_EACH_DEVICE(QuantizeBlockwiseInt4OnDevice);
 
 using AdamInt4 = OnEachDevice;
 
