@@ -113,7 +113,7 @@ struct Case {
   MuonReferenceDtypes d;
 };
 
-// nanochat's recipe (docs/ops.md, "the 2026 recipe") and its parts one at a time.
+// nanochat's recipe (docs/ops.md, "muon_step", "The recipe") and its parts one at a time.
 MuonHyperparameters recipe(MuonHyperparameters h) {
   h.set_ns_coefficients(kPolarExpressCoefficients);
   h.divisor = MuonDivisor::polar_express;

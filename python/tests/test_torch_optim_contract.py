@@ -17,7 +17,7 @@ from tolerances import TORCH_100_STEPS, TRAINING_LOSS  # noqa: E402
 
 SHAPES = [(16, 8), (8, 16), (24, 8)]  # matrices, so that Muon takes every configuration
 
-# Muon with every part of the 2026 recipe on (NorMuon's second moment in the state too).
+# Muon with every part of the recipe on (NorMuon's second moment in the state too).
 MUON_RECIPE = dict(ns_coefficients="polar_express", divisor="polar_express", eps=1e-6, equilibrate_rows=True,
                    renormalize=True, beta2=0.9, cautious_weight_decay=True)
 

@@ -123,7 +123,7 @@ MUON_TORCH = 2.0 ** -6
 # (measured: 2.8% above).
 MUON_TRAINING = 0.0
 MUON_TRAINING_SHORT = 0.05
-# Muon's 2026 recipe (gradkit.torch.Muon's recipe options, MuonAdamW) against the
+# Muon's recipe (gradkit.torch.Muon's recipe options, MuonAdamW) against the
 # float64 reference with bf16 roundings where the recipe rounds (support/muon_recipe.py):
 # one step's update, norm-wise relative. With the identity iteration (a, b, c) =
 # (1, 0, 0), the element-wise parts alone: a bf16 rounding on the other side of a tie now

@@ -83,7 +83,7 @@ GRADKIT_HD float muon_divisor(double sum_of_squares, float eps, RoundBf16 round_
   return round_bf16(norm < eps ? eps : norm);  // NaN stays NaN, as torch's clamp keeps it
 }
 
-// ---- The recipe's parts (docs/ops.md, "muon_step": the 2026 recipe) ----
+// ---- The recipe's parts (docs/ops.md, "muon_step", "The recipe") ----
 
 // MuonEq's scale of one row of the bf16 input X (rows R), before its bf16
 // rounding: the mean row norm ||X|| / sqrt(R) over the row's norm, clamped

@@ -224,7 +224,7 @@ class Muon(AdamW):
     ("master_param"), which the step updates, each parameter then its master's
     rounding.
 
-    The 2026 recipe's parts are group options, off by default (docs/ops.md,
+    The recipe's parts are group options, off by default (docs/ops.md,
     "muon_step", gives each one's formula): ns_coefficients one (a, b, c) triple
     (torch's), a list of 1 to 8 (one per Newton-Schulz iteration, the last repeated)
     or "polar_express" (Polar Express's five); divisor "clamp" (torch's

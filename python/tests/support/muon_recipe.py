@@ -1,4 +1,4 @@
-"""A float64 reference of Muon with the 2026 recipe's parts, written from the papers'
+"""A float64 reference of Muon with the recipe's parts, written from the papers'
 formulas, for the tests (independent of gradkit's code):
 
 - Muon (Keller Jordan; torch.optim.Muon): momentum, Nesterov, the Newton-Schulz
