@@ -126,17 +126,20 @@ void disperse(const MuonLaunch& l, const CpuWorkspace& w) {
   });
 }
 
-// MuonEq: each row of each matrix scaled to the matrix's mean row norm (its
-// Frobenius norm from the chunks' partials), rounded to bf16; the scaled
-// matrix's sum of squares then stands in its first chunk's partial (the
-// others 0), for the normalisation.
-void equilibrate(const MuonLaunch& l, const CpuWorkspace& w) {
-  const MuonPlan::Batch& b = *l.batch;
-  const int64_t elements = b.rows * b.cols;
+// Each matrix's sum of squares: its chunks' partials, in chunk order.
+std::vector<double> matrix_sums(const MuonPlan::Batch& b, const CpuWorkspace& w) {
   const auto chunks = b.plan.chunks();
   std::vector<double> sums(static_cast<size_t>(b.count), 0.0);
   for (size_t k = 0; k < chunks.size(); ++k) sums[static_cast<size_t>(chunks[k].tensor)] += w.partials[k];
-  std::vector<float> scaled(static_cast<size_t>(b.count), 0.0f);
+  return sums;
+}
+
+// MuonEq: each row of each matrix scaled to the matrix's mean row norm (its
+// Frobenius norm from `sums`), rounded to bf16; `sums` becomes the scaled
+// matrices' sums of squares, for the normalisation.
+void equilibrate(const MuonLaunch& l, const CpuWorkspace& w, std::vector<double>& sums) {
+  const MuonPlan::Batch& b = *l.batch;
+  const int64_t elements = b.rows * b.cols;
 #pragma omp parallel for
   for (int64_t m = 0; m < b.count; ++m) {
     const float target = muon_row_target(sums[static_cast<size_t>(m)], b.rows);
@@ -151,13 +154,7 @@ void equilibrate(const MuonLaunch& l, const CpuWorkspace& w) {
         total += row[j] * row[j];
       }
     }
-    scaled[static_cast<size_t>(m)] = total;
-  }
-  int64_t last = -1;
-  for (size_t k = 0; k < chunks.size(); ++k) {
-    const int64_t m = chunks[k].tensor;
-    w.partials[k] = m != last ? scaled[static_cast<size_t>(m)] : 0.0f;
-    last = m;
+    sums[static_cast<size_t>(m)] = total;
   }
 }
 
@@ -185,13 +182,11 @@ void scale_result(const MuonLaunch& l, const CpuWorkspace& w) {
   }
 }
 
-// Divides each matrix by its divisor (the partials of its chunks, in chunk order).
-void normalise(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace& w) {
+// Divides each matrix by its divisor (from its sum of squares).
+void normalise(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace& w,
+               const std::vector<double>& sums) {
   const MuonPlan::Batch& b = *l.batch;
   const int64_t elements = b.rows * b.cols;
-  const auto chunks = b.plan.chunks();
-  std::vector<double> sums(static_cast<size_t>(b.count), 0.0);
-  for (size_t k = 0; k < chunks.size(); ++k) sums[static_cast<size_t>(chunks[k].tensor)] += w.partials[k];
 #pragma omp parallel for
   for (int64_t m = 0; m < b.count; ++m) {
     const float divisor = muon_divisor(sums[static_cast<size_t>(m)], c.eps, round_bf16, l.hyper->divisor);
@@ -263,8 +258,9 @@ void weight_pass(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorksp
 
 void orthogonalise(const MuonLaunch& l, const MuonCoefficients& c, const CpuWorkspace& w) {
   const MuonPlan::Batch& b = *l.batch;
-  if (l.hyper->equilibrate_rows) equilibrate(l, w);
-  normalise(l, c, w);
+  std::vector<double> sums = matrix_sums(b, w);
+  if (l.hyper->equilibrate_rows) equilibrate(l, w, sums);
+  normalise(l, c, w, sums);
 #if defined(GRADKIT_WITH_BLAS)
   for (int64_t m = 0; m < b.count; ++m) newton_schulz(w.x + m * b.rows * b.cols, w, b.rows, b.cols, *l.hyper);
 #endif
