@@ -87,42 +87,6 @@ struct Rank {
   }
 };
 
-// What an all-to-all of one bucket does: section r of each rank's `from`
-// buffer lands in section (the sender) of rank r's `to` buffer.
-void all_to_all(std::vector<Rank>& ranks, size_t bucket, bool back) {
-  const size_t n = ranks.size();
-  std::vector<std::vector<uint16_t>> sent(n);
-  for (size_t s = 0; s < n; ++s) {
-    const TensorView from = back ? ranks[s].plan.owner_buffer(bucket) : ranks[s].plan.shard_buffer(bucket);
-    sent[s].resize(static_cast<size_t>(from.numel));
-    copy_to_host(sent[s].data(), from.data, sent[s].size() * 2, from.device);
-  }
-  for (size_t r = 0; r < n; ++r) {
-    const TensorView to = back ? ranks[r].plan.shard_buffer(bucket) : ranks[r].plan.owner_buffer(bucket);
-    std::vector<uint16_t> received;
-    for (size_t s = 0; s < n; ++s) {
-      const auto counts = back ? ranks[s].plan.owner_counts(bucket) : ranks[s].plan.shard_counts(bucket);
-      const auto expected = back ? ranks[r].plan.shard_counts(bucket) : ranks[r].plan.owner_counts(bucket);
-      ASSERT_EQ(counts[r], expected[s]) << "rank " << s << " sends rank " << r << " what it expects";
-      int64_t at = 0;
-      for (size_t k = 0; k < r; ++k) at += counts[k];
-      received.insert(received.end(), sent[s].begin() + at, sent[s].begin() + at + counts[r]);
-    }
-    ASSERT_EQ(static_cast<int64_t>(received.size()), to.numel);
-    if (!received.empty()) copy_from_host(to.data, to.device, received.data(), received.size() * 2);
-  }
-}
-
-// Every part for all buckets at once, each bucket exchanged between two.
-void sharded_step(std::vector<Rank>& ranks, const MuonStepInputs& in = {}) {
-  const size_t buckets = ranks[0].plan.num_buckets();
-  for (Rank& r : ranks) r.plan.momentum(in);
-  for (size_t k = 0; k < buckets; ++k) all_to_all(ranks, k, false);
-  for (Rank& r : ranks) r.plan.orthogonalize(in);
-  for (size_t k = 0; k < buckets; ++k) all_to_all(ranks, k, true);
-  for (Rank& r : ranks) r.plan.update(in);
-}
-
 // Bucket by bucket: every bucket's momentum and exchange, then each one
 // orthogonalised and sent back, then each one's update; `beside`: in the
 // order gradkit.torch overlaps them, every bucket's products started beside

@@ -1,10 +1,12 @@
 // Muon over tensor lists (docs/ops.md, "muon_step"): the hyperparameters and
 // the plan, which keeps the arrays it was made from alive.
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -68,21 +70,35 @@ std::vector<int64_t> flat_splits(const std::vector<std::vector<int64_t>>& splits
   return out;
 }
 
+// blocks: a list per tensor of one (batch_first, batches, row_first, rows,
+// col_first, cols) per rank, flattened.
+using BlockRow = std::array<int64_t, 6>;
+std::vector<MatrixBlock> flat_blocks(const std::vector<std::vector<BlockRow>>& blocks) {
+  std::vector<MatrixBlock> out;
+  for (const auto& tensor : blocks) {
+    for (const BlockRow& b : tensor) out.push_back({b[0], b[1], b[2], b[3], b[4], b[5]});
+  }
+  return out;
+}
+
 struct PyMuonShardedPlan {
   ViewList params, grads, momentum;
   std::vector<MatrixShape> shapes;
   std::vector<int64_t> splits;
+  std::vector<MatrixBlock> blocks;
   MuonShardedPlan plan;
   PyMuonShardedPlan(const Arrays& p, const Arrays& g, const Arrays& m, const std::vector<Shape>& s,
                     const std::vector<std::vector<int64_t>>& row_splits, int32_t rank, int32_t ranks,
                     const std::vector<MuonHyperparameters>& hyper, const std::vector<int32_t>& groups,
-                    bool hold_grads, int64_t split_from, int32_t streams, bool graphs, int32_t buckets)
+                    bool hold_grads, int64_t split_from, int32_t streams, bool graphs, int32_t buckets,
+                    const std::vector<std::vector<BlockRow>>& block_rows)
       : params(to_views(p, "params")),
         grads(to_views(g, "grads")),
         momentum(to_views(m, "momentum")),
         shapes(to_shapes(s)),
         splits(flat_splits(row_splits)),
-        plan({params.views, grads.views, momentum.views, shapes, splits, rank, ranks}, hyper, groups,
+        blocks(flat_blocks(block_rows)),
+        plan({params.views, grads.views, momentum.views, shapes, splits, rank, ranks, blocks}, hyper, groups,
              MuonPlanOptions{.split_from = split_from, .graphs = graphs, .streams = streams, .buckets = buckets}) {
     if (!hold_grads) grads.arrays.clear();
   }
@@ -223,19 +239,22 @@ void bind_muon(nb::module_& m) {
 
   auto sharded = nb::class_<PyMuonShardedPlan>(
       m, "MuonShardedPlan",
-      "Muon over this rank's rows of each tensor (FSDP2's Shard(0); docs/ops.md, muon_step over row shards): "
-      "row_splits[i] holds tensor i's ranks + 1 row boundaries (of batch * rows rows). The matrices go in "
+      "Muon over this rank's piece of each tensor (docs/ops.md, muon_step over shards): row_splits[i] holds "
+      "tensor i's ranks + 1 row boundaries (of batch * rows rows: FSDP2's Shard(0)), or (row_splits empty) "
+      "blocks[i] its ranks' blocks, each (batch_first, batches, row_first, rows, col_first, cols): any Shard "
+      "placements on any mesh, this rank's shard the block row-major. The matrices go in "
       "num_buckets buckets (at most `buckets`). The step is momentum(), for each bucket k an all-to-all from "
       "shard_buffer(k) (shard_counts(k)) into owner_buffer(k) (owner_counts(k)), orthogonalize(), the all-to-alls "
       "back, update(); or each part bucket by bucket (momentum(k), ...), so that exchanges overlap products.")
       .def(nb::init<const Arrays&, const Arrays&, const Arrays&, const std::vector<Shape>&,
                     const std::vector<std::vector<int64_t>>&, int32_t, int32_t, const std::vector<MuonHyperparameters>&,
-                    const std::vector<int32_t>&, bool, int64_t, int32_t, bool, int32_t>(),
+                    const std::vector<int32_t>&, bool, int64_t, int32_t, bool, int32_t,
+                    const std::vector<std::vector<BlockRow>>&>(),
            nb::arg("params"), nb::arg("grads"), nb::arg("momentum"), nb::arg("shapes"), nb::arg("row_splits"),
            nb::arg("rank"), nb::arg("ranks"), nb::arg("hyperparameters"), nb::arg("groups") = std::vector<int32_t>{},
            nb::arg("hold_grads") = true, nb::arg("split_from") = MuonPlanOptions{}.split_from,
            nb::arg("streams") = MuonPlanOptions{}.streams, nb::arg("graphs") = MuonPlanOptions{}.graphs,
-           nb::arg("buckets") = MuonPlanOptions{}.buckets)
+           nb::arg("buckets") = MuonPlanOptions{}.buckets, nb::arg("blocks") = std::vector<std::vector<BlockRow>>{})
       .def(
           "momentum",
           [](const PyMuonShardedPlan& p, std::optional<size_t> bucket, nb::handle found_inf, float grad_scale,

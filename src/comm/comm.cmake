@@ -22,7 +22,7 @@ target_sources(gradkit PRIVATE
   # The sharded optimizer is an optimizer over a communicator: it needs this layer.
   ${CMAKE_CURRENT_LIST_DIR}/../optim/sharded.cc
   ${CMAKE_CURRENT_LIST_DIR}/../optim/sharded_state.cc
-  # Muon over row shards, with its all-to-alls through a communicator.
+  # Muon over shards, with its all-to-alls through a communicator.
   ${CMAKE_CURRENT_LIST_DIR}/../optim/muon_sharded_step.cc
 )
 

@@ -82,47 +82,54 @@ void momentum_pass(const MuonLaunch& l, const MuonCoefficients& c, const CpuWork
   });
 }
 
-// Each element of an owned matrix comes from the rank whose rows hold it:
-// the last piece that begins at or before it.
-const MuonPiece& piece_of(const MuonPiece* pieces, int32_t ranks, int64_t element) {
-  int32_t s = 0;
-  while (s + 1 < ranks && element >= pieces[s + 1].first) ++s;
-  return pieces[s];
-}
+// Where each element of an owned matrix lies in the exchange buffer: in the
+// piece of the rank that holds it (MuonPiece). A chunk's elements go up, so
+// the piece found for one is where the search for the next begins.
+class PieceFinder {
+ public:
+  PieceFinder(const MuonLaunch& l, int64_t matrix, int64_t cols)
+      : pieces_(l.pieces + matrix * l.ranks), ranks_(l.ranks), by_rows_(l.pieces_by_rows), cols_(cols) {}
+  int64_t operator()(int64_t e) {
+    const int64_t i = e / cols_, j = e - i * cols_;
+    s_ = by_rows_ ? row_piece_holding(pieces_, ranks_, s_, e, cols_) : piece_holding(pieces_, ranks_, s_, i, j);
+    return piece_element(pieces_[s_], i, j);
+  }
 
-// An orthogonalize batch's matrices from the ranks' rows in the exchange
+ private:
+  const MuonPiece* pieces_;
+  int32_t ranks_;
+  bool by_rows_;
+  int64_t cols_;
+  int32_t s_ = 0;
+};
+
+// An orthogonalize batch's matrices from the ranks' pieces in the exchange
 // buffer, with each chunk's sum of squares as the momentum pass makes them.
 void assemble(const MuonLaunch& l, const CpuWorkspace& w) {
   const MuonPlan::Batch& b = *l.batch;
   const int64_t elements = b.rows * b.cols;
   const auto* exchange = static_cast<const bfloat16*>(l.exchange);
   cpu::for_each_chunk(b.plan, [&](const cpu::ChunkView& v) {
-    const MuonPiece* pieces = l.pieces + static_cast<int64_t>(v.chunk.tensor) * l.ranks;
+    PieceFinder at(l, v.chunk.tensor, b.cols);
     float* x = w.x + v.chunk.tensor * elements + v.chunk.begin;
     float sum = 0.0f;
     for (int32_t i = 0; i < v.chunk.length; ++i) {
-      const int64_t e = v.chunk.begin + i;
-      const MuonPiece& p = piece_of(pieces, l.ranks, e);
-      x[i] = static_cast<float>(exchange[p.at + e - p.first]);
+      x[i] = static_cast<float>(exchange[at(v.chunk.begin + i)]);
       sum += x[i] * x[i];
     }
     w.partials[v.index] = sum;
   });
 }
 
-// The orthogonalised matrices' rows back where each rank's came from.
+// The orthogonalised matrices' pieces back where each rank's came from.
 void disperse(const MuonLaunch& l, const CpuWorkspace& w) {
   const MuonPlan::Batch& b = *l.batch;
   const int64_t elements = b.rows * b.cols;
   auto* exchange = static_cast<bfloat16*>(l.exchange);
   cpu::for_each_chunk(b.plan, [&](const cpu::ChunkView& v) {
-    const MuonPiece* pieces = l.pieces + static_cast<int64_t>(v.chunk.tensor) * l.ranks;
+    PieceFinder at(l, v.chunk.tensor, b.cols);
     const float* x = w.x + v.chunk.tensor * elements + v.chunk.begin;
-    for (int32_t i = 0; i < v.chunk.length; ++i) {
-      const int64_t e = v.chunk.begin + i;
-      const MuonPiece& p = piece_of(pieces, l.ranks, e);
-      exchange[p.at + e - p.first] = bfloat16(x[i]);
-    }
+    for (int32_t i = 0; i < v.chunk.length; ++i) exchange[at(v.chunk.begin + i)] = bfloat16(x[i]);
   });
 }
 

@@ -409,10 +409,11 @@ void run_orthogonalize(const MuonLaunch& l, cudaStream_t stream) {
   const CudaWorkspace w(b, l.workspace);
   const int64_t elements = b.rows * b.cols;
   auto* exchange = static_cast<bf16*>(l.exchange);
-  cuda::launch_multi_tensor(b.plan, AssembleOp{l.pieces, l.ranks, exchange, w.x, w.partials, elements, l.found_inf},
+  cuda::launch_multi_tensor(b.plan, AssembleOp{l.pieces, l.ranks, l.pieces_by_rows, exchange, w.x, w.partials, elements, b.cols,
+                                                       l.found_inf},
                             Stream{stream});
   const bf16* result = orthogonalise(l, w, stream);
-  cuda::launch_multi_tensor(b.plan, DisperseOp{l.pieces, l.ranks, exchange, result, elements, l.found_inf},
+  cuda::launch_multi_tensor(b.plan, DisperseOp{l.pieces, l.ranks, l.pieces_by_rows, exchange, result, elements, b.cols, l.found_inf},
                             Stream{stream});
 }
 

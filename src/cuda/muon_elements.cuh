@@ -122,36 +122,46 @@ struct MomentumOp {
   }
 };
 
-// An owned matrix's element comes from the rank whose rows hold it: the
-// last piece that begins at or before it. Each thread's elements go up, so
-// its piece only moves on.
-__device__ __forceinline__ int32_t next_piece(const MuonPiece* pieces, int32_t ranks, int32_t s, int64_t element) {
-  while (s + 1 < ranks && element >= pieces[s + 1].first) ++s;
-  return s;
-}
+// Where each element of an owned matrix lies in the exchange buffer: in the
+// piece of the rank that holds it (MuonPiece). A thread's elements go up, so
+// the piece found for one is where the search for the next begins.
+struct PieceFinder {
+  const MuonPiece* pieces;
+  int32_t ranks;
+  bool by_rows;
+  int64_t cols;
+  int32_t s = 0;
 
-// A sharded plan's owned matrices from the ranks' rows in the exchange
+  __device__ __forceinline__ int64_t operator()(int64_t e) {
+    if (by_rows) {  // no division: the pieces are whole rows in order
+      s = row_piece_holding(pieces, ranks, s, e, cols);
+      return pieces[s].at + e - pieces[s].row * cols;
+    }
+    const int64_t i = e / cols, j = e - i * cols;
+    s = piece_holding(pieces, ranks, s, i, j);
+    return piece_element(pieces[s], i, j);
+  }
+};
+
+// A sharded plan's owned matrices from the ranks' pieces in the exchange
 // buffer, with each chunk's sum of squares in the momentum pass's order
 // (the same chunks, threads and reduction: the same norm, bit for bit).
 struct AssembleOp {
   const MuonPiece* pieces;  // ranks per matrix
   int32_t ranks;
+  bool by_rows;
   const bf16* exchange;
   bf16* x;
   float* partials;
-  int64_t elements;
+  int64_t elements, cols;
   const bool* found_inf;
 
   __device__ void operator()(const cuda::PlanArgs&, const PlanChunk& chunk) const {
     if (found_inf != nullptr && *found_inf) return;
-    const MuonPiece* p = pieces + static_cast<int64_t>(chunk.tensor) * ranks;
+    PieceFinder at{pieces + static_cast<int64_t>(chunk.tensor) * ranks, ranks, by_rows, cols};
     bf16* out = x + chunk.tensor * elements + chunk.begin;
     SumOfSquares sum;
-    int32_t s = 0;  // a thread meets its elements in order, so the piece only moves on
-    const auto gather = [&](int64_t e) {
-      s = next_piece(p, ranks, s, e);
-      return exchange[p[s].at + e - p[s].first];
-    };
+    const auto gather = [&](int64_t e) { return exchange[at(e)]; };
     // The momentum pass's groups and order (a piece may begin anywhere, so
     // the loads are one element each; the stores are vectors).
     cuda::for_each_group<kGroup, kUnroll>(
@@ -178,24 +188,21 @@ struct AssembleOp {
   }
 };
 
-// The orthogonalised matrices' rows back where each rank's came from.
+// The orthogonalised matrices' pieces back where each rank's came from.
 struct DisperseOp {
   const MuonPiece* pieces;
   int32_t ranks;
+  bool by_rows;
   bf16* exchange;
   const bf16* result;
-  int64_t elements;
+  int64_t elements, cols;
   const bool* found_inf;
 
   __device__ void operator()(const cuda::PlanArgs&, const PlanChunk& chunk) const {
     if (found_inf != nullptr && *found_inf) return;
-    const MuonPiece* p = pieces + static_cast<int64_t>(chunk.tensor) * ranks;
+    PieceFinder at{pieces + static_cast<int64_t>(chunk.tensor) * ranks, ranks, by_rows, cols};
     const bf16* in = result + chunk.tensor * elements + chunk.begin;
-    int32_t s = 0;  // a thread meets its elements in order, so the piece only moves on
-    const auto scatter = [&](int64_t e, bf16 value) {
-      s = next_piece(p, ranks, s, e);
-      exchange[p[s].at + e - p[s].first] = value;
-    };
+    const auto scatter = [&](int64_t e, bf16 value) { exchange[at(e)] = value; };
     cuda::for_each_value<kGroup, kUnroll>(chunk.length, in, cuda::vector_aligned<kGroup>(in), false,
                                           [&](int i, bf16 value) { scatter(chunk.begin + i, value); });
   }

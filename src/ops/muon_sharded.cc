@@ -1,7 +1,7 @@
-// MuonShardedPlan: validate the shards and their splits, give each matrix an
-// owner, lay out the two exchange buffers, and run the step's three parts
-// over this rank's rows and its owned matrices (docs/ops.md, "muon_step
-// over row shards").
+// MuonShardedPlan: validate the shards and their splits or blocks, give each
+// matrix an owner, lay out the two exchange buffers, and run the step's
+// three parts over this rank's pieces and its owned matrices (docs/ops.md,
+// "muon_step over shards").
 #include "gradkit/ops/muon_sharded.h"
 
 #include <algorithm>
@@ -36,10 +36,8 @@ std::string shape_text(const MatrixShape& s) {
   return text.append(")");
 }
 
-// The shape's sides are >= 1 and it has at most 2^62 elements; the splits
-// run from 0 to batch * rows without going down; this rank's shard holds
-// its rows' elements.
-void check_tensor(size_t i, const MatrixShape& s, std::span<const int64_t> splits, int32_t rank, int64_t numel) {
+// The shape's sides are >= 1 and it has at most 2^62 elements.
+void check_shape(size_t i, const MatrixShape& s) {
   if (s.batch < 1 || s.rows < 1 || s.cols < 1) {
     throw_argument_error(ErrorCode::invalid_argument, kOp, indexed("shapes", i),
                          "is " + shape_text(s) + "; expected batch, rows and cols each >= 1");
@@ -49,6 +47,11 @@ void check_tensor(size_t i, const MatrixShape& s, std::span<const int64_t> split
     throw_argument_error(ErrorCode::invalid_argument, kOp, indexed("shapes", i),
                          "is " + shape_text(s) + "; expected at most 2^62 elements");
   }
+}
+
+// The splits run from 0 to batch * rows without going down; this rank's
+// shard holds its rows' elements.
+void check_splits(size_t i, const MatrixShape& s, std::span<const int64_t> splits, int32_t rank, int64_t numel) {
   const int64_t rows = s.batch * s.rows;
   const std::string where = "row_splits[" + std::to_string(i) + "]";
   if (splits.front() != 0 || splits.back() != rows) {
@@ -74,24 +77,97 @@ void check_tensor(size_t i, const MatrixShape& s, std::span<const int64_t> split
   }
 }
 
+std::string block_text(const MatrixBlock& b) {
+  const auto range = [](int64_t first, int64_t count) {
+    std::string text = "[";
+    return text.append(std::to_string(first)).append(", ").append(std::to_string(first + count)).append(")");
+  };
+  return "matrices " + range(b.batch_first, b.batches) + ", rows " + range(b.row_first, b.rows) + ", columns " +
+         range(b.col_first, b.cols);
+}
+
+// Each block lies inside the tensor; this rank's shard holds its block's
+// elements; the blocks tile the tensor (their elements add up to its, and
+// no two non-empty blocks meet), so each element has one rank.
+void check_blocks(size_t i, const MatrixShape& s, std::span<const MatrixBlock> blocks, int32_t rank, int64_t numel) {
+  const auto where = [&](size_t r) {
+    return "blocks[" + std::to_string(i * blocks.size() + r) + "] (tensor " + std::to_string(i) + ", rank " +
+           std::to_string(r) + ")";
+  };
+  const auto inside = [](int64_t first, int64_t count, int64_t side) {
+    return first >= 0 && count >= 0 && first <= side && count <= side - first;
+  };
+  int64_t total = 0;
+  for (size_t r = 0; r < blocks.size(); ++r) {
+    const MatrixBlock& b = blocks[r];
+    if (!inside(b.batch_first, b.batches, s.batch) || !inside(b.row_first, b.rows, s.rows) ||
+        !inside(b.col_first, b.cols, s.cols)) {
+      throw_argument_error(ErrorCode::invalid_argument, kOp, where(r),
+                           "is " + block_text(b) + "; expected a block inside shapes[" + std::to_string(i) + "] " +
+                               shape_text(s) + " (firsts and counts >= 0, first + count <= the side)");
+    }
+    total += b.numel();
+  }
+  const MatrixBlock& mine = blocks[static_cast<size_t>(rank)];
+  if (numel != mine.numel()) {
+    throw_argument_error(ErrorCode::size_mismatch, kOp, indexed("params", i),
+                         "has " + std::to_string(numel) + " elements, expected this rank's block (" + block_text(mine) +
+                             ": " + std::to_string(mine.numel()) + ")");
+  }
+  const auto meet = [](int64_t a, int64_t n, int64_t b, int64_t m) { return a < b + m && b < a + n; };
+  for (size_t r = 0; r < blocks.size(); ++r) {
+    const MatrixBlock& a = blocks[r];
+    for (size_t q = r + 1; q < blocks.size() && a.numel() > 0; ++q) {
+      const MatrixBlock& b = blocks[q];
+      if (b.numel() > 0 && meet(a.batch_first, a.batches, b.batch_first, b.batches) &&
+          meet(a.row_first, a.rows, b.row_first, b.rows) && meet(a.col_first, a.cols, b.col_first, b.cols)) {
+        throw_argument_error(ErrorCode::invalid_argument, kOp, where(q),
+                             "is " + block_text(b) + ", which overlaps " + where(r) + " (" + block_text(a) +
+                                 "); expected blocks that hold each element once (a replicated tensor goes to "
+                                 "the ranks of one copy)");
+      }
+    }
+  }
+  const int64_t elements = s.batch * s.rows * s.cols;
+  if (total != elements) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "blocks[" + std::to_string(i * blocks.size()) + "...]",
+                         "cover " + std::to_string(total) + " of tensor " + std::to_string(i) + "'s " +
+                             std::to_string(elements) + " elements (shapes[" + std::to_string(i) + "] " +
+                             shape_text(s) + "); expected the ranks' blocks to cover every element");
+  }
+}
+
 // Each matrix to the rank with the fewest FLOPs so far, largest first (the
-// lowest rank on a tie): the same answer on every rank. A class of many
-// equal matrices is thus dealt out over the ranks, so an exchange bucket
-// of such classes gives every owner a share of its work (a class of fewer
-// matrices than ranks cannot be). Giving classes whole to owners (twice
-// the batch) makes the products no faster and the bucketed step slower, a
-// bucket owned by one rank holding up the other (measured:
+// lowest rank on a tie), or to the rank that holds all of it (`holders`,
+// -1 where none does) while that rank's FLOPs with the matrix stay within
+// its fair share (the total over the ranks) or are at most the fewest plus
+// the matrix's: the same answer on every rank. Expert stacks split by
+// experts thus stay where they are, each rank orthogonalising its own with
+// nothing to send, and a holder is passed over only where keeping the
+// matrix would leave the ranks further apart than the matrix costs. A
+// class of many equal matrices is dealt out over the ranks, so an exchange
+// bucket of such classes gives every owner a share of its work (a class of
+// fewer matrices than ranks cannot be). Giving classes whole to owners
+// (twice the batch) makes the products no faster and the bucketed step
+// slower, a bucket owned by one rank holding up the other (measured:
 // bench/log/2026-11-26.md, "Muon's exchanges in buckets").
-std::vector<int32_t> assign_owners(std::span<const double> flops, int32_t ranks) {
+std::vector<int32_t> assign_owners(std::span<const double> flops, std::span<const int32_t> holders, int32_t ranks) {
   std::vector<size_t> order(flops.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return flops[a] > flops[b]; });
+  // FLOPs are whole numbers far below 2^53: the sums are exact, the same on every rank.
+  const double share = std::accumulate(flops.begin(), flops.end(), 0.0) / static_cast<double>(ranks);
   std::vector<double> load(static_cast<size_t>(ranks), 0.0);
   std::vector<int32_t> owners(flops.size());
   for (const size_t m : order) {
-    const auto least = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    owners[m] = static_cast<int32_t>(least);
-    load[least] += flops[m];
+    auto pick = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    const int32_t holder = holders[m];
+    if (holder >= 0) {
+      const double held = load[static_cast<size_t>(holder)];
+      if (held + flops[m] <= share || held <= load[pick] + flops[m]) pick = static_cast<size_t>(holder);
+    }
+    owners[m] = static_cast<int32_t>(pick);
+    load[pick] += flops[m];
   }
   return owners;
 }
@@ -137,17 +213,58 @@ std::vector<size_t> bucket_batches(std::span<const MatrixBatch> batches, std::sp
   return out;
 }
 
-// A tensor's rows as the ranks hold them.
-struct TensorRows {
+// A tensor's pieces as the ranks hold them: rows (row_splits) or blocks.
+struct TensorPieces {
   MatrixShape shape;
-  std::span<const int64_t> splits;  // ranks + 1
-  // Rank r's rows of matrix m: its first row in the matrix and their count.
-  std::pair<int64_t, int64_t> piece(int64_t m, size_t r) const {
-    const int64_t begin = m * shape.rows, end = begin + shape.rows;
-    const int64_t lo = std::clamp(splits[r], begin, end), hi = std::clamp(splits[r + 1], begin, end);
-    return {lo - begin, hi - lo};
+  std::span<const int64_t> splits;      // ranks + 1, or empty
+  std::span<const MatrixBlock> blocks;  // ranks, where splits is empty
+
+  // Rank r's piece of matrix m (its place in the matrix; `at` 0).
+  spec::MuonPiece piece(int64_t m, size_t r) const {
+    if (!splits.empty()) {
+      const int64_t begin = m * shape.rows, end = begin + shape.rows;
+      const int64_t lo = std::clamp(splits[r], begin, end), hi = std::clamp(splits[r + 1], begin, end);
+      return {lo - begin, hi - lo, 0, shape.cols, 0};
+    }
+    const MatrixBlock& b = blocks[r];
+    if (b.numel() == 0 || m < b.batch_first || m >= b.batch_first + b.batches) return {0, 0, 0, 0, 0};
+    return {b.row_first, b.rows, b.col_first, b.cols, 0};
+  }
+  // Where rank r's piece of matrix m begins in its shard.
+  int64_t shard_first(int64_t m, size_t r) const {
+    if (!splits.empty()) return (std::clamp(splits[r], m * shape.rows, (m + 1) * shape.rows) - splits[r]) * shape.cols;
+    const MatrixBlock& b = blocks[r];
+    return (m - b.batch_first) * b.rows * b.cols;
+  }
+  // The rank whose piece is all of matrix m, or -1.
+  int32_t holder(int64_t m, size_t ranks) const {
+    for (size_t r = 0; r < ranks; ++r) {
+      const spec::MuonPiece p = piece(m, r);
+      if (p.rows * p.width == shape.rows * shape.cols) return static_cast<int32_t>(r);
+    }
+    return -1;
   }
 };
+
+int64_t elements(const spec::MuonPiece& p) { return p.rows * p.width; }
+
+// Whether a matrix's pieces (one per rank) are whole rows, each beginning
+// where the one before ends; if so, each empty one is placed there too, so
+// that row_piece_holding's scan passes it.
+bool as_rows(std::span<spec::MuonPiece> pieces, int64_t cols) {
+  int64_t end = 0;
+  for (const spec::MuonPiece& p : pieces) {
+    if (elements(p) == 0) continue;
+    if (p.col != 0 || p.width != cols || p.row != end) return false;
+    end += p.rows;
+  }
+  end = 0;
+  for (spec::MuonPiece& p : pieces) {
+    if (elements(p) == 0) p.row = end;
+    end = p.row + p.rows;
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -171,32 +288,53 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
                          "has " + std::to_string(t.shapes.size()) + " entries, expected one per parameter (" +
                              std::to_string(n) + ")");
   }
-  if (t.row_splits.size() != n * stride) {
+  const auto R = static_cast<size_t>(t.ranks);
+  const bool by_blocks = !t.blocks.empty();
+  if (by_blocks && !t.row_splits.empty()) {
+    throw_argument_error(ErrorCode::invalid_argument, kOp, "row_splits, blocks",
+                         "are both given; expected one of them (a tensor's rows, or its blocks)");
+  }
+  if (!by_blocks && t.row_splits.size() != n * stride) {
     throw_argument_error(ErrorCode::size_mismatch, kOp, "row_splits",
                          "has " + std::to_string(t.row_splits.size()) + " entries, expected ranks + 1 = " +
-                             std::to_string(stride) + " per parameter (" + std::to_string(n * stride) + ")");
+                             std::to_string(stride) + " per parameter (" + std::to_string(n * stride) +
+                             "), or blocks instead");
+  }
+  if (by_blocks && t.blocks.size() != n * R) {
+    throw_argument_error(ErrorCode::size_mismatch, kOp, "blocks",
+                         "has " + std::to_string(t.blocks.size()) + " entries, expected ranks = " + std::to_string(R) +
+                             " per parameter (" + std::to_string(n * R) + ")");
   }
   const std::vector<PlanList> lists = {{"params", t.params, true}, {"grads", t.grads, false},
                                        {"momentum", t.momentum, true}};
   all_ = MultiTensorPlan(kOp, lists, MultiTensorPlan::kDefaultChunkElements, groups,
                          static_cast<int32_t>(hyperparameters.size()));
   if (!all_.empty()) check_dtypes(kOp, all_);
-  std::vector<TensorRows> tensors;
+  std::vector<TensorPieces> tensors;
   for (size_t i = 0; i < n; ++i) {
-    const auto splits = t.row_splits.subspan(i * stride, stride);
-    check_tensor(i, t.shapes[i], splits, t.rank, t.params[i].numel);
-    tensors.push_back({t.shapes[i], splits});
+    check_shape(i, t.shapes[i]);
+    if (!by_blocks) {
+      const auto splits = t.row_splits.subspan(i * stride, stride);
+      check_splits(i, t.shapes[i], splits, t.rank, t.params[i].numel);
+      tensors.push_back({t.shapes[i], splits, {}});
+    } else {
+      const auto blocks = t.blocks.subspan(i * R, R);
+      check_blocks(i, t.shapes[i], blocks, t.rank, t.params[i].numel);
+      tensors.push_back({t.shapes[i], {}, blocks});
+    }
   }
 
   // Every matrix, its owner, and the batches: one shape, one group, one
   // owner, in the global order (the same on every rank).
   std::vector<double> flops;
+  std::vector<int32_t> holders;
   for (size_t i = 0; i < n; ++i) {
     first_matrix_.push_back(static_cast<int64_t>(flops.size()));
     flops.insert(flops.end(), static_cast<size_t>(t.shapes[i].batch), ns_flops(t.shapes[i].rows, t.shapes[i].cols));
+    for (int64_t m = 0; m < t.shapes[i].batch; ++m) holders.push_back(tensors[i].holder(m, R));
   }
   first_matrix_.push_back(static_cast<int64_t>(flops.size()));
-  owners_ = assign_owners(flops, t.ranks);
+  owners_ = assign_owners(flops, holders, t.ranks);
   for (size_t m = 0; m < flops.size(); ++m) {
     if (owners_[m] == t.rank) owned_flops_ += flops[m];
   }
@@ -214,19 +352,19 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
   }
 
   // The exchange buffers, bucket by bucket: shard_buffer's section (k, o)
-  // holds this rank's rows of rank o's matrices of bucket k, owner_buffer's
-  // section (k, s) rank s's rows of this rank's matrices of bucket k, both
+  // holds this rank's pieces of rank o's matrices of bucket k, owner_buffer's
+  // section (k, s) rank s's pieces of this rank's matrices of bucket k, both
   // in the global batch order.
-  const auto R = static_cast<size_t>(t.ranks), me = static_cast<size_t>(t.rank);
+  const auto me = static_cast<size_t>(t.rank);
   shard_counts_.assign(num_buckets() * R, 0);
   owner_counts_.assign(num_buckets() * R, 0);
   for (size_t b = 0; b < batches.size(); ++b) {
     const size_t section = bucket_of[b] * R;
     for (const auto& [i, m] : batches[b].sources) {
-      const TensorRows& rows = tensors[static_cast<size_t>(i)];
-      shard_counts_[section + static_cast<size_t>(batches[b].owner)] += rows.piece(m, me).second * batches[b].cols;
+      const TensorPieces& held = tensors[static_cast<size_t>(i)];
+      shard_counts_[section + static_cast<size_t>(batches[b].owner)] += elements(held.piece(m, me));
       if (batches[b].owner == t.rank) {
-        for (size_t s = 0; s < R; ++s) owner_counts_[section + s] += rows.piece(m, s).second * batches[b].cols;
+        for (size_t s = 0; s < R; ++s) owner_counts_[section + s] += elements(held.piece(m, s));
       }
     }
   }
@@ -246,18 +384,17 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
   for (size_t k = 0; k < batches.size(); ++k) {
     const MatrixBatch& b = batches[k];
     const size_t section = bucket_of[k] * R;
-    // This rank's rows of the batch's matrices, and their place in shard_buffer.
+    // This rank's pieces of the batch's matrices, and their place in shard_buffer.
     MuonPlan::Batch rows_batch{{}, static_cast<int64_t>(b.sources.size()), b.rows, b.cols, b.group, b.sources};
     std::vector<RowSlice> slices;
     std::vector<TensorView> x;
     for (const auto& [i, m] : b.sources) {
-      const TensorRows& rows = tensors[static_cast<size_t>(i)];
-      const auto [first, count] = rows.piece(m, me);
-      const int64_t elements = count * b.cols;
+      const TensorPieces& held = tensors[static_cast<size_t>(i)];
+      const int64_t count = elements(held.piece(m, me));
       int64_t& at = shard_at[section + static_cast<size_t>(b.owner)];
-      slices.push_back({i, elements ? (m * b.rows + first - rows.splits[me]) * b.cols : 0, elements});
-      x.push_back(slice(shard_all, at, elements));
-      at += elements;
+      slices.push_back({i, count ? held.shard_first(m, me) : 0, count});
+      x.push_back(slice(shard_all, at, count));
+      at += count;
     }
     const std::vector<TensorView> p = slice_views(slices, t.params), g = slice_views(slices, t.grads),
                                   mo = slice_views(slices, t.momentum);
@@ -268,16 +405,21 @@ MuonShardedPlan::MuonShardedPlan(const MuonShardedTensors& t, std::span<const Mu
     rows_bucket_.push_back(bucket_of[k]);
     row_slices_.push_back(std::move(slices));
     if (b.owner != t.rank) continue;
-    // An owned batch: every rank's rows of each matrix in owner_buffer.
+    // An owned batch: every rank's piece of each matrix in owner_buffer.
     MuonPlan::Batch owned{{}, static_cast<int64_t>(b.sources.size()), b.rows, b.cols, b.group, b.sources};
     owned_pieces_.push_back(pieces.size());
+    bool by_rows = true;
     for (const auto& [i, m] : b.sources) {
+      const size_t first = pieces.size();
       for (size_t s = 0; s < R; ++s) {
-        const auto [first, count] = tensors[static_cast<size_t>(i)].piece(m, s);
-        pieces.push_back({first * b.cols, owner_at[section + s]});
-        owner_at[section + s] += count * b.cols;
+        spec::MuonPiece piece = tensors[static_cast<size_t>(i)].piece(m, s);
+        piece.at = owner_at[section + s];
+        owner_at[section + s] += elements(piece);
+        pieces.push_back(piece);
       }
+      by_rows = as_rows(std::span(pieces).subspan(first, R), b.cols) && by_rows;
     }
+    owned_by_rows_.push_back(by_rows);
     const int64_t elements = b.rows * b.cols, chunk = MultiTensorPlan::kDefaultChunkElements;
     const auto chunks = static_cast<size_t>(owned.count * ((elements + chunk - 1) / chunk));
     owned_bytes.push_back(device().is_cuda()
@@ -393,6 +535,7 @@ std::vector<spec::MuonLaunch> MuonShardedPlan::launches(const MuonStepInputs& in
       l.workspace = static_cast<unsigned char*>(workspace_.data()) + (offsets_.empty() ? 0 : offsets_[b]);
       if (!offsets_.empty()) l.lane = static_cast<int>(b % static_cast<size_t>(lanes_));
       l.pieces = pieces + owned_pieces_[b];
+      l.pieces_by_rows = owned_by_rows_[b] != 0;
       l.exchange = owner_buffer_.data();
     }
     return out;

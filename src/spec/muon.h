@@ -7,6 +7,7 @@
 #include <span>
 
 #include "gradkit/ops/muon.h"
+#include "spec/exact_math.h"
 
 namespace gradkit::spec {
 
@@ -19,13 +20,43 @@ enum class MuonStage : uint8_t {
   update,         // rows: the weight update from the plan's list 3 (bf16)
 };
 
-// One rank's rows of an owned matrix in the owner's exchange buffer: the
-// matrix's element where they begin (row * cols) and where they lie in the
-// buffer. A matrix has one per rank, in rank order (so in row order).
+// One rank's piece of an owned matrix in the owner's exchange buffer: rows
+// [row, row + rows) and columns [col, col + width) of the matrix, row-major
+// from element `at` of the buffer. A matrix has one per rank, in rank order;
+// each of its elements lies in exactly one (an empty piece has rows or
+// width 0).
 struct MuonPiece {
-  int64_t first;
+  int64_t row, rows;
+  int64_t col, width;
   int64_t at;
 };
+
+// Where element (i, j) of an owned matrix lies in the exchange buffer, from
+// the piece that holds it.
+GRADKIT_HD int64_t piece_element(const MuonPiece& p, int64_t i, int64_t j) {
+  return p.at + (i - p.row) * p.width + (j - p.col);
+}
+
+// The piece holding element (i, j): `s` where it does (a thread's elements
+// mostly stay in one piece), else the search of the matrix's pieces.
+GRADKIT_HD bool piece_holds(const MuonPiece& p, int64_t i, int64_t j) {
+  return i >= p.row && i < p.row + p.rows && j >= p.col && j < p.col + p.width;
+}
+GRADKIT_HD int32_t piece_holding(const MuonPiece* pieces, int32_t ranks, int32_t s, int64_t i, int64_t j) {
+  if (piece_holds(pieces[s], i, j)) return s;
+  for (int32_t r = 0; r < ranks; ++r) {
+    if (piece_holds(pieces[r], i, j)) return r;
+  }
+  return s;  // not reached: the plan's pieces tile each matrix
+}
+
+// The same where the pieces are whole rows in rank order (FSDP2's Shard(0)):
+// the last piece beginning at or before element e (matrix of `cols`
+// columns); a thread's elements go up, so its piece only moves on.
+GRADKIT_HD int32_t row_piece_holding(const MuonPiece* pieces, int32_t ranks, int32_t s, int64_t e, int64_t cols) {
+  while (s + 1 < ranks && e >= pieces[s + 1].row * cols) ++s;
+  return s;
+}
 
 struct MuonLaunch {
   const MuonPlan::Batch* batch;
@@ -44,6 +75,7 @@ struct MuonLaunch {
   const MuonPiece* pieces = nullptr;
   void* exchange = nullptr;
   int32_t ranks = 0;
+  bool pieces_by_rows = false;  // every piece whole rows, in rank order (row_piece_holding)
 };
 
 // The workspace one batch needs on each backend (the plan keeps the largest).
