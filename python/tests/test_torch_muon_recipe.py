@@ -256,6 +256,11 @@ BAD_OPTIONS = [
     (dict(beta2=1.0), ValueError, r"param_groups\[0\]\['beta2'\] is 1.0, expected None .* \[0, 1\)"),
     (dict(beta2=-0.5), ValueError, r"\['beta2'\]"),
     (dict(beta2="0.9"), ValueError, r"\['beta2'\]"),
+    (dict(heads=0), ValueError, r"param_groups\[0\]\['heads'\] is 0, expected None .* int >= 1"),
+    (dict(heads=True), ValueError, r"\['heads'\] is True"),
+    (dict(heads="4"), ValueError, r"\['heads'\] is '4'"),
+    (dict(heads=3), ValueError, r"param_groups\[0\]\['params'\]\[0\] has shape \(8, 8\), whose 8 rows "
+                                r"param_groups\[0\]\['heads'\] = 3 does not divide"),
 ]
 
 
@@ -276,6 +281,29 @@ def test_bad_options_are_refused_naming_the_group_and_key(options, error, messag
     with pytest.raises(error, match=message):
         opt.step()
     assert torch.equal(w.detach(), before)
+
+
+@pytest.mark.parametrize("options", [{}, EVERY_OPTION], ids=["plain", "every_option"])
+@pytest.mark.parametrize("shape", [(32, 24), (2, 24, 40)], ids=["matrix", "stack"])
+def test_heads_orthogonalise_each_heads_rows_as_a_stack_does(shape, options):
+    """heads=H steps each matrix's H blocks of rows / H rows as Muon steps them stacked
+    (a 3-D parameter of the heads): the same bits, the second moment per head."""
+    heads = 4
+    torch.manual_seed(9)
+    w = torch.randn(shape)
+    per_head = w.reshape(-1, shape[-2] // heads, shape[-1])
+    p, q = torch.nn.Parameter(w.clone()), torch.nn.Parameter(per_head.clone())
+    opts = [gt.Muon([{"params": [p], "heads": heads}], lr=0.02, weight_decay=0.1, **options),
+            gt.Muon([q], lr=0.02, weight_decay=0.1, **options)]
+    for _ in range(3):
+        g = torch.randn(shape)
+        p.grad, q.grad = g.clone(), g.reshape(per_head.shape).clone()
+        for opt in opts:
+            opt.step()
+        assert torch.equal(p.detach().reshape(per_head.shape), q.detach())
+    assert opts[0].state[p]["momentum_buffer"].shape == p.shape
+    if "beta2" in options:
+        assert torch.equal(opts[0].state[p]["second_momentum_buffer"], opts[1].state[q]["second_momentum_buffer"])
 
 
 # -- MuonAdamW: nanochat's optimizer ----------------------------------------------------

@@ -18,6 +18,16 @@ except ImportError:  # older torch: the private module, or no DTensor at all (to
         from torch.distributed._tensor import DTensor
     except ImportError:
         DTensor = None
+try:  # fully_shard over a tensor-parallel Shard(0) gives the rows this placement (not a Shard)
+    from torch.distributed.tensor.placement_types import _StridedShard
+except ImportError:
+    _StridedShard = ()
+
+
+def is_sharded(placement):
+    """Whether a placement splits the tensor over its mesh dimension: Shard, and the
+    strided shard that fully_shard gives a dimension tensor parallelism splits too."""
+    return placement.is_shard() or isinstance(placement, _StridedShard)
 
 
 def is_dtensor(t):
@@ -48,7 +58,7 @@ def check_placements(params, what="params"):
         if not is_dtensor(p):
             continue
         for dim, placement in enumerate(p.placements):
-            if not (placement.is_shard() or placement.is_replicate()):
+            if not (is_sharded(placement) or placement.is_replicate()):
                 raise ValueError(f"{what}[{i}] is a DTensor with a {type(placement).__name__} placement ({placement}) "
                                  f"on mesh dimension {dim} "
                                  f"of {p.device_mesh}; expected Shard or Replicate placements (a partial tensor "
@@ -61,7 +71,7 @@ def shard_group(params, what="params"):
     Collectives over the shards need one layout: every parameter a DTensor on
     the same mesh with the same placements, sharded along one mesh dimension
     (FSDP2's fully_shard gives that); anything else is refused, naming it."""
-    sharded = [i for i, p in enumerate(params) if is_dtensor(p) and any(pl.is_shard() for pl in p.placements)]
+    sharded = [i for i, p in enumerate(params) if is_dtensor(p) and any(is_sharded(pl) for pl in p.placements)]
     if not sharded:
         return None
     first = params[sharded[0]]
@@ -73,7 +83,7 @@ def shard_group(params, what="params"):
             raise ValueError(f"{what}[{i}] is {layout}, expected placements {placements} on {mesh} like "
                              f"{what}[{sharded[0]}]: LAMB's trust ratios and the gradient check's norm over "
                              "sharded parameters need every parameter sharded the same way")
-    dims = [d for d, pl in enumerate(placements) if pl.is_shard()]
+    dims = [d for d, pl in enumerate(placements) if is_sharded(pl)]
     if len(dims) != 1:
         raise ValueError(f"{what}[{sharded[0]}] is sharded along mesh dimensions {dims} of {mesh}; expected one "
                          "sharded mesh dimension (the others Replicate)")
@@ -98,4 +108,4 @@ class RankRows:
         self._dist.all_gather_into_tensor(self.rows, self.mine, group=self.group)
 
 
-__all__ = ["DTensor", "is_dtensor", "local", "check_placements", "shard_group", "RankRows"]
+__all__ = ["DTensor", "is_dtensor", "is_sharded", "local", "check_placements", "shard_group", "RankRows"]

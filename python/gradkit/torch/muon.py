@@ -11,14 +11,18 @@ MuonPlan (same-shape matrices orthogonalised together, bf16 products with f32
 accumulation) and AdamPlan, one cohort each, as gradkit.torch's other optimizers
 plan theirs.
 
-FSDP2's DTensor parameters (rows sharded, Shard(0)) take MuonShardedPlan: each
-matrix has an owner rank (balanced by Newton-Schulz FLOPs); the step is the
-momentum pass on each rank's rows, all-to-alls of the updates' bf16 rows to
-the owners over the shards' process group, the owners' Newton-Schulz on whole
-matrices, all-to-alls back, and the weight update on the rows: the unsharded
-step's numbers. The momentum stays sharded like the parameters. The matrices
-go in buckets (exchange_buckets), each exchanged on torch's communication
-stream while the owners orthogonalise another.
+DTensor parameters sharded on any mesh (FSDP2's rows, tensor parallelism's rows
+and columns, FSDP x TP, expert stacks) take MuonShardedPlan (_muon_shards): each
+matrix has an owner rank (balanced by Newton-Schulz FLOPs; a rank holding a whole
+matrix keeps it); the step is the momentum pass on each rank's piece, all-to-alls
+of the updates' bf16 pieces to the owners over the ranks holding one copy, the
+owners' Newton-Schulz on whole matrices, all-to-alls back, and the weight update
+on the pieces: the unsharded step's numbers. The momentum stays sharded like the
+parameters. The matrices go in buckets (exchange_buckets), each exchanged on
+torch's communication stream while the owners orthogonalise another.
+
+A group's "heads" (None by default) orthogonalises each matrix per block of
+rows / heads rows (an attention projection's heads), as a stack of those blocks.
 
 bfloat16 parameters keep float32 masters ("master_param"), as gradkit.torch.AdamW's
 do: Muon steps the masters and each parameter becomes its master's rounding (one
@@ -34,6 +38,7 @@ import torch
 import gradkit
 from gradkit.torch._device import stream_handle
 from gradkit.torch._dtensor import is_dtensor, local
+from gradkit.torch._muon_shards import ShardedMuon, Wrapping, exchange_key
 from gradkit.torch._param_groups import adam_hyperparameters
 from gradkit.torch._planned import _PlannedOptimizer
 from gradkit.torch._state_forms import StateForm
@@ -80,12 +85,14 @@ def ns_triples(value):
     return out
 
 
-def second_moment_shape(p):
+def second_moment_shape(p, heads=None):
     """The shape of p's NorMuon second moment: (rows, 1) where rows >= cols, else (1, cols),
-    with p's leading batch dimension for a 3-D stack; muon_second_moment_numel elements."""
-    rows, cols = p.shape[-2], p.shape[-1]
+    of each matrix Muon orthogonalises (with `heads`, each head's rows / heads rows),
+    after their batch dimension (a 3-D stack's, and the heads'); muon_second_moment_numel
+    elements."""
+    batch, rows, cols = _matrix_shape(p, heads)
     tail = (rows, 1) if rows >= cols else (1, cols)
-    return tuple(p.shape[:-2]) + tail
+    return ((batch,) if p.ndim == 3 or _per_head(heads) else ()) + tail
 
 
 def _bucket_count(n):
@@ -115,11 +122,17 @@ def _param_name(group, j):
     return repr(names[j]) if names is not None and j < len(names) else None
 
 
-def _matrix_shape(p):
-    """(batch, rows, cols) of a 2-D matrix or a 3-D stack of matrices."""
-    if p.ndim == 2:
-        return (1, p.shape[0], p.shape[1])
-    return tuple(p.shape)
+def _per_head(heads):
+    return heads is not None and heads != 1
+
+
+def _matrix_shape(p, heads=None):
+    """(batch, rows, cols) of the matrices Muon orthogonalises in a 2-D matrix or a 3-D
+    stack: each matrix, or with `heads` each one's blocks of rows / heads rows."""
+    batch, rows, cols = (1, *p.shape) if p.ndim == 2 else tuple(p.shape)
+    if _per_head(heads):
+        return (batch * heads, rows // heads, cols)
+    return (batch, rows, cols)
 
 
 def _check_group(group, index):
@@ -167,6 +180,28 @@ def check_options(group, where):
         if not isinstance(group[key], bool):
             raise TypeError(f"{where}[{key!r}] is {group[key]!r}, expected True or False")
     check_beta2(group["beta2"], f"{where}['beta2']", optional=True)
+    check_heads(group.get("heads"), f"{where}['heads']")
+
+
+def check_heads(heads, what):
+    """Refuses a group's "heads" other than None or a count >= 1, naming `what`."""
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+        raise ValueError(f"{what} is {heads!r}, expected None (whole matrices) or an int >= 1 (per head: each "
+                         "matrix's rows in that many blocks)")
+
+
+def check_heads_divide(group, where):
+    """Refuses, naming the group and the parameter, a Muon group's matrix whose rows the
+    group's "heads" does not divide."""
+    heads = group.get("heads")
+    if not _per_head(heads):
+        return
+    for j, p in enumerate(group["params"]):
+        if p.ndim in (2, 3) and p.shape[-2] % heads:
+            name = _param_name(group, j)
+            raise ValueError(f"{where}['params'][{j}]" + (f" ({name})" if name else "") +
+                             f" has shape {tuple(p.shape)}, whose {p.shape[-2]} rows {where}['heads'] = {heads} "
+                             "does not divide; per-head Muon splits each matrix's rows into heads of equal rows")
 
 
 def check_beta2(beta2, what, optional):
@@ -181,9 +216,10 @@ def check_beta2(beta2, what, optional):
 def check_params(group, where, muon, result_scales=()):
     """Refuses, naming the group and the parameter, a parameter the group's step cannot take:
     a dtype other than float32 and bfloat16; in a Muon group, a tensor neither 2-D nor 3-D,
-    a DTensor sharded otherwise than by rows, and a DTensor sharded by rows where
-    `result_scales` ((key, value) of the group's options that scale the orthogonalised
-    result: Muon+, NorMuon) is not empty, which the sharded step does not take."""
+    rows that "heads" does not divide, and a sharded DTensor where `result_scales` ((key,
+    value) of the group's options that scale the orthogonalised result: Muon+, NorMuon)
+    is not empty, which the sharded step does not take. Any Shard placements on any mesh
+    are taken (Partial ones are refused with the layout)."""
     for j, p in enumerate(group["params"]):
         name = _param_name(group, j)
         what = f"{where}['params'][{j}]" + (f" ({name})" if name else "")
@@ -196,19 +232,15 @@ def check_params(group, where, muon, result_scales=()):
             raise ValueError(f"{what} has shape {tuple(p.shape)}; Muon takes 2-D matrices and 3-D stacks of them. "
                              "Put 1-D tensors, embeddings and the output head in a group with 'use_muon': False "
                              "(AdamW), as gradkit.torch.muon_param_groups(model) does")
-        if not is_dtensor(p):
-            continue
-        cut = [pl for pl in p.placements if pl.is_shard()]
-        if any(not pl.is_shard(0) or type(pl).__name__ != "Shard" for pl in cut):
-            raise ValueError(f"{what} is a DTensor with placements {tuple(p.placements)}; Muon takes DTensors "
-                             "sharded by rows (Shard(0), FSDP2's default) or replicated: each owner rank "
-                             "gathers a matrix's rows")
-        if cut and result_scales:
+        if exchange_key(p) is not None and result_scales:
             key, value = result_scales[0]
-            raise ValueError(f"{where}[{key!r}] is {value!r} and {what} is a DTensor sharded by rows; the sharded "
-                             "Muon step (FSDP2) takes ns_coefficients, divisor, equilibrate_rows and "
-                             "cautious_weight_decay, not the scales of the orthogonalised result (renormalize: "
-                             "Muon+; beta2: NorMuon), which need whole matrices where the rows are updated")
+            raise ValueError(f"{where}[{key!r}] is {value!r} and {what} is a sharded DTensor (placements "
+                             f"{tuple(p.placements)}); the sharded Muon step takes ns_coefficients, divisor, "
+                             "equilibrate_rows and cautious_weight_decay, not the scales of the orthogonalised "
+                             "result (renormalize: Muon+; beta2: NorMuon), which need whole matrices where the "
+                             "pieces are updated")
+    if muon:
+        check_heads_divide(group, where)
 
 
 class Muon(AdamW):
@@ -237,10 +269,14 @@ class Muon(AdamW):
     Parameters may be float32 and bfloat16 together (nanochat's embeddings are
     bfloat16), each dtype in plans of its own.
 
-    Over DTensors sharded by rows, the matrices' exchanges go in up to
-    exchange_buckets buckets (whole shape classes, balanced by Newton-Schulz FLOPs),
-    each sent while the one before is orthogonalised; the numbers do not depend on
-    it. The sharded step refuses renormalize and beta2."""
+    A group's "heads" (None, or a count that divides each matrix's rows)
+    orthogonalises each head's rows / heads rows as a matrix of its own (q, k and v
+    projections per head).
+
+    Over sharded DTensors (any Shard placements on any mesh), the matrices'
+    exchanges go in up to exchange_buckets buckets (whole shape classes, balanced by
+    Newton-Schulz FLOPs), each sent while the one before is orthogonalised; the
+    numbers do not depend on it. The sharded step refuses renormalize and beta2."""
 
     _decay = gradkit.WeightDecay.decoupled
     _mixed_dtypes = True
@@ -249,7 +285,7 @@ class Muon(AdamW):
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None, *,
                  divisor="clamp", equilibrate_rows=False, renormalize=False, beta2=None, cautious_weight_decay=False,
-                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, moments="float32", exchange_buckets=2):
+                 heads=None, adamw_betas=(0.9, 0.95), adamw_eps=1e-8, moments="float32", exchange_buckets=2):
         if moments not in _MOMENTS:
             raise ValueError(f"moments is {moments!r}, expected 'float32' or 'bfloat16' (Muon has no 8- or 4-bit "
                              "momentum)")
@@ -259,7 +295,7 @@ class Muon(AdamW):
                         ns_coefficients=_as_given(ns_coefficients), eps=eps, ns_steps=ns_steps,
                         adjust_lr_fn=adjust_lr_fn, divisor=divisor, equilibrate_rows=equilibrate_rows,
                         renormalize=renormalize, beta2=beta2, cautious_weight_decay=cautious_weight_decay,
-                        use_muon=True, betas=tuple(adamw_betas), adamw_eps=adamw_eps, amsgrad=False, maximize=False)
+                        heads=heads, use_muon=True, betas=tuple(adamw_betas), adamw_eps=adamw_eps, amsgrad=False, maximize=False)
         _PlannedOptimizer.__init__(self, params, defaults)  # add_param_group checks each group
 
     def _check_group(self, index):
@@ -269,9 +305,12 @@ class Muon(AdamW):
     def _check_options(self):
         """Refuses, naming it, a group option out of range that a group was given since it
         was added (a step re-reads the options when they changed; the parameters were
-        checked when the layout was made)."""
+        checked when the layout was made, all but the heads they must split into)."""
         for i, g in enumerate(self.param_groups):
-            check_options(g, f"param_groups[{i}]")
+            where = f"param_groups[{i}]"
+            check_options(g, where)
+            if self._group_is_muon(g):
+                check_heads_divide(g, where)
 
     # -- what each group takes ----------------------------------------------------
 
@@ -290,13 +329,14 @@ class Muon(AdamW):
 
     def _cohort_key(self, index):
         """Muon and AdamW parameters, Muon groups with and without a second moment (a plan
-        takes one per parameter or none) and float32 and bfloat16 parameters (a plan takes
-        one dtype) never share a plan."""
+        takes one per parameter or none), float32 and bfloat16 parameters (a plan takes
+        one dtype) and Muon parameters exchanged over different ranks (or none) never
+        share a plan."""
         group = self.param_groups[self._layout.group_of[index]]
-        dtype = self._layout.params[index].dtype
+        p = self._layout.params[index]
         if self._group_is_muon(group):
-            return "muon", self._has_second_moment(group), dtype
-        return "adamw", dtype
+            return "muon", self._has_second_moment(group), p.dtype, exchange_key(p)
+        return "adamw", p.dtype
 
     def _muon_hyperparameters(self, g):
         """A group's gradkit.MuonHyperparameters (an AdamW group's: the defaults, which its
@@ -326,9 +366,11 @@ class Muon(AdamW):
         self._structure = None  # which groups' plans hold a second moment (_plan_structure)
 
     def _plan_structure(self):
-        """Per group, whether its Muon plan takes second-moment tensors (None: an AdamW
-        group); the plans are made anew when it changes (a group's beta2 set or cleared)."""
-        return tuple(self._has_second_moment(g) if self._group_is_muon(g) else None for g in self.param_groups)
+        """Per group, whether its Muon plan takes second-moment tensors and its heads (None:
+        an AdamW group); the plans are made anew when it changes (a group's beta2 or heads
+        set or cleared)."""
+        return tuple((self._has_second_moment(g), g.get("heads")) if self._group_is_muon(g) else None
+                     for g in self.param_groups)
 
     def _prepare(self, stream, grads=None):
         if self._cohorts and self._structure != self._plan_structure():
@@ -340,14 +382,14 @@ class Muon(AdamW):
         super()._make_cohorts(grads, present)
         self._structure = self._plan_structure()
 
-    def _second_moment(self, p):
+    def _second_moment(self, p, heads):
         """p's second moment as the plan takes it (float32, contiguous, second_moment_shape):
         zeros where the state has none (a first step, a state saved without one), converted
         where a loaded one is of another dtype."""
         state = self.state[p]
         v = state.get(SECOND_MOMENT)
         if v is None:
-            v = torch.zeros(second_moment_shape(p), dtype=torch.float32, device=p.device)
+            v = torch.zeros(second_moment_shape(p, heads), dtype=torch.float32, device=p.device)
         elif v.dtype != torch.float32 or v.device != p.device or not v.is_contiguous():
             v = v.to(device=p.device, dtype=torch.float32).contiguous()
         state[SECOND_MOMENT] = v
@@ -360,16 +402,17 @@ class Muon(AdamW):
         v = state.get(SECOND_MOMENT)
         if v is None or not self._group_is_muon(group):
             return
-        if not torch.is_tensor(v) or not v.is_floating_point() or tuple(v.shape) != second_moment_shape(p):
+        want = second_moment_shape(p, group.get("heads"))
+        if not torch.is_tensor(v) or not v.is_floating_point() or tuple(v.shape) != want:
             got = f"{v.dtype} of shape {tuple(v.shape)}" if torch.is_tensor(v) else type(v).__name__
             raise ValueError(f"{where}[{SECOND_MOMENT!r}] is {got}, expected a floating-point tensor of shape "
-                             f"{second_moment_shape(p)} (one value per row where rows >= cols, else per column, of "
+                             f"{want} (one value per row where rows >= cols, else per column, of "
                              f"the parameter of shape {tuple(p.shape)})")
 
     def _refuse_scales_over_shards(self):
-        """A group whose options the sharded step does not take, over sharded DTensors
-        (FSDP2 shards every parameter alike): a ValueError naming the group's option."""
-        if self._get_layout().shard_group() is None:
+        """A group whose options the sharded step does not take, over sharded DTensors:
+        a ValueError naming the group's option."""
+        if not self._get_layout().dtensors:
             return
         for i, g in enumerate(self.param_groups):
             if g["params"] and self._group_is_muon(g):
@@ -384,17 +427,20 @@ class Muon(AdamW):
         weights = [local(params[i].detach()) for i in indices]
         masters = self._state_list(indices, "master_param") if params[indices[0]].dtype == torch.bfloat16 else None
         lists = (weights if masters is None else masters, self._grad_arrays(grads, indices),
-                 self._state_list(indices, "momentum_buffer"), [_matrix_shape(params[i]) for i in indices])
+                 self._state_list(indices, "momentum_buffer"))
         hyper = [self._muon_hyperparameters(g) for g in self.param_groups]
         groups = [self._layout.group_of[i] for i in indices]
-        shards = self._layout.shard_group()
-        if shards is None:
+        heads = [self.param_groups[g].get("heads") for g in groups]
+        shapes = [_matrix_shape(params[i], h) for i, h in zip(indices, heads)]
+        if exchange_key(params[indices[0]]) is None:  # the cohort's parameters are whole on this rank
             second = self.param_groups[groups[0]]
-            second = [self._second_moment(params[i]) for i in indices] if self._has_second_moment(second) else []
-            plan = gradkit.MuonPlan(*lists, hyper, groups, hold_grads=False, second_moment=second)
+            second = [self._second_moment(params[i], h) for i, h in zip(indices, heads)] \
+                if self._has_second_moment(second) else []
+            plan = gradkit.MuonPlan(*lists, shapes, hyper, groups, hold_grads=False, second_moment=second)
         else:
             self._refuse_scales_over_shards()
-            plan = _ShardedMuon(shards, [params[i] for i in indices], lists, hyper, groups, self._exchange_buckets)
+            plan = ShardedMuon([params[i] for i in indices], lists, shapes, heads, hyper, groups,
+                               self._exchange_buckets)
         return plan if masters is None else _MasterMuon(plan, weights, masters)
 
     def _current_hyper_key(self):
@@ -444,91 +490,6 @@ class Muon(AdamW):
         return super()._checked_for_loading({**state_dict, "state": state})
 
 
-def _row_splits(p, ranks):
-    """torch.chunk's split of p's dim 0 over `ranks` (DTensor's and FSDP2's Shard(0)),
-    in rows of the (batch * rows, cols) matrix list: ranks + 1 boundaries."""
-    slices = p.shape[0]
-    rows_per_slice = 1 if p.ndim == 2 else p.shape[1]
-    each = -(-slices // ranks)
-    return [min(r * each, slices) * rows_per_slice for r in range(ranks + 1)]
-
-
-class _Wrapping:
-    """A cohort's plan behind another step: the gradients and hyperparameters go to
-    the gradkit plan it wraps (self.plan)."""
-
-    def set_grads(self, grads, hold_grads=False, stream=0):
-        self.plan.set_grads(grads, hold_grads=hold_grads, stream=stream)
-
-    def set_hyperparameters(self, hyperparameters, stream=None):
-        self.plan.set_hyperparameters(hyperparameters, stream=stream)
-
-
-class _ShardedMuon(_Wrapping):
-    """A Muon cohort of row-sharded DTensors: MuonShardedPlan's three parts with the
-    all-to-alls between them on the shards' process group, bucket by bucket. Each
-    bucket's exchange is issued as soon as its momentum is written; its products start
-    on the plan's side stream once it has arrived, while the next bucket's momentum
-    and exchange run; its rows go back and are updated as soon as its products are
-    done, while the next bucket's products run. The exchange buffers are the plan's;
-    they travel as bytes (the bf16 values' bits: every backend moves uint8, gloo
-    included)."""
-
-    def __init__(self, group, params, lists, hyper, groups, buckets):
-        import torch.distributed as dist
-
-        self._dist = dist
-        self.group = group
-        rank, ranks = dist.get_rank(group), dist.get_world_size(group)
-        splits = [_row_splits(p, ranks) for p in params]
-        for p, s, shard in zip(params, splits, lists[0]):
-            held = (s[rank + 1] - s[rank]) * p.shape[-1]
-            if shard.numel() != held:
-                raise ValueError(f"a DTensor of shape {tuple(p.shape)} holds {shard.numel()} elements on rank {rank}, "
-                                 f"expected torch.chunk's rows {s[rank]} to {s[rank + 1]} ({held}); Muon takes "
-                                 "Shard(0) as DTensor and FSDP2 split it")
-        self.plan = gradkit.MuonShardedPlan(*lists, splits, rank, ranks, hyper, groups, hold_grads=False,
-                                            buckets=buckets)
-        each = range(self.plan.num_buckets)
-        self.shard = [torch.from_dlpack(self.plan.shard_buffer(k)).view(torch.uint8) for k in each]
-        self.owner = [torch.from_dlpack(self.plan.owner_buffer(k)).view(torch.uint8) for k in each]
-        self.shard_counts = [[2 * n for n in self.plan.shard_counts(k)] for k in each]
-        self.owner_counts = [[2 * n for n in self.plan.owner_counts(k)] for k in each]
-
-    def exchange(self, k, back=False):
-        """Bucket k's all-to-all: the rows to their owners, or (back) the owners' results
-        to the rows' ranks (over NCCL the current stream waits for it, not the host)."""
-        if back:
-            return self._dist.all_to_all_single(self.shard[k], self.owner[k], self.shard_counts[k],
-                                                self.owner_counts[k], group=self.group)
-        return self._dist.all_to_all_single(self.owner[k], self.shard[k], self.owner_counts[k], self.shard_counts[k],
-                                            group=self.group)
-
-    def step(self, found_inf=None, grad_scale_device=None, stream=0):
-        # Bucket by bucket: its momentum, its exchange, then its products on the plan's side stream, so
-        # that the next bucket's momentum and exchange run while they do; then
-        # bucket by bucket its products joined, its rows back and their update,
-        # which runs while the next bucket's products still do. A plan of one
-        # bucket has nothing to overlap: its products run on the stream (the
-        # side-stream path costs a 1-bucket step time of its own; measured:
-        # bench/log/2026-11-26.md, "Muon's exchanges in buckets"). muon_sharded_step
-        # (C++) runs the same order over a gradkit communicator.
-        plan, buckets = self.plan, range(len(self.shard))
-        beside = len(buckets) > 1
-        for k in buckets:
-            plan.momentum(k, found_inf=found_inf, grad_scale_device=grad_scale_device, stream=stream)
-            self.exchange(k)
-            if beside:
-                plan.orthogonalize_beside(k, found_inf=found_inf, stream=stream)
-            else:
-                plan.orthogonalize(k, found_inf=found_inf, stream=stream)
-        for k in buckets:
-            if beside:
-                plan.join(k, stream=stream)
-            self.exchange(k, back=True)
-            plan.update(k, found_inf=found_inf, stream=stream)
-
-
 def muon_param_groups(model, *, exclude=(), **adamw_group):
     """The split the Muon papers make of `model`'s trainable parameters: two param
     groups, the 2-D and 3-D weights with "use_muon": True, and with "use_muon": False
@@ -560,8 +521,8 @@ def muon_param_groups(model, *, exclude=(), **adamw_group):
     return groups
 
 
-class _MasterMuon(_Wrapping):
-    """A Muon cohort of bfloat16 parameters: its plan (MuonPlan or _ShardedMuon) steps
+class _MasterMuon(Wrapping):
+    """A Muon cohort of bfloat16 parameters: its plan (MuonPlan or ShardedMuon) steps
     their float32 masters, then the parameters become the masters' rounding (to nearest
     even), one gradkit.AccumulatePlan launch. A skipped step (found_inf) leaves the
     masters, so the copy writes the parameters they already are."""
@@ -575,4 +536,4 @@ class _MasterMuon(_Wrapping):
         self._copy.accumulate_v2(overwrite=True, stream=stream)
 
 
-_MUON_PLANS = (gradkit.MuonPlan, _ShardedMuon, _MasterMuon)
+_MUON_PLANS = (gradkit.MuonPlan, ShardedMuon, _MasterMuon)

@@ -15,7 +15,7 @@ import gradkit
 from gradkit.torch._param_groups import adam_hyperparameters
 from gradkit.torch._planned import _PlannedOptimizer
 from gradkit.torch._state_forms import StateForm
-from gradkit.torch.muon import _MOMENTS, Muon, _is_real, check_beta2, check_params
+from gradkit.torch.muon import _MOMENTS, Muon, _is_real, check_beta2, check_heads, check_heads_divide, check_params
 
 # The keys each kind of group must hold (nanochat's setup_optimizer gives them all).
 GROUP_KEYS = {"adamw": ("lr", "betas", "eps", "weight_decay"),
@@ -55,6 +55,7 @@ def check_group_options(group, where):
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps < 100:
         raise ValueError(f"{where}['ns_steps'] is {steps!r}, expected an int in [1, 100)")
     check_beta2(group["beta2"], f"{where}['beta2']", optional=False)
+    check_heads(group.get("heads"), f"{where}['heads']")
 
 
 class MuonAdamW(Muon):
@@ -83,7 +84,10 @@ class MuonAdamW(Muon):
 
     def _check_options(self):
         for i, g in enumerate(self.param_groups):
-            check_group_options(g, f"param_groups[{i}]")
+            where = f"param_groups[{i}]"
+            check_group_options(g, where)
+            if g["kind"] == "muon":
+                check_heads_divide(g, where)
 
     def _loaded_group(self, group):
         """A loaded or unpickled group keeps nanochat's keys (no AdamW key is added)."""
