@@ -2,6 +2,7 @@
 meshes (ranks/muon_meshes.py under torchrun): the unsharded step's weights, bit for
 bit on the CPU over gloo; experts that send nothing; heads cut off their
 boundaries refused; a TP plan under fully_shard with accumulated micro-batches;
+AmpStep's norm over those layouts (each element once) and one rank's Inf skipping all;
 its state through torch.distributed.checkpoint saved on a 2 x 2 mesh and loaded on
 a 1-D one. On a GPU machine over NCCL, a GPU per rank, or every rank on
 GRADKIT_TEST_CUDA_DEVICE."""

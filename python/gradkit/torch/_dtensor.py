@@ -90,6 +90,49 @@ def shard_group(params, what="params"):
     return mesh.get_group(dims[0])
 
 
+def local_box(p):
+    """(offset, shape) of this rank's local piece of `p` in p's dimensions: DTensor's own
+    answer for a DTensor, the whole tensor for a plain one."""
+    if not is_dtensor(p):
+        return (0,) * p.dim(), tuple(p.shape)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    return tuple(int(x) for x in offset), tuple(int(x) for x in shape)
+
+
+def _root_ranks(mesh):
+    """The ranks of the mesh `mesh` was cut from (itself where it was not)."""
+    root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+    return tuple(root.mesh.flatten().tolist())
+
+
+def counted_pieces(params, what="params"):
+    """Where the same values stand on several ranks, which copy counts in a sum over the
+    model's elements (a gradient norm): the lowest rank's. A copy is a piece with the same
+    box on another rank: a Replicate mesh dimension, a sub-mesh repeated along its mesh's
+    other dimensions (fully_shard over one dimension of a 2-D mesh, for the parameters
+    tensor parallelism leaves whole), or a plain tensor beside DTensors (on every rank).
+    Returns the process group of every rank of the DTensors' mesh and, per parameter,
+    whether this rank's piece counts; (None, None) without DTensors. Every rank's boxes
+    travel once (an object all-gather); the parameters' mesh must span every rank of the
+    default process group, as one mesh of a training job does."""
+    if not any(is_dtensor(p) for p in params):
+        return None, None
+    import torch.distributed as dist
+
+    ranks = {_root_ranks(p.device_mesh) for p in params if is_dtensor(p)}
+    world = dist.get_world_size()
+    if len(ranks) != 1 or sorted(next(iter(ranks))) != list(range(world)):
+        raise ValueError(f"{what} are DTensors on meshes of ranks {sorted(ranks)}; a norm over them needs one mesh "
+                         f"spanning every rank of the default process group ({world} ranks)")
+    boxes = [local_box(p) for p in params]
+    every = [None] * world
+    dist.all_gather_object(every, boxes)
+    me = dist.get_rank()
+    return dist.group.WORLD, [min(r for r in range(world) if every[r][i] == box) == me for i, box in enumerate(boxes)]
+
+
 class RankRows:
     """One float64 row per rank of `group`, all-gathered in rank order: this
     rank writes its row (`mine`), gather() fills `rows` (every rank's, rank 0
@@ -108,4 +151,5 @@ class RankRows:
         self._dist.all_gather_into_tensor(self.rows, self.mine, group=self.group)
 
 
-__all__ = ["DTensor", "is_dtensor", "is_sharded", "local", "check_placements", "shard_group", "RankRows"]
+__all__ = ["DTensor", "is_dtensor", "is_sharded", "local", "local_box", "check_placements", "shard_group",
+           "counted_pieces", "RankRows"]

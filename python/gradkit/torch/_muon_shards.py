@@ -16,7 +16,7 @@ import math
 import torch
 
 import gradkit
-from gradkit.torch._dtensor import is_dtensor, is_sharded
+from gradkit.torch._dtensor import is_dtensor, is_sharded, local_box
 
 _EXCHANGE_GROUPS = {}  # (the mesh's ranks, its shape, the sharded dimensions) -> this rank's process group
 
@@ -55,14 +55,6 @@ def exchange_group(p):
         mine, _ = dist.new_subgroups_by_enumeration([row.tolist() for row in copies])
         _EXCHANGE_GROUPS[key] = mine
     return _EXCHANGE_GROUPS[key]
-
-
-def local_box(p):
-    """(offset, shape) of this rank's local shard of DTensor p in p's dimensions."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
-    return tuple(int(x) for x in offset), tuple(int(x) for x in shape)
 
 
 def _as_3d(offset, shape):

@@ -44,7 +44,7 @@ import torch
 import gradkit
 from gradkit.torch import _compile
 from gradkit.torch._device import common_device, stream_handle
-from gradkit.torch._dtensor import check_placements, is_dtensor, local, local_data_ptr, shard_group
+from gradkit.torch._dtensor import check_placements, counted_pieces, is_dtensor, local, local_data_ptr, shard_group
 from gradkit.torch._param_groups import closure_loss
 from gradkit.torch._state_forms import (LOW_PRECISION, StateForm, check_int4_map, check_moments, float_master,
                                         step_count)
@@ -79,7 +79,7 @@ class _Layout:
     as gradkit's plans take them (named errors at construction, add_param_group and
     whenever a step finds the parameters changed)."""
 
-    __slots__ = ("params", "group_of", "device", "masters", "dtensors", "data", "_shard_group")
+    __slots__ = ("params", "group_of", "device", "masters", "dtensors", "data", "_shard_group", "_counted")
 
     def __init__(self, param_groups, mixed=False):
         self.params = [p for g in param_groups for p in g["params"]]
@@ -115,6 +115,7 @@ class _Layout:
                 raise ValueError(f"params[{i}] is a lazily conjugated or negated view; expected a plain tensor")
         self.data = [] if self.device.type == "meta" else [_data_key(local(p)) for p in self.params]
         self._shard_group = False  # not yet looked at
+        self._counted = None
 
     def holds(self, params):
         """Whether `params` (what the groups hold now) are this layout's parameters, in order,
@@ -142,6 +143,14 @@ class _Layout:
         if self._shard_group is False:
             self._shard_group = shard_group(self.params)
         return self._shard_group
+
+    def counted_pieces(self):
+        """(group, counted): the process group of every rank and, per parameter, whether
+        this rank's piece counts in a sum over the model (_dtensor.counted_pieces); (None,
+        None) without DTensors. Made once per layout."""
+        if self._counted is None:
+            self._counted = counted_pieces(self.params)
+        return self._counted
 
 
 @contextmanager
@@ -584,9 +593,13 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         """The gradients the last prepared step covers, in cohort order (those a compiled
         graph handed the step in progress, if it did)."""
         if self._graph_grads is not None:
-            return [self._graph_grads[i] for c in self._cohorts for i in c.indices]
+            return [self._graph_grads[i] for i in self.present_indices()]
         params = self._get_layout().params
-        return [local(params[i].grad) for c in self._cohorts for i in c.indices]
+        return [local(params[i].grad) for i in self.present_indices()]
+
+    def present_indices(self):
+        """The layout positions of present_grads()'s gradients, in the same order."""
+        return [i for c in self._cohorts for i in c.indices]
 
     def _make_cohorts(self, grads, present):
         self._write_steps_to_state()

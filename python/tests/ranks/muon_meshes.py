@@ -9,7 +9,9 @@ that one).
                                 split unevenly), per-head groups, the recipe: the
                                 same weights as unsharded Muon given the same
                                 gradients; expert stacks split by experts send
-                                nothing
+                                nothing; AmpStep over the model under a TP plan
+                                (below): the whole gradients' norm, and one rank's
+                                Inf skips every rank
     muon_meshes.py mesh2d DIR   (4 ranks) a 2 x 2 mesh: every pairing of Shard and
                                 Replicate placements, heads cut off their
                                 boundaries refused; and a model under a TP plan
@@ -17,7 +19,8 @@ that one).
                                 fully_shard over the other mesh dimension, two
                                 micro-batches a step, against unsharded Muon on
                                 the accumulated gradients it ends with; its state
-                                saved with torch.distributed.checkpoint into DIR
+                                saved with torch.distributed.checkpoint into DIR;
+                                AmpStep over that model as on 2 ranks
     muon_meshes.py load DIR     (2 ranks) the same model under the TP plan alone
                                 (another mesh shape) loads it: the momentum equals
                                 what was saved, bit for bit, and steps
@@ -36,7 +39,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import gradkit.torch as gt  # noqa: E402
-from tolerances import MUON_TORCH  # noqa: E402
+from tolerances import FSDP2_NORM, MUON_TORCH  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from fsdp2 import finish, full, load_checkpoint, save_checkpoint, setup  # noqa: E402
@@ -145,17 +148,20 @@ def check_two_dimensions(device):
 
 
 class Block(torch.nn.Module):
-    """Attention's projections in and out and an MLP, as a TP plan splits them: q and up
-    column-parallel (rows), o and down row-parallel (columns)."""
+    """A LayerNorm, then attention's projections in and out and an MLP, as a TP plan splits
+    them: q and up column-parallel (rows), o and down row-parallel (columns); the norm
+    stands whole on every TP rank."""
 
     def __init__(self, d=16):
         super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
         self.q = torch.nn.Linear(d, d, bias=False)
         self.o = torch.nn.Linear(d, d, bias=False)
         self.up = torch.nn.Linear(d, 4 * d)
         self.down = torch.nn.Linear(4 * d, d, bias=False)
 
     def forward(self, x):
+        x = self.norm(x)
         return self.down(torch.nn.functional.gelu(self.up(x))) + self.o(self.q(x).tanh())
 
 
@@ -209,6 +215,32 @@ def check_framework(device, directory):
         torch.save(saved, directory / "meshes_full.pt")
 
 
+def check_amp_step(device, mesh, fsdp):
+    """AmpStep over the model under the TP plan (and fully_shard): its norm is that of the
+    whole gradients, each element counted once (the norm's weight stands on every TP
+    rank), and an Inf in one rank's piece skips every rank's step."""
+    model, _ = framework_model(device, mesh, fsdp)
+    opt = optimizer(model)
+    amp = gt.AmpStep(opt, max_norm=1.0, enabled=False)
+    g = torch.Generator().manual_seed(3)
+    model(torch.randn(8, 16, generator=g).to(device)).square().mean().backward()
+    want = torch.linalg.vector_norm(torch.stack([full(p.grad).double().norm() for p in model.parameters()]))
+    amp.step()
+    rtol, atol = FSDP2_NORM
+    torch.testing.assert_close(amp.grad_norm.double().reshape(()).cpu(), want.cpu(), rtol=rtol, atol=atol)
+    assert not amp.found_inf
+    opt.zero_grad()
+    model(torch.randn(8, 16, generator=g).to(device)).square().mean().backward()
+    if dist.get_rank() == dist.get_world_size() - 1:
+        local = model.q.weight.grad.to_local()
+        local.view(-1)[-1] = float("inf")
+    before = [full(p.detach()).clone() for p in model.parameters()]
+    amp.step()
+    assert amp.found_inf, "a rank whose pieces were finite did not see another rank's Inf"
+    for b, p in zip(before, model.parameters()):
+        assert torch.equal(b, full(p.detach())), "a skipped step changed a weight"
+
+
 def load(directory, device):
     """The 2 x 2 run's state into the model under the TP plan alone on 2 ranks."""
     saved = torch.load(directory / "meshes_full.pt")
@@ -229,10 +261,12 @@ def main():
     if what == "tp":
         check_one_dimension(device)
         check_experts(device)
+        check_amp_step(device, init_device_mesh(device.type, (dist.get_world_size(),)), fsdp=False)
     elif what == "mesh2d":
         check_two_dimensions(device)
         check_experts(device)
         check_framework(device, directory)
+        check_amp_step(device, init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp")), fsdp=True)
     else:
         load(directory, device)
     finish(device, dist.get_rank())
