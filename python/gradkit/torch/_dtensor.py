@@ -103,8 +103,13 @@ def local_box(p):
 
 def _root_ranks(mesh):
     """The ranks of the mesh `mesh` was cut from (itself where it was not)."""
-    root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
-    return tuple(root.mesh.flatten().tolist())
+    if hasattr(mesh, "_get_root_mesh"):  # newer torch; older ones keep it in _mesh_resources
+        root = mesh._get_root_mesh()
+    else:
+        from torch.distributed.device_mesh import _mesh_resources
+
+        root = _mesh_resources.get_root_mesh(mesh)
+    return tuple((root if root is not None else mesh).mesh.flatten().tolist())
 
 
 def counted_pieces(params, what="params"):
