@@ -171,6 +171,9 @@ std::vector<Case> cases() {
   plain.h[0].weight_decay = 0.3;
   out.push_back(plain);
   out.push_back({"expert_stack", {{4, 16, 24}, {1, 16, 24}, {3, 24, 16}}, {fast}});
+  // Small matrices, one of each shape (a batch of one), whose products cuBLASLt's
+  // heuristic would split over K and add in bf16 were the plan not to forbid it.
+  out.push_back({"lone_small_matrices", {{1, 20, 14}, {1, 18, 10}, {1, 10, 18}, {2, 12, 10}}, {fast}});
   Case groups{"two_groups", {{1, 24, 40}, {1, 24, 40}, {1, 8, 8}}, {fast, fast}, {0, 1, 1}};
   groups.h[1].lr = 0.05;
   groups.h[1].momentum = 0.9;

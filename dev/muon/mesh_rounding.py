@@ -42,12 +42,12 @@ def error(a, b, w):
     return ((a - b).norm() / (b - w).norm()).item()
 
 
-def measure(device, mesh, specs, name, seed):
+def measure(device, mesh, specs, name, seed, label="", **extra):
     g = torch.Generator().manual_seed(seed)
     whole = [torch.randn(shape, generator=g).to(device) / 4 for shape, _ in specs]
     sharded = [torch.nn.Parameter(distribute_tensor(w.clone(), mesh, pl)) for w, (_, pl) in zip(whole, specs)]
     plain = [torch.nn.Parameter(w.clone()) for w in whole]
-    opts = [gt.Muon(ps, lr=0.02, weight_decay=0.1, **OPTIONS[name]) for ps in (sharded, plain)]
+    opts = [gt.Muon(ps, lr=0.02, weight_decay=0.1, **OPTIONS[name], **extra) for ps in (sharded, plain)]
     refs = [[MuonRecipe(shape, lr=0.02, weight_decay=0.1, **REFERENCE[name]) for shape, _ in specs] for _ in range(2)]
     worst = [[0.0, 0.0, 0.0] for _ in specs]
     for _ in range(3):
@@ -61,13 +61,14 @@ def measure(device, mesh, specs, name, seed):
             opt.step()
         for i, (p, q) in enumerate(zip(sharded, plain)):
             s = full(p.detach())
+            momentum = (full(opts[0].state[p]["momentum_buffer"]) - opts[1].state[q]["momentum_buffer"]).abs().max()
             got = (error(s, q.detach(), before[1][i]), error(s, want[0][i], before[0][i]),
-                   error(q.detach(), want[1][i], before[1][i]))
-            worst[i] = [max(a, b) for a, b in zip(worst[i], got)]
+                   error(q.detach(), want[1][i], before[1][i]), momentum.item())
+            worst[i] = [max(a, b) for a, b in zip(worst[i] + [0.0] * (4 - len(worst[i])), got)]
     if dist.get_rank() == 0:
-        for (shape, pl), (su, sr, ur) in zip(specs, worst):
-            print(f"{name:8} {str(shape):12} {str(pl):34} sharded-unsharded {su:.4f}  sharded-reference {sr:.4f}  "
-                  f"unsharded-reference {ur:.4f}", flush=True)
+        for (shape, pl), (su, sr, ur, mo) in zip(specs, worst):
+            print(f"{label}{name:8} {str(shape):12} {str(pl):34} sharded-unsharded {su:.4f}  sharded-reference "
+                  f"{sr:.4f}  unsharded-reference {ur:.4f}  momentum apart {mo:.3g}", flush=True)
 
 
 def main():
@@ -76,6 +77,11 @@ def main():
     for name in OPTIONS:
         measure(device, init_device_mesh(device.type, (ranks,)), ONE_D, name, seed=1)
         measure(device, init_device_mesh(device.type, (2, ranks // 2)), TWO_D, name, seed=4)
+    # Where a 2-D case differs: one bucket (no side stream), each layout alone (one cohort).
+    mesh = init_device_mesh(device.type, (2, ranks // 2))
+    measure(device, mesh, TWO_D, "torch's", seed=4, label="1 bucket ", exchange_buckets=1)
+    for spec in TWO_D:
+        measure(device, mesh, [spec], "torch's", seed=4, label="alone ")
     finish(device, dist.get_rank())
 
 

@@ -195,6 +195,13 @@ struct GemmState {
     const size_t bytes = workspace_bytes;
     GRADKIT_CUBLAS_CHECK(lt.cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                  &bytes, sizeof(bytes)));
+    // A split-K algorithm adds its parts in f32 or not at all: the INPLACE and
+    // OUTPUT_TYPE schemes add them in bf16, the output's type, which a lone
+    // small matrix's product would otherwise get from the heuristic (the
+    // products are bf16 products with f32 accumulation, as torch's).
+    const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    GRADKIT_CUBLAS_CHECK(lt.cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                                 &reductions, sizeof(reductions)));
     for (const auto& [attribute, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al.a},
                                            std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al.b},
                                            std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al.c},
