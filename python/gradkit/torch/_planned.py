@@ -35,7 +35,6 @@ this module only decides which plans to make and when to re-point them:
   FSDP2, so torch.distributed.checkpoint saves it); LAMB's trust ratios and
   the gradient check's norm become collectives over the shards (_dtensor).
 """
-import operator
 from collections import OrderedDict
 from contextlib import contextmanager
 
@@ -43,10 +42,11 @@ import torch
 
 import gradkit
 from gradkit.torch import _compile
-from gradkit.torch._device import common_device, stream_handle
-from gradkit.torch._dtensor import check_placements, counted_pieces, is_dtensor, local, local_data_ptr, shard_group
+from gradkit.torch._device import stream_handle
+from gradkit.torch._dtensor import local, local_data_ptr
+from gradkit.torch._layout import Layout
 from gradkit.torch._param_groups import closure_loss
-from gradkit.torch._state_forms import (LOW_PRECISION, StateForm, check_int4_map, check_moments, float_master,
+from gradkit.torch._state_forms import (StateForm, check_int4_map, check_moments, float_master,
                                         step_count)
 
 
@@ -66,91 +66,6 @@ class _Cohort:
         self.counter_scalar = gradkit.DeviceScalar(counter)  # the same memory, converted once
         self.plan = plan
         self.sums = None  # LAMB over sharded DTensors: the ranks' rows of per-tensor sums (RankRows)
-
-
-def _data_key(t):
-    """Where a tensor's data is and how it is laid out: what a step compares to notice
-    `p.data = ...` (a new storage, or the same one seen through another shape)."""
-    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
-
-
-class _Layout:
-    """The optimizer's parameters in param_groups order, with their group index, checked
-    as gradkit's plans take them (named errors at construction, add_param_group and
-    whenever a step finds the parameters changed)."""
-
-    __slots__ = ("params", "group_of", "device", "masters", "dtensors", "data", "_shard_group", "_counted")
-
-    def __init__(self, param_groups, mixed=False):
-        self.params = [p for g in param_groups for p in g["params"]]
-        self.group_of = [i for i, g in enumerate(param_groups) for _ in g["params"]]
-        if not self.params:
-            raise ValueError("the optimizer has no parameters")
-        self.device = common_device(self.params, "params")
-        if self.device.type not in ("cpu", "cuda", "meta"):
-            raise TypeError(f"params are on {self.device}, expected the CPU or a CUDA device")
-        dtypes = {p.dtype for p in self.params}
-        # `mixed`: an optimizer whose cohorts are split by dtype (Muon) takes float32 and bfloat16
-        # parameters together, as nanochat holds its embeddings in bfloat16 and the rest in float32.
-        allowed = [{torch.float32}, {torch.float64}, {torch.float16}, {torch.bfloat16}]
-        if mixed:
-            allowed.append({torch.float32, torch.bfloat16})
-        if dtypes not in allowed:
-            raise TypeError(f"params have dtypes {sorted(str(d) for d in dtypes)}, expected one of float32, "
-                            "float64, float16 or bfloat16 for all of them (float16/bfloat16 parameters get "
-                            "float32 master weights)" + (", or float32 and bfloat16" if mixed else ""))
-        self.masters = any(d in LOW_PRECISION for d in dtypes)
-        # Whether a gradient may be a DTensor (whose local shard gradkit reads): without one, a
-        # step reads each .grad as it is, half the host time of asking each whether it is.
-        self.dtensors = any(is_dtensor(p) for p in self.params)
-        check_placements(self.params)
-        for i, p in enumerate(self.params):
-            if p.is_sparse or p.layout != torch.strided:
-                raise TypeError(f"params[{i}] has layout {p.layout}, expected dense (torch.strided) parameters")
-            if not local(p).is_contiguous():
-                raise ValueError(f"params[{i}] is not contiguous (shape {tuple(p.shape)}, strides {p.stride()}); "
-                                 "expected contiguous parameters (gradkit steps each one as a flat array: "
-                                 "make it with .contiguous() before the optimizer, or p.data = p.data.contiguous())")
-            if p.is_conj() or p.is_neg():
-                raise ValueError(f"params[{i}] is a lazily conjugated or negated view; expected a plain tensor")
-        self.data = [] if self.device.type == "meta" else [_data_key(local(p)) for p in self.params]
-        self._shard_group = False  # not yet looked at
-        self._counted = None
-
-    def holds(self, params):
-        """Whether `params` (what the groups hold now) are this layout's parameters, in order,
-        each with the data it had when the layout was made."""
-        return (len(params) == len(self.params) and all(map(operator.is_, params, self.params))
-                and [_data_key(local(p)) for p in params] == self.data)
-
-    def ends_hold(self, param_groups):
-        """holds() for the first and last parameter alone: a flat-gradient step's O(1) look
-        (a model moved or cast, or every weight clipped by `p.data = ...`, changes both)."""
-        first, last = param_groups[0]["params"], param_groups[-1]["params"]
-        return (bool(first) and bool(last) and first[0] is self.params[0] and last[-1] is self.params[-1]
-                and sum(len(g["params"]) for g in param_groups) == len(self.params)
-                and first[0].data_ptr() == self.data[0][0]
-                and last[-1].data_ptr() == self.data[-1][0])
-
-    def refuse_meta(self):
-        if self.device.type == "meta":
-            raise RuntimeError("params are on the meta device (deferred initialisation), with no data to step; "
-                               "make the optimizer over the parameters once they have storage (model.to_empty("
-                               "device=...) makes new parameters, which this optimizer does not hold)")
-
-    def shard_group(self):
-        """The process group the sharded DTensor parameters are split over (None: none is)."""
-        if self._shard_group is False:
-            self._shard_group = shard_group(self.params)
-        return self._shard_group
-
-    def counted_pieces(self):
-        """(group, counted): the process group of every rank and, per parameter, whether
-        this rank's piece counts in a sum over the model (_dtensor.counted_pieces); (None,
-        None) without DTensors. Made once per layout."""
-        if self._counted is None:
-            self._counted = counted_pieces(self.params)
-        return self._counted
 
 
 @contextmanager
@@ -234,7 +149,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         try:
             self._check_group(len(self.param_groups) - 1)
-            _Layout(self.param_groups, self._mixed_dtypes)
+            Layout(self.param_groups, self._mixed_dtypes)
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
@@ -466,7 +381,7 @@ class _PlannedOptimizer(torch.optim.Optimizer):
         """The layout of the parameters, made when first needed (a step): not over parameters
         still on the meta device, which have no data to step (a named error)."""
         if self._layout is None:
-            layout = _Layout(self.param_groups, self._mixed_dtypes)
+            layout = Layout(self.param_groups, self._mixed_dtypes)
             layout.refuse_meta()
             self._form.check(layout.params, any(g.get("amsgrad", False) for g in self.param_groups))
             self._layout = layout
