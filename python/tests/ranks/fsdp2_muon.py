@@ -142,6 +142,11 @@ def check_refusals(device):
     refused over shards, naming the group option (and, set between steps, at the step);
     the rest of the recipe is taken."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    # Columns over the ranks are taken by either kind of group (a Muon group's through
+    # MuonShardedPlan's blocks; AdamW's update needs no whole matrix).
+    cols = torch.nn.Parameter(distribute_tensor(torch.randn(8, 6, device=device), mesh, [Shard(1)]))
+    gt.Muon([{"params": [cols], "param_names": ["w"]}])
+    gt.Muon([{"params": [cols], "use_muon": False}])
     rows = torch.nn.Parameter(distribute_tensor(torch.randn(8, 6, device=device), mesh, [Shard(0)]))
     for key, value in (("renormalize", True), ("beta2", 0.9)):
         try:
